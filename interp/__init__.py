@@ -1,0 +1,12 @@
+"""interp: mechanistic interpretability of the QKV bias in transformer attention."""
+
+from interp.bias import attention_weights, bias_spec
+from interp.errors import InterpError
+from interp.models import InterpBridge, ModelInfo, list_models, load_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention_weights", "bias_spec", "InterpError", "InterpBridge", "ModelInfo",
+    "list_models", "load_model", "__version__",
+]

@@ -1,0 +1,42 @@
+"""Atomic file writes: a reader never sees a half-written table, figure or stats file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, Union
+
+import pandas as pd
+
+PathLike = Union[str, os.PathLike]
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it over ``path`` only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_table(df: pd.DataFrame, stem: PathLike) -> tuple[Path, Path]:
+    """Write ``stem.csv`` and ``stem.parquet`` atomically; return both paths."""
+    stem = Path(stem)
+    csv, parquet = stem.with_suffix(".csv"), stem.with_suffix(".parquet")
+    with atomic_path(csv) as tmp:
+        df.to_csv(tmp, index=False)
+    with atomic_path(parquet) as tmp:
+        df.to_parquet(tmp, index=False)
+    return csv, parquet
