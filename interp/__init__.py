@@ -10,3 +10,7 @@ __all__ = [
     "attention_weights", "bias_spec", "InterpError", "InterpBridge", "ModelInfo",
     "list_models", "load_model", "__version__",
 ]
+
+from interp.record import QKVStats, record_qkv  # noqa: E402
+
+__all__ += ["QKVStats", "record_qkv"]

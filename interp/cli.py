@@ -39,6 +39,43 @@ def _cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_record(args: argparse.Namespace) -> int:
+    """Record Q/K/V statistics; under torchrun every rank takes a shard, rank 0 writes."""
+    import torch
+    import torch.distributed as dist
+
+    import interp
+    from interp.data import iter_batches
+    from interp.io import write_table
+    from interp.record import record_qkv
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    device = args.device
+    if world > 1:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        if torch.cuda.is_available():
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            device = device or f"cuda:{local}"
+    model = interp.load_model(args.model, device=device)
+    batches = list(iter_batches(model, args.data, max_batches=args.max_batches))
+    shard = batches[rank::world]
+    stats = record_qkv(model, shard, progress=rank == 0)
+    if world > 1:
+        stats.all_reduce()
+    if rank == 0:
+        out = Path(args.out)
+        stats.save(out / "qkv_stats.safetensors")
+        write_table(stats.to_frame(), out / "qkv_stats")
+        print(f"recorded {stats.count(stats.layers[0])} tokens on {world} process(es) -> {out}")
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from interp.demo import run_demo
 
@@ -65,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--out", default="out/inventory")
     p.set_defaults(func=_cmd_inventory)
+
+    p = sub.add_parser("record", help="record per-head Q/K/V statistics (torchrun-aware)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True, help="built-in dataset: photos, digits, python-docs")
+    p.add_argument("--out", default="out/record")
+    p.add_argument("--max-batches", type=int, default=None)
+    p.add_argument("--device", default=None)
+    p.set_defaults(func=_cmd_record)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
     p.add_argument("--model", default=None, help="zoo name (default dinov2-s14)")

@@ -1,0 +1,248 @@
+"""Built-in datasets and the normalisation of every accepted ``data`` argument into batches.
+
+A batch is a ``Batch``: ``inputs`` (token ids ``[batch, pos]`` or pixel values
+``[batch, C, H, W]``) and ``attention_mask`` (``[batch, pos]``, 1 = real token; None for
+images). Built-in names: ``photos`` (``skimage.data`` photographs), ``digits``
+(scikit-learn's 8x8 digits, upsampled), ``python-docs`` (docstrings of Python's standard
+library, tokenised into fixed-length windows).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.errors import InputError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+PHOTO_NAMES = (
+    "astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field",
+    "retina", "camera", "moon", "coins", "page", "text", "grass", "gravel", "brick",
+    "colorwheel", "cat", "clock", "horse", "logo",
+)
+DOC_MODULES = (
+    "json", "collections", "itertools", "functools", "pathlib", "argparse", "datetime",
+    "re", "os", "random", "statistics", "textwrap", "string", "heapq", "bisect",
+    "contextlib", "dataclasses", "enum", "typing", "shutil", "csv", "fractions",
+    "decimal", "logging", "unittest", "difflib", "inspect", "abc", "copy", "pprint",
+)
+BUILTIN = ("photos", "digits", "python-docs")
+
+
+@dataclass
+class Batch:
+    inputs: Tensor
+    attention_mask: Optional[Int[Tensor, "batch pos"]] = None
+    labels: Optional[Tensor] = None
+
+    def to(self, device: Any) -> "Batch":
+        return Batch(
+            self.inputs.to(device),
+            None if self.attention_mask is None else self.attention_mask.to(device),
+            None if self.labels is None else self.labels.to(device),
+        )
+
+
+def _square_resize(img: np.ndarray, size: int) -> Tensor:
+    """Centre-crop to a square and resize to ``size`` (bilinear, antialiased)."""
+    if img.ndim == 2:
+        img = np.stack([img] * 3, axis=-1)
+    img = img[..., :3]
+    if img.dtype == np.uint8:
+        img = img.astype(np.float32) / 255.0
+    else:
+        img = img.astype(np.float32)
+        lo, hi = float(img.min()), float(img.max())
+        img = (img - lo) / (hi - lo + 1e-12) if (lo < 0 or hi > 1) else img
+    h, w = img.shape[:2]
+    s = min(h, w)
+    top, left = (h - s) // 2, (w - s) // 2
+    t = torch.from_numpy(np.ascontiguousarray(img[top : top + s, left : left + s])).permute(2, 0, 1)
+    return F.interpolate(t[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+
+
+def _normalise(x: Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> Tensor:
+    m = torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(-1, 1, 1)
+    return (x - m) / s
+
+
+def photos(
+    image_size: int = 224, n: Optional[int] = None, mean=IMAGENET_MEAN, std=IMAGENET_STD
+) -> Float[Tensor, "n 3 H W"]:
+    """Real photographs from ``skimage.data``, centre-cropped, resized and normalised."""
+    from skimage import data as skdata
+
+    out = []
+    for name in PHOTO_NAMES[: n or len(PHOTO_NAMES)]:
+        fn = getattr(skdata, name, None)
+        if fn is None:
+            continue
+        try:
+            img = fn()
+        except Exception:  # some images need optional downloads: skip them
+            continue
+        out.append(_normalise(_square_resize(np.asarray(img), image_size), mean, std))
+    return torch.stack(out)
+
+
+def digits(
+    image_size: int = 32, split: str = "all", seed: int = 0, test_fraction: float = 0.25
+) -> tuple[Float[Tensor, "n 3 H W"], Int[Tensor, "n"]]:
+    """scikit-learn's 8x8 digits as 3-channel images upsampled to ``image_size``.
+
+    ``split`` is "train", "test" (a fixed stratified split by ``seed``) or "all".
+    Pixels are scaled to [0, 1] then standardised with mean 0.5, std 0.5.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32) / 16.0
+    y = torch.tensor(d.target, dtype=torch.long)
+    if split != "all":
+        idx = np.arange(len(y))
+        tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=d.target)
+        sel = torch.tensor(tr if split == "train" else te)
+        x, y = x[sel], y[sel]
+    x = F.interpolate(x[:, None], size=(image_size, image_size), mode="nearest").repeat(1, 3, 1, 1)
+    return (x - 0.5) / 0.5, y
+
+
+def python_docs_text(max_chars: int = 200_000) -> str:
+    """Docstrings of Python's own standard-library modules and their public members."""
+    parts: list[str] = []
+    total = 0
+    for mod_name in DOC_MODULES:
+        mod = importlib.import_module(mod_name)
+        docs = [inspect.getdoc(mod) or ""]
+        for name, obj in sorted(vars(mod).items()):
+            if name.startswith("_") or getattr(obj, "__module__", mod_name) != mod_name:
+                continue
+            doc = inspect.getdoc(obj)
+            if doc and len(doc) > 80:
+                docs.append(doc)
+        for doc in docs:
+            parts.append(doc)
+            total += len(doc)
+            if total >= max_chars:
+                return "\n\n".join(parts)
+    return "\n\n".join(parts)
+
+
+def python_docs(
+    tokenizer: Any, seq_len: int = 64, n_seqs: int = 32, pad_id: Optional[int] = None
+) -> tuple[Int[Tensor, "n pos"], Int[Tensor, "n pos"]]:
+    """Python documentation tokenised into ``n_seqs`` windows of ``seq_len`` tokens.
+
+    Windows are cut at paragraph boundaries and right-padded, so the attention masks
+    are real (not all ones). Returns (input_ids, attention_mask).
+    """
+    if tokenizer is None:
+        raise InputError("python-docs needs a tokenizer: load a model that has one")
+    pad = pad_id if pad_id is not None else (tokenizer.pad_token_id or tokenizer.eos_token_id or 0)
+    ids_out, mask_out = [], []
+    for para in python_docs_text().split("\n\n"):
+        toks = tokenizer(para, add_special_tokens=True)["input_ids"]
+        if len(toks) < 8:
+            continue
+        for start in range(0, len(toks), seq_len):
+            chunk = toks[start : start + seq_len]
+            if len(chunk) < 8:
+                continue
+            mask = [1] * len(chunk) + [0] * (seq_len - len(chunk))
+            ids_out.append(chunk + [pad] * (seq_len - len(chunk)))
+            mask_out.append(mask)
+            if len(ids_out) >= n_seqs:
+                return torch.tensor(ids_out), torch.tensor(mask_out)
+    return torch.tensor(ids_out), torch.tensor(mask_out)
+
+
+def _image_norm(model: Any) -> tuple[tuple, tuple]:
+    proc = model.__dict__.get("processor")
+    if proc is not None and getattr(proc, "image_mean", None) is not None:
+        return tuple(proc.image_mean), tuple(proc.image_std)
+    if model.interp.family == "vit" and model.interp.name.startswith("digits"):
+        return (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    return IMAGENET_MEAN, IMAGENET_STD
+
+
+def builtin_batches(
+    model: Any, name: str, *, batch_size: int = 8, n: Optional[int] = None, seq_len: int = 64
+) -> list[Batch]:
+    """A built-in dataset as batches shaped for ``model``."""
+    info = model.interp
+    if name not in BUILTIN:
+        raise InputError(f"unknown dataset {name!r}; built-in datasets: {', '.join(BUILTIN)}")
+    if name in ("photos", "digits") and info.modality != "vision":
+        raise InputError(f"dataset {name!r} holds images but {info.name} is a language model")
+    if name == "python-docs" and info.modality != "text":
+        raise InputError(f"dataset 'python-docs' holds text but {info.name} is a vision model")
+    if name == "photos":
+        mean, std = _image_norm(model)
+        x = photos(info.image_size, n=n, mean=mean, std=std)
+        return [Batch(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
+    if name == "digits":
+        x, y = digits(info.image_size, split="test")
+        if n is not None:
+            x, y = x[:n], y[:n]
+        return [Batch(x[i : i + batch_size], labels=y[i : i + batch_size]) for i in range(0, len(x), batch_size)]
+    ids, mask = python_docs(model.tokenizer, seq_len=seq_len, n_seqs=n or 32)
+    return [Batch(ids[i : i + batch_size], mask[i : i + batch_size]) for i in range(0, len(ids), batch_size)]
+
+
+def _to_batch(model: Any, item: Any) -> Batch:
+    info = model.interp
+    if isinstance(item, Batch):
+        return item
+    if isinstance(item, dict):
+        key = "pixel_values" if "pixel_values" in item else "input_ids"
+        if key not in item:
+            raise InputError(f"a dict batch needs 'input_ids' or 'pixel_values'; got keys {sorted(item)}")
+        return Batch(item[key], item.get("attention_mask"), item.get("labels"))
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(t, Tensor) for t in item):
+        return Batch(item[0], labels=item[1]) if info.modality == "vision" else Batch(item[0], item[1])
+    if isinstance(item, Tensor):
+        return Batch(item)
+    if isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], str)):
+        if model.tokenizer is None:
+            raise InputError(f"{info.name} has no tokenizer: pass token ids instead of text")
+        texts = [item] if isinstance(item, str) else item
+        enc = model.tokenizer(texts, return_tensors="pt", padding=True)
+        return Batch(enc["input_ids"], enc["attention_mask"])
+    raise InputError(
+        f"cannot make a batch from {type(item).__name__}: expected a tensor, a dict with "
+        "input_ids/pixel_values, text, or a built-in dataset name"
+    )
+
+
+def iter_batches(model: Any, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
+    """Normalise ``data`` (name | Tensor | Batch | dict | text | iterable of those) to batches."""
+    if isinstance(data, str):
+        items: Iterable[Any] = builtin_batches(model, data)
+    elif isinstance(data, (Tensor, Batch, dict)):
+        items = [data]
+    elif isinstance(data, list) and data and isinstance(data[0], str):
+        items = [data]
+    elif isinstance(data, Iterable):
+        items = data
+    else:
+        raise InputError(f"data must be a dataset name, a tensor or an iterable of batches; got {type(data).__name__}")
+    count = 0
+    for item in items:
+        if max_batches is not None and count >= max_batches:
+            return
+        yield _to_batch(model, item)
+        count += 1
+    if count == 0:
+        raise InputError("data is empty: no batches to process")
