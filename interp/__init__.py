@@ -14,3 +14,7 @@ __all__ = [
 from interp.record import QKVStats, record_qkv  # noqa: E402
 
 __all__ += ["QKVStats", "record_qkv"]
+
+from interp.analysis import bias_invariances, origin_shift, score_decomposition  # noqa: E402
+
+__all__ += ["bias_invariances", "origin_shift", "score_decomposition"]

@@ -250,6 +250,15 @@ def bridge_from_hf(
         raise UnknownSourceError(
             f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}"
         )
+    from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
+
+    if isinstance(hf_model, TransformerBridge) or any(
+        isinstance(m, GeneralizedComponent) for m in hf_model.modules()
+    ):
+        raise InputError(
+            "this HF model is already wrapped by a bridge (load_model wraps in place): "
+            "use the model load_model returned, or interp.models.loading.clone_model"
+        )
     register_adapters()
     hf_model, random_head = _promote_encoder(hf_model)
     info = _model_info(hf_model, name or getattr(hf_model.config, "name_or_path", "") or
@@ -350,6 +359,8 @@ def load_model(
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(source, InterpBridge):
+        return source
     if isinstance(source, nn.Module):
         return bridge_from_hf(source, tokenizer=tokenizer, device=device, dtype=dtype)
     if isinstance(source, os.PathLike):
@@ -388,3 +399,33 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(source)
     return bridge_from_hf(hf_model, name=source, tokenizer=tokenizer, device=device)
 
+
+
+def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> InterpBridge:
+    """A fresh, independent copy of a loaded model (optionally cast), weights identical.
+
+    The bridge swaps HF submodules for wrappers in place, so ``copy.deepcopy`` cannot
+    copy it; we rebuild the HF model from its config and the unwrapped state dict.
+    """
+    hf = model.__dict__["original_model"]
+    state = {}
+    for name, tensor in hf.state_dict().items():
+        state[name.replace("._original_component", "")] = tensor
+    import inspect
+
+    kwargs = {}
+    if "add_pooling_layer" in inspect.signature(type(hf).__init__).parameters:
+        kwargs["add_pooling_layer"] = getattr(hf, "pooler", None) is not None
+    fresh = type(hf)(copy.deepcopy(hf.config), **kwargs)
+    missing, _ = fresh.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith(("position_ids", "rotary_emb.inv_freq"))]
+    if missing:
+        raise UnsupportedModelError(f"cannot clone {model.interp.name}: missing {missing[:5]}")
+    param = next(hf.parameters())
+    fresh = fresh.to(device=param.device, dtype=dtype or param.dtype)
+    clone = bridge_from_hf(
+        fresh, name=model.interp.name, tokenizer=model.tokenizer,
+        processor=model.__dict__.get("processor"),
+    )
+    clone.__dict__["interp"] = copy.deepcopy(model.interp)
+    return clone

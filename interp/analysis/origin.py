@@ -1,0 +1,97 @@
+"""Where each head's bias moves its origin: ``origin_shift``.
+
+For head h and kind c in {q, k, v}, with X the attention input (after the layer norm):
+
+    content      XW          data-induced origin   o_data = E[X] W = E[XW]
+    bias         b           total origin          o      = E[XW + b] = o_data + b
+    shift_ratio  = ||b|| / sqrt(E ||XW||^2)          (how far the bias moves the head,
+                                                      in units of the content's RMS)
+    bias_share   = ||b|| / (||b|| + ||o_data||)      (0: the data sets the origin alone;
+                                                      1: the bias does; 0 when no bias)
+    cos_bias_data_origin = cos(b, o_data)
+
+For q also the key prior u = W_k b_q (in residual space; the only route by which b_q
+changes the pattern, see ``score_decomposition``): its norm and cosines with the mean
+attention input E[X], the CLS token and (max |cos| over positions) the position
+embeddings, where the model has them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from interp.bias import attention_weights
+from interp.record import QKVStats
+
+
+def _cos(a: Tensor, b: Tensor) -> float:
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0.0 or nb == 0.0:
+        return float("nan")
+    return float(torch.dot(a.flatten(), b.flatten()) / (na * nb))
+
+
+def _embedding_directions(model: Any) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """(CLS token [d_model] or None, position embeddings [n_pos, d_model] or None)."""
+    hf = model.__dict__["original_model"]
+    cls, pos = None, None
+    for name, p in hf.named_parameters():
+        if name.endswith("embeddings.cls_token"):
+            cls = p.detach().reshape(-1).double()
+        elif name.endswith("embeddings.position_embeddings") and p.ndim == 3:
+            pos = p.detach()[0].double()
+        elif name.endswith(("position_embeddings.weight", "wpe.weight", "embed_positions.weight")):
+            pos = p.detach().double()
+    return cls, pos
+
+
+def kv_group(n_heads: int, n_kv_heads: int) -> list[int]:
+    """The kv head each query head reads under grouped-query attention."""
+    return [h // (n_heads // n_kv_heads) for h in range(n_heads)]
+
+
+def origin_shift(model: Any, stats: QKVStats) -> pd.DataFrame:
+    """One row per layer x head x kind: how the bias shifts the head's origin (see module doc)."""
+    info = model.interp
+    cls, pos = _embedding_directions(model)
+    group = kv_group(info.n_heads, info.n_kv_heads)
+    rows = []
+    for layer in stats.layers:
+        w = attention_weights(model, layer, dtype=torch.float64)
+        x_mean = stats.input_mean(layer).cpu()
+        for kind in stats.kinds:
+            b = w.bias(kind).cpu()
+            data_origin = stats.mean(layer, kind, "content").cpu()
+            total = stats.mean(layer, kind, "full").cpu()
+            msq_content = stats.mean_sq_norm(layer, kind, "content").cpu()
+            for h in range(b.shape[0]):
+                bn, dn = float(b[h].norm()), float(data_origin[h].norm())
+                rms = math.sqrt(max(float(msq_content[h]), 0.0))
+                row = dict(
+                    layer=layer, head=h, kind=kind, present=bool(w.present[kind]),
+                    bias_norm=bn, content_rms=rms,
+                    shift_ratio=bn / rms if rms > 0 else float("nan"),
+                    data_origin_norm=dn, total_origin_norm=float(total[h].norm()),
+                    bias_share=bn / (bn + dn) if (bn + dn) > 0 else 0.0,
+                    cos_bias_data_origin=_cos(b[h], data_origin[h]),
+                    key_prior_norm=np.nan, cos_key_prior_mean_input=np.nan,
+                    cos_key_prior_cls=np.nan, max_abs_cos_key_prior_pos=np.nan,
+                )
+                if kind == "q":
+                    u = w.W_k[group[h]].cpu() @ b[h]  # [d_model]
+                    row["key_prior_norm"] = float(u.norm())
+                    row["cos_key_prior_mean_input"] = _cos(u, x_mean)
+                    if cls is not None:
+                        row["cos_key_prior_cls"] = _cos(u, cls.cpu())
+                    if pos is not None and float(u.norm()) > 0:
+                        p = pos.cpu()
+                        cosines = (p @ u) / (p.norm(dim=-1).clamp(min=1e-30) * u.norm())
+                        row["max_abs_cos_key_prior_pos"] = float(cosines.abs().max())
+                rows.append(row)
+    return pd.DataFrame(rows)

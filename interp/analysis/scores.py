@@ -1,0 +1,220 @@
+"""What the bias does to attention scores: ``score_decomposition`` and ``bias_invariances``.
+
+With content parts c_q = x_i W_q, c_k = x_j W_k (and, under rotary, every vector rotated
+by its own position first), the pre-softmax score splits exactly into four terms:
+
+    s_ij = [c_q.c_k  +  c_q.b_k  +  b_q.c_k  +  b_q.b_k] / sqrt(d_head)
+            content    query_const key_prior   const
+
+Without rotary, query_const and const do not depend on the key j, so softmax cancels
+them (b_k has no effect on the pattern); key_prior is a query-independent preference for
+keys along u = W_k b_q. Under rotary every term depends on i - j.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import pandas as pd
+import torch
+from einops import repeat
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.analysis.origin import kv_group
+from interp.bias import attention_weights
+from interp.data import iter_batches
+from interp.errors import InputError
+from interp.record import check_batch
+
+TERMS = ("content", "query_const", "key_prior", "const")
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """HF's rotary embedding on x [b, p, h, d] with cos/sin [1|b, p, r] (r <= d, partial)."""
+    r = cos.shape[-1]
+    c, s = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat((rot * c + _rotate_half(rot) * s, rest), dim=-1)
+
+
+def _model_inputs(model: Any, batch: Any) -> tuple[Tensor, dict]:
+    p = next(model.parameters())
+    if model.interp.modality == "vision":
+        return batch.inputs.to(p.device, p.dtype), {}
+    kw = {}
+    if batch.attention_mask is not None:
+        kw["attention_mask"] = batch.attention_mask.to(p.device)
+    return batch.inputs.to(p.device), kw
+
+
+def _key_mask(model: Any, batch: Any, n_pos: int, device: Any) -> Tensor:
+    """[b, 1, q, k] bool: which (query, key) pairs are attended (causal, padding)."""
+    b = batch.inputs.shape[0]
+    allowed = torch.ones(b, 1, n_pos, n_pos, dtype=torch.bool, device=device)
+    if batch.attention_mask is not None and model.interp.modality == "text":
+        m = batch.attention_mask.to(device).bool()
+        allowed &= m[:, None, None, :] & m[:, None, :, None]
+    if model.interp.kind == "decoder":
+        allowed &= torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).tril()[None, None]
+    return allowed
+
+
+def score_terms(model: Any, cache: Any, layer: int) -> dict[str, Tensor]:
+    """The four score terms [b, head, q, k] of ``layer`` from a cache holding hook_q/hook_k."""
+    info = model.interp
+    w = attention_weights(model, layer)
+    q = cache[f"blocks.{layer}.attn.hook_q"]
+    k = cache[f"blocks.{layer}.attn.hook_k"]
+    dt = q.dtype
+    bq, bk = w.b_q.to(q.device, dt), w.b_k.to(k.device, dt)
+    cq, ck = q - bq, k - bk
+    bq_full = bq.expand_as(q)
+    bk_full = bk.expand_as(k)
+    if info.rotary:
+        cos, sin = cache[f"blocks.{layer}.attn.hook_cos"], cache[f"blocks.{layer}.attn.hook_sin"]
+        cq, ck = apply_rotary(cq, cos, sin), apply_rotary(ck, cos, sin)
+        bq_full, bk_full = apply_rotary(bq_full, cos, sin), apply_rotary(bk_full, cos, sin)
+    group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads), device=q.device)
+    ck, bk_full = ck[:, :, group], bk_full[:, :, group]
+    scale = 1.0 / math.sqrt(info.d_head)
+    dot = lambda a, b: torch.einsum("bihd,bjhd->bhij", a, b) * scale  # noqa: E731
+    return {
+        "content": dot(cq, ck),
+        "query_const": dot(cq, bk_full),
+        "key_prior": dot(bq_full, ck),
+        "const": dot(bq_full, bk_full),
+    }
+
+
+def _row_variance(t: Tensor, allowed: Tensor) -> Tensor:
+    """Variance across allowed keys within each row -> [b, h, q]."""
+    m = allowed.to(t.dtype)
+    n = m.sum(-1).clamp(min=1)
+    mean = (t * m).sum(-1) / n
+    return ((t - mean[..., None]) ** 2 * m).sum(-1) / n
+
+
+def score_decomposition(
+    model: Any, data: Any, *, max_batches: int | None = None, progress: bool = True
+) -> pd.DataFrame:
+    """Per layer x head x term: variance across keys (within a query row, averaged) and share.
+
+    Columns: layer, head, term, variance, share (of the summed term variances),
+    total_variance (of the real scores), kl_without_key_prior (mean over rows of
+    KL(P || P without the key_prior term), nats), rotary.
+    """
+    info = model.interp
+    names = lambda n: n.endswith(("attn.hook_q", "attn.hook_k", "attn.hook_cos", "attn.hook_sin"))  # noqa: E731
+    acc: dict[tuple[int, str], Tensor] = {}
+    kl_acc: dict[int, Tensor] = {}
+    rows_acc = 0.0
+    with torch.no_grad():
+        for batch in tqdm(iter_batches(model, data, max_batches), desc="score decomposition",
+                          disable=not progress, unit="batch"):
+            check_batch(batch, info)
+            x, kw = _model_inputs(model, batch)
+            _, cache = model.run_with_cache(x, names_filter=names, **kw)
+            n_pos = cache["blocks.0.attn.hook_q"].shape[1]
+            allowed = _key_mask(model, batch, n_pos, x.device)
+            valid_rows = allowed.any(-1).to(torch.float64)  # [b, 1, q]
+            n_rows = valid_rows.sum()
+            for layer in range(info.n_layers):
+                terms = score_terms(model, cache, layer)
+                total = sum(terms.values())
+                for name, t in list(terms.items()) + [("total", total)]:
+                    v = (_row_variance(t.double(), allowed) * valid_rows).sum((0, 2))  # [h]
+                    acc[(layer, name)] = acc.get((layer, name), 0) + v
+                neg = torch.finfo(torch.float64).min
+                s = total.double().masked_fill(~allowed, neg)
+                s_wo = (total - terms["key_prior"]).double().masked_fill(~allowed, neg)
+                logp, logq = s.log_softmax(-1), s_wo.log_softmax(-1)
+                kl = (logp.exp() * (logp - logq)).masked_fill(~allowed, 0).sum(-1)
+                kl_acc[layer] = kl_acc.get(layer, 0) + (kl * valid_rows).sum((0, 2))
+            rows_acc += float(n_rows)
+    if rows_acc == 0:
+        raise InputError("data is empty: no query rows to decompose")
+    out = []
+    for layer in range(info.n_layers):
+        term_var = torch.stack([acc[(layer, t)] for t in TERMS]) / rows_acc  # [4, h]
+        denom = term_var.sum(0).clamp(min=1e-300)
+        total_var = acc[(layer, "total")] / rows_acc
+        kl = kl_acc[layer] / rows_acc
+        for h in range(info.n_heads):
+            for i, t in enumerate(TERMS):
+                out.append(dict(
+                    layer=layer, head=h, term=t, variance=float(term_var[i, h]),
+                    share=float(term_var[i, h] / denom[h]), total_variance=float(total_var[h]),
+                    kl_without_key_prior=float(kl[h]), rotary=info.rotary,
+                    terms_complete=info.family != "beit",  # BEiT adds a relative position bias
+                ))
+    return pd.DataFrame(out)
+
+
+def _float64_copy(model: Any) -> Any:
+    """A float64 copy of the bridge (exactness checks must not read float32 rounding)."""
+    from interp.models.loading import clone_model
+
+    return clone_model(model, dtype=torch.float64)
+
+
+def _final_output(out: Any) -> Tensor:
+    return out if isinstance(out, Tensor) else out[0]
+
+
+def bias_invariances(
+    model: Any, data: Any, *, max_batches: int | None = 1, float64: bool = True,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Per layer: the two exact bias identities, measured.
+
+    ``k_bias_pattern``: max |pattern_l(b_k removed at l) - pattern_l| (0 up to rounding
+    without rotary). ``v_bias_fold``: max |output(b_v in place) - output(b_v removed at l
+    and sum_h b_v[h] W_O[h] added to the attention output)| on the model's final output.
+    Computed in float64 by default (a float64 copy; the model is not touched).
+    """
+    info = model.interp
+    m = _float64_copy(model) if float64 else model
+    group = kv_group(info.n_heads, info.n_kv_heads)
+    batches = list(iter_batches(m, data, max_batches))
+    rows = []
+    with torch.no_grad():
+        for layer in tqdm(range(info.n_layers), desc="bias invariances", disable=not progress):
+            w = attention_weights(m, layer)
+            fold = torch.einsum("hd,hdm->m", w.b_v[group], w.W_o)
+            k_diff, v_diff = 0.0, 0.0
+            for batch in batches:
+                x, kw = _model_inputs(m, batch)
+                pat = f"blocks.{layer}.attn.hook_pattern"
+                base_out, base = m.run_with_cache(x, names_filter=[pat], **kw)
+                remove_k = lambda t, hook: t - w.b_k.to(t.dtype)  # noqa: E731
+                store: dict[str, Tensor] = {}
+                m.run_with_hooks(x, fwd_hooks=[(f"blocks.{layer}.attn.hook_k", remove_k),
+                                               (pat, _grab(store, "patched"))], **kw)
+                allowed = _key_mask(m, batch, base[pat].shape[-1], base[pat].device)
+                diff = (store["patched"] - base[pat]).abs().masked_fill(~allowed, 0)
+                k_diff = max(k_diff, float(diff.max()))
+                remove_v = lambda t, hook: t - w.b_v.to(t.dtype)  # noqa: E731
+                add_o = lambda t, hook: t + fold.to(t.dtype)  # noqa: E731
+                folded = m.run_with_hooks(x, fwd_hooks=[(f"blocks.{layer}.attn.hook_v", remove_v),
+                                                        (f"blocks.{layer}.attn.o.hook_out", add_o)], **kw)
+                v_diff = max(v_diff, float((_final_output(folded) - _final_output(base_out)).abs().max()))
+            rows.append(dict(layer=layer, check="k_bias_pattern", max_abs_diff=k_diff,
+                             k_bias_norm=float(w.b_k.norm()), rotary=info.rotary,
+                             dtype="float64" if float64 else str(next(m.parameters()).dtype)))
+            rows.append(dict(layer=layer, check="v_bias_fold", max_abs_diff=v_diff,
+                             k_bias_norm=float(w.b_k.norm()), rotary=info.rotary,
+                             dtype="float64" if float64 else str(next(m.parameters()).dtype)))
+    return pd.DataFrame(rows)
+
+
+def _grab(store: Any, key: str):
+    def fn(t: Tensor, hook: Any) -> None:
+        store[key] = t.detach().clone()
+    return fn
