@@ -15,6 +15,7 @@ from interp.record import QKVStats, record_qkv  # noqa: E402
 
 __all__ += ["QKVStats", "record_qkv"]
 
+from interp import plots  # noqa: E402
 from interp.analysis import bias_invariances, origin_shift, score_decomposition  # noqa: E402
 
 __all__ += ["bias_invariances", "origin_shift", "score_decomposition"]

@@ -1,0 +1,48 @@
+"""Origin shift, score decomposition and invariances on the real zoo models; CSV + PNG.
+
+    python benchmarks/analyze_real.py --out out/real
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import interp
+from interp.data import builtin_batches
+from interp.io import write_table
+from interp.plots import key_prior_share_figure, origin_shift_figures, save_figure
+
+RUNS = {"minilm-l6": "python-docs", "smollm2-135m": "python-docs", "dinov2-s14": "photos"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out/real")
+    ap.add_argument("--models", nargs="*", default=list(RUNS))
+    args = ap.parse_args()
+    for name in args.models:
+        t = time.time()
+        out = Path(args.out) / name
+        model = interp.load_model(name)
+        data = builtin_batches(model, RUNS[name], batch_size=4, n=16 if name != "dinov2-s14" else 12)
+        stats = interp.record_qkv(model, data)
+        origin = interp.origin_shift(model, stats)
+        dec = interp.score_decomposition(model, data[:2])
+        inv = interp.bias_invariances(model, data[:1])
+        for df, stem in ((origin, "origin_shift"), (dec, "score_decomposition"), (inv, "bias_invariances")):
+            write_table(df, out / stem)
+        for key, fig in origin_shift_figures(origin, name).items():
+            save_figure(fig, out / f"{key}.png")
+        save_figure(key_prior_share_figure(dec, name), out / "key_prior_share.png")
+        print(f"== {name} ({time.time() - t:.0f}s, {stats.count(0)} tokens)")
+        print(origin.groupby("kind")[["bias_norm", "shift_ratio", "bias_share", "data_origin_norm"]].median().round(3).to_string())
+        top = origin.sort_values("shift_ratio", ascending=False).head(3)
+        print("largest shift ratios:", top[["layer", "head", "kind", "shift_ratio"]].to_dict("records"))
+        print(dec.groupby("term").share.mean().round(4).to_string())
+        print(inv.groupby("check").max_abs_diff.max().to_string())
+
+
+if __name__ == "__main__":
+    main()

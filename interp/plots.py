@@ -1,0 +1,78 @@
+"""Figures drawn from the analyzers' DataFrames (they compute nothing themselves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from interp.io import atomic_path  # noqa: E402
+
+
+def _grid(df: pd.DataFrame, value: str) -> pd.DataFrame:
+    return df.pivot_table(index="layer", columns="head", values=value, aggfunc="mean").sort_index()
+
+
+def layer_head_heatmaps(
+    df: pd.DataFrame,
+    value: str,
+    *,
+    facet: str = "kind",
+    facets: Optional[Sequence[str]] = None,
+    title: str = "",
+    cbar_label: Optional[str] = None,
+    cmap: str = "viridis",
+    center: Optional[float] = None,
+) -> plt.Figure:
+    """One layer x head heatmap of ``value`` per value of ``facet`` (e.g. per kind)."""
+    facets = list(facets) if facets is not None else list(dict.fromkeys(df[facet]))
+    fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets) + 0.8, 4.2), squeeze=False)
+    vmin, vmax = df[value].min(), df[value].max()
+    for ax, f in zip(axes[0], facets):
+        grid = _grid(df[df[facet] == f], value)
+        sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center,
+                    cbar_kws={"label": cbar_label or value})
+        ax.set_title(f"{facet} = {f}")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+    fig.suptitle(title or value)
+    fig.tight_layout()
+    return fig
+
+
+def origin_shift_figures(origin: pd.DataFrame, model_name: str) -> dict[str, plt.Figure]:
+    """Shift ratio and bias share per kind (q, k, v), as layer x head heatmaps."""
+    return {
+        "shift_ratio": layer_head_heatmaps(
+            origin, "shift_ratio", cbar_label="||b|| / RMS(XW)",
+            title=f"{model_name}: how far each head's bias moves its origin (shift ratio)",
+        ),
+        "bias_share": layer_head_heatmaps(
+            origin, "bias_share", cbar_label="||b|| / (||b|| + ||E[X]W||)", cmap="magma",
+            title=f"{model_name}: bias share of the head's origin (0 = data only, 1 = bias only)",
+        ),
+    }
+
+
+def key_prior_share_figure(decomposition: pd.DataFrame, model_name: str) -> plt.Figure:
+    """Share of within-row score variance carried by the key-prior term b_q . x_j W_k."""
+    df = decomposition[decomposition.term == "key_prior"].assign(term="key_prior")
+    return layer_head_heatmaps(
+        df, "share", facet="term", cbar_label="share of score variance", cmap="rocket",
+        title=f"{model_name}: key-prior term (b_q . k content) share of score variance",
+    )
+
+
+def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 110) -> Path:
+    """Save a figure atomically and close it."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png", bbox_inches="tight")
+    plt.close(fig)
+    return path
