@@ -1,6 +1,7 @@
 """interp: mechanistic interpretability of the QKV bias in transformer attention."""
 
 from interp.bias import attention_weights, bias_spec
+from interp import errors
 from interp.errors import InterpError
 from interp.models import InterpBridge, ModelInfo, list_models, load_model
 

@@ -1,0 +1,40 @@
+"""The `interp` command: the demo end to end (quick), and clear errors without tracebacks."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from interp.models.zoo import ZOO
+
+
+def run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "interp.cli", *args], capture_output=True, text=True, **kw)
+
+
+def test_models_lists_the_zoo():
+    r = run("models")
+    assert r.returncode == 0 and "minilm-l6" in r.stdout and "available" in r.stdout
+
+
+def test_unknown_model_is_one_clear_line():
+    r = run("inventory", "--model", "no-such-model")
+    assert r.returncode == 1
+    assert "unknown model source 'no-such-model'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_demo_quick_writes_tables_figures_and_report(tmp_path):
+    assert ZOO["dinov2-s14"].available(), "`make models` should have fetched dinov2-s14"
+    r = run("demo", "--quick", "--out", str(tmp_path), timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for stem in ("bias_spec", "origin_shift", "score_decomposition", "bias_invariances", "qkv_stats"):
+        assert (tmp_path / f"{stem}.csv").exists() and (tmp_path / f"{stem}.parquet").exists()
+    for fig in ("shift_ratio", "bias_share", "key_prior_share"):
+        assert (tmp_path / f"{fig}.png").stat().st_size > 10_000
+    report = (tmp_path / "report.html").read_text()
+    assert report.count("<img") == 3 and "dinov2-s14" in report
+    inv = pd.read_csv(tmp_path / "bias_invariances.csv")
+    assert (inv.max_abs_diff < 1e-9).all()  # float64: DINOv2's b_k (norm up to ~150) is inert
