@@ -25,6 +25,9 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
