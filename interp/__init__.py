@@ -20,3 +20,7 @@ from interp import plots  # noqa: E402
 from interp.analysis import bias_invariances, origin_shift, score_decomposition  # noqa: E402
 
 __all__ += ["bias_invariances", "origin_shift", "score_decomposition"]
+
+from interp.ablation import ablate_bias, bias_patch_hooks  # noqa: E402
+
+__all__ += ["ablate_bias", "bias_patch_hooks"]

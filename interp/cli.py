@@ -76,6 +76,33 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ablate(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    import interp
+    from interp.ablation import ablate_bias
+    from interp.io import write_table
+    from interp.plots import ablation_figures, save_figure
+
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    estimates = ["exact", "attribution"] if args.estimate == "both" else [args.estimate]
+    model = interp.load_model(args.model, device=args.device)
+    out = Path(args.out)
+    frames = [
+        ablate_bias(model, args.data, kinds=kinds, scope=args.scope, method=args.method,
+                    metric=args.metric, estimate=est, out=out, max_batches=args.max_batches)
+        for est in estimates
+    ]
+    results = pd.concat(frames, ignore_index=True)
+    write_table(results, out / "ablation")
+    for name, fig in ablation_figures(results, args.model).items():
+        save_figure(fig, out / f"{name}.png")
+    top = results.assign(a=results.delta.abs()).nlargest(5, "a")
+    print(top[["layer", "head", "kind", "estimate", "delta"]].to_string(index=False))
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from interp.demo import run_demo
 
@@ -110,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batches", type=int, default=None)
     p.add_argument("--device", default=None)
     p.set_defaults(func=_cmd_record)
+
+    p = sub.add_parser("ablate", help="patch biases out per head and measure the task metric")
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--kinds", default="q,k,v")
+    p.add_argument("--scope", default="head", choices=["head", "layer", "all"])
+    p.add_argument("--method", default="zero", choices=["zero", "mean", "fold"])
+    p.add_argument("--metric", default="auto")
+    p.add_argument("--estimate", default="exact", choices=["exact", "attribution", "both"])
+    p.add_argument("--max-batches", type=int, default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="out/ablate")
+    p.set_defaults(func=_cmd_ablate)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
     p.add_argument("--model", default=None, help="zoo name (default dinov2-s14)")

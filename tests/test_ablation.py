@@ -1,0 +1,129 @@
+"""ablate_bias: exact identities, resumable sweeps, and attribution against exact."""
+
+import json
+
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+import interp
+from interp.ablation import ablate_bias, bias_patch_hooks
+from interp.errors import InputError
+from interp.models import tiny_hf_model, tiny_inputs
+from interp.models.loading import clone_model
+
+
+def lm_batches(family):
+    return [tiny_inputs(family, batch=2, pos=8, seed=s) for s in range(2)]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "vit", "qwen2"])
+def test_zero_k_bias_changes_nothing_except_under_rotary(family):
+    # large biases so the rotary effect of b_k is well above rounding on a random model
+    model = interp.load_model(tiny_hf_model(family, bias_scale=3.0), device="cpu")
+    metric = "next_token_ce" if family in ("gpt2", "qwen2") else ("embedding_cosine" if family == "bert" else "feature_cosine")
+    df = ablate_bias(model, lm_batches(family), kinds=("k",), scope="layer", metric=metric, progress=False)
+    if family == "qwen2":
+        assert df.delta.abs().max() > 1e-4, df  # b_k is not inert under rotary (>= 10x the tolerance)
+    else:
+        assert df.delta.abs().max() <= 1e-5, df
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2", "vit"])
+def test_v_fold_is_exact(family):
+    model = interp.load_model(tiny_hf_model(family), device="cpu")
+    metric = "feature_cosine" if family == "vit" else "next_token_ce"
+    df = ablate_bias(model, lm_batches(family), kinds=("v",), scope="head", method="fold", metric=metric, progress=False)
+    assert df.delta.abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2", "dinov2"])
+def test_ablating_every_bias_equals_zeroed_weights(family):
+    model = interp.load_model(tiny_hf_model(family), device="cpu")
+    info = model.interp
+    targets = [(l, h, k) for l in range(info.n_layers) for k in "qkv"
+               for h in range(info.n_heads if k == "q" else info.n_kv_heads)]
+    x = tiny_inputs(family)
+    with torch.no_grad():
+        patched = model.run_with_hooks(x, fwd_hooks=bias_patch_hooks(model, targets, "zero"))
+        zeroed = clone_model(model)
+        for l in range(info.n_layers):
+            for k in "qkv":
+                lin = getattr(zeroed.blocks[l].attn, k).original_component
+                if getattr(lin, "bias", None) is not None:
+                    lin.bias.zero_()
+        if family == "gpt2":  # GPT-2's fused c_attn is what HF runs; TL splits copies of it
+            for blk in zeroed.hf_model.transformer.h:
+                blk.attn.c_attn.original_component.bias.zero_()
+        reference = zeroed(x)
+    assert (patched - reference).abs().max() <= 1e-5
+    assert (patched - model(x)).abs().max() > 1e-3  # the ablation did something
+
+
+def test_mean_method_replaces_b_with_the_content_mean():
+    model = interp.load_model(tiny_hf_model("vit").double(), device="cpu")
+    x = tiny_inputs("vit").double()
+    stats = interp.record_qkv(model, [x], progress=False)
+    hooks = bias_patch_hooks(model, [(1, 2, "q")], "mean", stats)
+    captured = {}
+    grab = ("blocks.1.attn.hook_q", lambda t, hook: captured.setdefault("q", t.clone()))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(x)
+        model.run_with_hooks(x, fwd_hooks=hooks + [grab])
+    b = interp.attention_weights(model, 1).b_q
+    expected = cache["blocks.1.attn.hook_q"].clone()
+    expected[:, :, 2] += -b[2] + stats.mean(1, "q", "content")[2]
+    assert (captured["q"] - expected).abs().max() <= 1e-12
+
+
+def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
+    model = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
+    data = lm_batches("gpt2")
+    straight = ablate_bias(model, data, kinds=("q", "v"), progress=False)
+    out = tmp_path / "sweep"
+    ablate_bias(model, data, kinds=("q", "v"), out=out, progress=False)
+    log = out / "ablation.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:5]) + "\n" + lines[5][:17])  # 5 done, one torn write
+    calls = []
+    orig = interp.ablation._forward
+    interp.ablation._forward = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
+    try:
+        resumed = ablate_bias(model, data, kinds=("q", "v"), out=out, progress=False)
+    finally:
+        interp.ablation._forward = orig
+    n_variants = len(straight)
+    assert len(calls) == len(data) * (1 + n_variants - 5)  # baseline + only the unfinished ones
+    assert resumed[["layer", "head", "kind"]].equals(straight[["layer", "head", "kind"]])
+    torch.testing.assert_close(torch.tensor(resumed.delta.values), torch.tensor(straight.delta.values))
+    assert all(json.loads(l) for l in log.read_text().splitlines())
+    assert (out / "ablation_zero_exact.parquet").exists()
+
+
+def test_attribution_tracks_exact_on_the_trained_vit():
+    model = interp.load_model("digits-vit", device="cpu")
+    exact = ablate_bias(model, "digits", kinds=("q", "v"), max_batches=8, progress=False)
+    approx = ablate_bias(model, "digits", kinds=("q", "v"), estimate="attribution", max_batches=8, progress=False)
+    assert (exact.metric == "cross_entropy").all()
+    for kind in "qv":
+        rho = spearmanr(exact[exact.kind == kind].delta, approx[approx.kind == kind].delta).correlation
+        assert rho >= 0.8, (kind, rho)
+
+
+def test_attribution_refuses_distance_metrics():
+    model = interp.load_model(tiny_hf_model("vit"), device="cpu")
+    with pytest.raises(InputError, match="gradient at the intact model is zero"):
+        ablate_bias(model, [tiny_inputs("vit")], metric="feature_cosine", estimate="attribution", progress=False)
+
+
+def test_bad_options():
+    model = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
+    data = lm_batches("gpt2")
+    with pytest.raises(InputError, match="fold' applies to v only"):
+        ablate_bias(model, data, kinds=("q",), method="fold", progress=False)
+    with pytest.raises(InputError, match="scope must be"):
+        ablate_bias(model, data, scope="everything", progress=False)
+    with pytest.raises(InputError, match="unknown metric"):
+        ablate_bias(model, data, metric="accuracy-ish", progress=False)
+    with pytest.raises(InputError, match="out of range"):
+        ablate_bias(model, data, scope=[(7, 0, "q")], progress=False)
