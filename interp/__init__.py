@@ -17,9 +17,13 @@ from interp.record import QKVStats, record_qkv  # noqa: E402
 __all__ += ["QKVStats", "record_qkv"]
 
 from interp import plots  # noqa: E402
-from interp.analysis import bias_invariances, origin_shift, score_decomposition  # noqa: E402
+from interp.analysis import (  # noqa: E402
+    bias_invariances, cluster_heads, frequency_profile, frequency_shift_under_ablation,
+    origin_shift, score_decomposition,
+)
 
-__all__ += ["bias_invariances", "origin_shift", "score_decomposition"]
+__all__ += ["bias_invariances", "cluster_heads", "frequency_profile", "frequency_shift_under_ablation",
+            "origin_shift", "score_decomposition"]
 
 from interp.ablation import ablate_bias, bias_patch_hooks  # noqa: E402
 

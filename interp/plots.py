@@ -112,3 +112,52 @@ def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12) -> d
             fig.tight_layout()
             figs[f"ablation_exact_vs_attribution_{method}"] = fig
     return figs
+
+
+def spectrum_clustermap(clustered: pd.DataFrame, model_name: str):
+    """Seaborn clustermap of heads x radial-frequency bins, rows coloured by cluster."""
+    bins = [c for c in clustered.columns if c.startswith("bin_")]
+    data = clustered.set_index(clustered.apply(lambda r: f"L{int(r.layer)}H{int(r['head'])}", axis=1))[bins]
+    data = data.dropna(axis=1, how="all")  # small grids leave some radial bins empty
+    data = data.fillna(data.mean())
+    palette = sns.color_palette("tab10", int(clustered.cluster.max()) + 1)
+    colors = pd.Series([palette[c] for c in clustered.cluster], index=data.index, name="cluster")
+    grid = sns.clustermap(data, col_cluster=False, row_colors=colors, cmap="mako",
+                          figsize=(7, max(6, 0.12 * len(data))), yticklabels=len(data) <= 80,
+                          cbar_kws={"label": "log amplitude - log DC"})
+    grid.ax_heatmap.tick_params(axis="y", labelsize=6)
+    grid.ax_heatmap.set_xlabel("radial frequency bin (0 = lowest, last = Nyquist)")
+    grid.ax_heatmap.set_ylabel("head (layer, head)")
+    grid.figure.suptitle(f"{model_name}: head output spectra, rows coloured by cluster", y=1.02)
+    return grid.figure
+
+
+def attention_distance_figure(profile: pd.DataFrame, model_name: str, hue: Optional[str] = "cluster") -> plt.Figure:
+    """Mean attention distance of every head against layer (ViT paper, Figure 7 style)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    use_hue = hue if hue in profile.columns else None
+    sns.scatterplot(data=profile, x="layer", y="mean_attention_distance", hue=use_hue,
+                    palette="tab10" if use_hue else None, ax=ax, s=40)
+    unit = profile.distance_unit.iloc[0] if "distance_unit" in profile else "pixels"
+    ax.set_xlabel("layer")
+    ax.set_ylabel(f"mean attention distance ({unit})")
+    ax.set_title(f"{model_name}: mean attention distance per head")
+    if use_hue:
+        ax.legend(title=use_hue)
+    fig.tight_layout()
+    return fig
+
+
+def cluster_grid_figure(clustered: pd.DataFrame, model_name: str) -> plt.Figure:
+    """Layer x head grid coloured by head family (cluster 0 = most low-pass)."""
+    grid = _grid(clustered, "cluster")
+    k = int(clustered.cluster.max()) + 1
+    fig, ax = plt.subplots(figsize=(0.5 * grid.shape[1] + 3, 0.35 * grid.shape[0] + 2))
+    sns.heatmap(grid, ax=ax, cmap=sns.color_palette("tab10", k), annot=True, fmt=".0f",
+                cbar_kws={"label": "cluster (0 = most low-pass)", "ticks": list(range(k))},
+                vmin=-0.5, vmax=k - 0.5)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"{model_name}: head families by frequency profile")
+    fig.tight_layout()
+    return fig

@@ -1,6 +1,7 @@
 """Analyzers: functions from (model, statistics or data) to tidy long-form DataFrames."""
 
+from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
 
-__all__ = ["origin_shift", "score_decomposition", "bias_invariances"]
+__all__ = ["cluster_heads", "frequency_profile", "frequency_shift_under_ablation", "origin_shift", "score_decomposition", "bias_invariances"]

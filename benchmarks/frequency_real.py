@@ -1,0 +1,46 @@
+"""Frequency profiles, head families and the q-bias shift on dinov2-s14 and the digits pair.
+
+    python benchmarks/frequency_real.py --out out/frequency
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import interp
+from interp.io import write_table
+from interp.plots import attention_distance_figure, cluster_grid_figure, save_figure, spectrum_clustermap
+
+RUNS = {"dinov2-s14": "photos", "digits-vit": "digits", "digits-vit-nobias": "digits"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out/frequency")
+    ap.add_argument("--models", nargs="*", default=list(RUNS))
+    ap.add_argument("--max-batches", type=int, default=3)
+    args = ap.parse_args()
+    for name in args.models:
+        out = Path(args.out) / name
+        model = interp.load_model(name)
+        data = RUNS[name]
+        shift = interp.frequency_shift_under_ablation(model, data, kinds=("q",), max_batches=args.max_batches)
+        intact = interp.frequency_profile(model, data, max_batches=args.max_batches)
+        clustered = interp.cluster_heads(intact)
+        write_table(clustered, out / "frequency_profile")
+        write_table(shift, out / "frequency_shift_q_bias")
+        save_figure(spectrum_clustermap(clustered, name), out / "spectrum_clustermap.png")
+        save_figure(attention_distance_figure(clustered, name), out / "attention_distance.png")
+        save_figure(cluster_grid_figure(clustered, name), out / "clusters.png")
+        print(f"== {name}: k={clustered.k.iloc[0]} silhouette {clustered.silhouette_mean.iloc[0]:.3f}")
+        print("mean attention distance per layer:",
+              clustered.groupby("layer").mean_attention_distance.mean().round(1).to_dict())
+        print(clustered.groupby("cluster")[["hf_ratio", "mean_attention_distance", "sink_mass"]].mean().round(3).to_string())
+        print("q-bias removal: mean |delta hf_ratio| %.4f, mean delta distance %.2f (max |.| %.2f)" % (
+            shift.delta_hf_ratio.abs().mean(), shift.delta_mean_attention_distance.mean(),
+            shift.delta_mean_attention_distance.abs().max()))
+
+
+if __name__ == "__main__":
+    main()

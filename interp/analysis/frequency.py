@@ -1,0 +1,248 @@
+"""Frequency specialisation of heads (``frequency_profile``) and head families (``cluster_heads``).
+
+ViTs (Park & Kim 2022, "How Do Vision Transformers Work?", applied per head): the head
+output z = hook_z [batch, pos, head, d_head] on the patch grid (CLS/distillation tokens
+left out) is Fourier transformed over the 2D grid per channel; amplitudes are averaged
+over channels and images and binned by radial frequency r = sqrt(fx^2 + fy^2) (cycles per
+patch, Nyquist 0.5) into ``n_bins`` bins; ``bin_i`` = log(mean amplitude in bin i) -
+log(DC amplitude). ``hf_ratio`` = energy (amplitude^2) at r > Nyquist/2 over the total
+energy including DC. LMs: the same along the token axis (1D FFT over positions).
+
+Mean attention distance (ViT paper): sum_j A_ij ||p_i - p_j|| over patch keys j, with
+patch-centre coordinates in pixels, averaged over query patches and images (CLS row and
+column dropped, weights not renormalised). LMs: sum_j A_ij |i - j| in tokens over
+non-padding queries. Entropy: -sum_j A_ij log A_ij, averaged over queries. Sink mass:
+attention on the prefix tokens (CLS) for ViTs, on the first token for LMs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from einops import rearrange
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.data import iter_batches
+from interp.errors import InputError
+from interp.record import check_batch
+
+N_BINS = 8
+
+
+def radial_bins(shape: Sequence[int], n_bins: int = N_BINS) -> tuple[Tensor, Tensor]:
+    """(bin index per frequency cell [-1 = DC, n_bins = beyond Nyquist], radius per cell)."""
+    freqs = [torch.fft.fftfreq(n, dtype=torch.float64) for n in shape]
+    grids = torch.meshgrid(*freqs, indexing="ij")
+    r = torch.sqrt(sum(g**2 for g in grids))
+    idx = torch.ceil(r / 0.5 * n_bins).long() - 1  # (0, 0.5/n] -> 0, ..., (.., 0.5] -> n-1
+    idx[r == 0] = -1
+    idx[r > 0.5 + 1e-12] = n_bins
+    return idx, r
+
+
+def head_spectrum(z: Tensor, grid: Optional[tuple[int, int]]) -> Tensor:
+    """Mean amplitude spectrum [head, *freq_shape] of z [b, p, h, d] (grid: 2D patch layout)."""
+    z = z.double()
+    if grid is not None:
+        z = rearrange(z, "b (gh gw) h d -> b h d gh gw", gh=grid[0], gw=grid[1])
+        amp = torch.fft.fft2(z).abs()
+    else:
+        z = rearrange(z, "b p h d -> b h d p")
+        amp = torch.fft.fft(z).abs()
+    return amp.mean(dim=(0, 2))
+
+
+def bin_spectrum(spec: Tensor, n_bins: int = N_BINS) -> tuple[Tensor, Tensor]:
+    """Binned log-amplitude relative to DC [head, n_bins] and hf_ratio [head] of a spectrum."""
+    idx, r = radial_bins(spec.shape[1:], n_bins)
+    flat, fidx, fr = spec.flatten(1), idx.flatten(), r.flatten()
+    dc = flat[:, fidx == -1][:, 0].clamp(min=1e-300)
+    bins = torch.full((spec.shape[0], n_bins), float("nan"), dtype=torch.float64)
+    for i in range(n_bins):
+        cells = fidx == i
+        if cells.any():
+            bins[:, i] = torch.log(flat[:, cells].mean(1).clamp(min=1e-300)) - torch.log(dc)
+    energy = flat**2
+    inside = fidx < n_bins
+    total = energy[:, inside].sum(1).clamp(min=1e-300)
+    hf = energy[:, (fr > 0.25) & inside].sum(1) / total
+    return bins, hf
+
+
+def _pixel_distances(grid: tuple[int, int], patch: int) -> Tensor:
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    centres = torch.stack([(rows.flatten() + 0.5) * patch, (cols.flatten() + 0.5) * patch], -1).double()
+    return torch.cdist(centres, centres)
+
+
+def _profile_batches(model: Any, batches: list, layers: Sequence[int], hooks_for_layer=None,
+                     progress: bool = True, desc: str = "frequency profile") -> pd.DataFrame:
+    info = model.interp
+    vision = info.modality == "vision"
+    n_pre = info.n_prefix_tokens if vision else 0
+    acc: dict[int, dict[str, Any]] = {l: {} for l in layers}
+    runs = [(l, hooks_for_layer(l)) for l in layers] if hooks_for_layer else [(None, [])]
+    for layer_group, hooks in tqdm(runs, desc=desc, disable=not progress or len(runs) == 1):
+        want = layers if layer_group is None else [layer_group]
+        names = [f"blocks.{l}.attn.hook_z" for l in want] + [f"blocks.{l}.attn.hook_pattern" for l in want]
+        for batch in tqdm(batches, desc=desc, disable=not progress or len(runs) > 1, unit="batch"):
+            check_batch(batch, info)
+            p = next(model.parameters())
+            x = batch.inputs.to(p.device, p.dtype) if vision else batch.inputs.to(p.device)
+            kw = {} if batch.attention_mask is None or vision else {"attention_mask": batch.attention_mask.to(p.device)}
+            store: dict[str, Tensor] = {}
+            grab = [(n, (lambda key: lambda t, hook: store.__setitem__(key, t.detach()))(n)) for n in names]
+            with torch.no_grad():
+                model.run_with_hooks(x, fwd_hooks=list(hooks) + grab, **kw)
+            for l in want:
+                z, pat = store[f"blocks.{l}.attn.hook_z"], store[f"blocks.{l}.attn.hook_pattern"].double()
+                a = acc[l]
+                b = z.shape[0]
+                if vision:
+                    ps = info.patch_size
+                    grid = (x.shape[2] // ps, x.shape[3] // ps)
+                    spec = head_spectrum(z[:, n_pre:], grid) * b
+                    pp = pat[:, :, n_pre:, n_pre:]
+                    dist = (pp * _pixel_distances(grid, ps).to(pp.device)).sum(-1).mean(-1).sum(0)  # [h]
+                    sink = pat[:, :, n_pre:, :n_pre].sum(-1).mean(-1).sum(0)
+                    ent = -(pat * pat.clamp(min=1e-300).log()).sum(-1).mean(-1).sum(0)
+                    w = float(b)
+                else:
+                    mask = batch.attention_mask.to(z.device).bool() if batch.attention_mask is not None else \
+                        torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
+                    full = mask.all(-1)
+                    zz = z[full] if full.any() else z * mask[..., None, None]
+                    spec = head_spectrum(zz, None) * zz.shape[0]
+                    b = zz.shape[0]
+                    pos = torch.arange(z.shape[1], device=z.device)
+                    d = (pos[:, None] - pos[None, :]).abs().double()
+                    qmask = mask[:, None, :].double()  # [b, 1, q]
+                    nq = qmask.sum()
+                    dist = ((pat * d).sum(-1) * qmask).sum((0, 2)) / nq * z.shape[0]
+                    sink = (pat[..., 0] * qmask).sum((0, 2)) / nq * z.shape[0]
+                    ent = (-(pat * pat.clamp(min=1e-300).log()).sum(-1) * qmask).sum((0, 2)) / nq * z.shape[0]
+                    w = float(z.shape[0])
+                a["spec"] = a.get("spec", 0) + spec.cpu()
+                a["n_spec"] = a.get("n_spec", 0) + b
+                for key, val in (("dist", dist), ("sink", sink), ("ent", ent)):
+                    a[key] = a.get(key, 0) + val.cpu()
+                a["n"] = a.get("n", 0) + w
+    rows = []
+    for l in layers:
+        a = acc[l]
+        bins, hf = bin_spectrum(a["spec"] / a["n_spec"])
+        for h in range(info.n_heads):
+            row = dict(layer=l, head=h, hf_ratio=float(hf[h]),
+                       mean_attention_distance=float(a["dist"][h] / a["n"]),
+                       entropy=float(a["ent"][h] / a["n"]), sink_mass=float(a["sink"][h] / a["n"]),
+                       distance_unit="pixels" if vision else "tokens")
+            row.update({f"bin_{i}": float(bins[h, i]) for i in range(bins.shape[1])})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def frequency_profile(model: Any, data: Any, *, layers: Optional[Sequence[int]] = None,
+                      max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
+    """One row per layer x head: hf_ratio, mean_attention_distance, entropy, sink_mass, bin_0..7."""
+    info = model.interp
+    layers = list(range(info.n_layers)) if layers is None else list(layers)
+    batches = list(iter_batches(model, data, max_batches))
+    return _profile_batches(model, batches, layers, progress=progress)
+
+
+def frequency_shift_under_ablation(model: Any, data: Any, kinds: Sequence[str] = ("q",), method: str = "zero",
+                                   *, max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
+    """Each head's profile with its own bias (of ``kinds``) patched out, and the change.
+
+    Heads of one layer do not interact within that layer, so patching every head of
+    layer l at once and reading layer l gives each head's own-patch profile exactly:
+    one forward per layer. Columns: the profile's, plus ``*_intact`` and ``delta_*`` for
+    hf_ratio and mean_attention_distance.
+    """
+    from interp.ablation import bias_patch_hooks
+
+    info = model.interp
+    batches = list(iter_batches(model, data, max_batches))
+    layers = list(range(info.n_layers))
+    intact = _profile_batches(model, batches, layers, progress=progress, desc="profile (intact)")
+
+    def hooks(l: int):
+        targets = [(l, h, k) for k in kinds for h in range(info.n_heads if k == "q" else info.n_kv_heads)]
+        return bias_patch_hooks(model, targets, method)
+
+    patched = _profile_batches(model, batches, layers, hooks_for_layer=hooks, progress=progress,
+                               desc=f"profile ({'+'.join(kinds)} bias {method})")
+    out = patched.merge(intact[["layer", "head", "hf_ratio", "mean_attention_distance"]],
+                        on=["layer", "head"], suffixes=("", "_intact"))
+    out["delta_hf_ratio"] = out.hf_ratio - out.hf_ratio_intact
+    out["delta_mean_attention_distance"] = out.mean_attention_distance - out.mean_attention_distance_intact
+    out["ablated"] = "+".join(kinds) + f" bias ({method})"
+    return out
+
+
+FEATURES = ("hf_ratio", "mean_attention_distance", "entropy", "sink_mass")
+
+
+def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = "kmeans",
+                  seed: int = 0) -> pd.DataFrame:
+    """Group heads into families on standardised profile features (scikit-learn).
+
+    ``k`` is chosen by the best mean silhouette over 2..8 when not given. Clusters are
+    relabelled so that cluster 0 has the lowest mean hf_ratio (most low-pass). Adds
+    columns ``cluster``, ``silhouette`` (per head) and ``silhouette_mean``, ``k``.
+    """
+    from sklearn.cluster import AgglomerativeClustering, KMeans
+    from sklearn.metrics import silhouette_samples, silhouette_score
+    from sklearn.preprocessing import StandardScaler
+
+    if method not in ("kmeans", "agglomerative"):
+        raise InputError(f"method must be 'kmeans' or 'agglomerative'; got {method!r}")
+    cols = [c for c in profile.columns if c.startswith("bin_")] + [c for c in FEATURES if c in profile]
+    if not cols:
+        raise InputError("profile has no feature columns: pass the output of frequency_profile")
+    X = profile[cols].to_numpy(dtype=float)
+    X = np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(X)))
+    n = len(X)
+    if n < 3:
+        raise InputError(f"need at least 3 heads to cluster, got {n}")
+
+    def fit(kk: int) -> np.ndarray:
+        import warnings
+
+        from sklearn.exceptions import ConvergenceWarning
+
+        with warnings.catch_warnings():
+            # duplicate heads (e.g. planted copies) yield fewer distinct clusters than kk
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            if method == "kmeans":
+                return KMeans(n_clusters=kk, n_init=10, random_state=seed).fit_predict(X)
+            return AgglomerativeClustering(n_clusters=kk).fit_predict(X)
+
+    if k is None:
+        best = None
+        for kk in range(2, min(8, n - 1) + 1):
+            labels = fit(kk)
+            if len(set(labels)) < 2:
+                continue
+            score = silhouette_score(X, labels)
+            if best is None or score > best[0] + 1e-12:
+                best = (score, kk, labels)
+        if best is None:
+            raise InputError("heads are indistinguishable: no clustering with >= 2 clusters")
+        _, k, labels = best
+    else:
+        if not 2 <= k < n:
+            raise InputError(f"k must lie in 2..{n - 1}; got {k}")
+        labels = fit(k)
+    out = profile.copy()
+    order = out.assign(_c=labels).groupby("_c").hf_ratio.mean().sort_values().index.tolist()
+    remap = {old: new for new, old in enumerate(order)}
+    out["cluster"] = [remap[c] for c in labels]
+    out["silhouette"] = silhouette_samples(X, labels) if len(set(labels)) > 1 else 0.0
+    out["silhouette_mean"] = float(np.mean(out["silhouette"]))
+    out["k"] = k
+    return out

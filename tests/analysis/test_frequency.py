@@ -1,0 +1,118 @@
+"""Frequency profiles: known gratings, attention distance vs HF, planted local/global heads."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from sklearn.metrics import adjusted_rand_score
+
+import interp
+from interp.analysis.frequency import bin_spectrum, cluster_heads, frequency_profile, head_spectrum, radial_bins
+from interp.models import tiny_hf_model
+
+
+@pytest.mark.parametrize("cycles", [1, 3, 5, 7])
+def test_grating_lands_in_its_radial_bin(cycles):
+    n = 16
+    rows, cols = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    grating = torch.cos(2 * math.pi * cycles * cols / n).double()  # cycles/patch = cycles / 16
+    z = grating.reshape(1, n * n, 1, 1) + 1.0  # a DC term too
+    bins, hf = bin_spectrum(head_spectrum(z, (n, n)), n_bins=8)
+    expected = math.ceil((cycles / n) / 0.5 * 8) - 1
+    assert int(torch.nanmean(bins, 0).nan_to_num(-1e9).argmax()) == expected
+    assert (hf[0] > 0.3) == (cycles / n > 0.25)
+
+
+def test_radial_bins_cover_up_to_nyquist():
+    idx, r = radial_bins((16, 16), 8)
+    assert (idx[r == 0] == -1).all() and set(idx[(r > 0) & (r <= 0.5)].unique().tolist()) == set(range(8))
+
+
+def test_mean_attention_distance_equals_hf_output_attentions():
+    hf = tiny_hf_model("vit")
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        attns = hf(pixel_values=x, output_attentions=True).attentions
+    model = interp.load_model(hf, device="cpu")
+    prof = frequency_profile(model, [x], progress=False).set_index(["layer", "head"])
+    # independent: loops, numpy, patch centres in pixels
+    grid, patch = 4, 8
+    centres = np.array([((i // grid + 0.5) * patch, (i % grid + 0.5) * patch) for i in range(grid * grid)])
+    dist = np.sqrt(((centres[:, None] - centres[None]) ** 2).sum(-1))
+    for layer, a in enumerate(attns):
+        a = a.numpy().astype(np.float64)[:, :, 1:, 1:]
+        for h in range(a.shape[1]):
+            expected = np.mean([(a[b, h] * dist).sum(-1).mean() for b in range(a.shape[0])])
+            assert prof.loc[(layer, h)].mean_attention_distance == pytest.approx(expected, rel=1e-5)
+
+
+def planted_vit(local_heads=(0, 1), beta=6.0):
+    """A ViT whose attention is set by position alone: some heads local, the rest uniform."""
+    n_heads, d_head, grid, patch = 4, 8, 16, 4
+    d = n_heads * d_head
+    cfg = tf.ViTConfig(hidden_size=d, num_hidden_layers=2, num_attention_heads=n_heads, intermediate_size=d,
+                       image_size=grid * patch, patch_size=patch, qkv_bias=True, attn_implementation="eager")
+    hf = tf.ViTModel(cfg, add_pooling_layer=False).eval()
+    rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    r, c = rows.flatten().double(), cols.flatten().double()
+    code = []
+    for theta in (math.pi / 16, math.pi / 8):
+        code += [torch.cos(theta * r), torch.sin(theta * r), torch.cos(theta * c), torch.sin(theta * c)]
+    code = torch.stack(code, -1)  # [256, 8]
+    pos = torch.zeros(1, grid * grid + 1, d)
+    for h in range(n_heads):
+        pos[0, 1:, h * d_head:(h + 1) * d_head] = code.float()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.zero_()
+        hf.embeddings.position_embeddings.copy_(pos)
+        for blk in hf.layers:
+            for ln in (blk.layernorm_before, blk.layernorm_after):
+                ln.weight.fill_(1.0)
+            for h in range(n_heads):
+                sl = slice(h * d_head, (h + 1) * d_head)
+                blk.attention.v_proj.weight[sl, sl] = torch.eye(d_head)
+                if h in local_heads:
+                    blk.attention.q_proj.weight[sl, sl] = beta * torch.eye(d_head)
+                    blk.attention.k_proj.weight[sl, sl] = beta * torch.eye(d_head)
+        hf.layernorm.weight.fill_(1.0)
+    return hf
+
+
+def test_planted_local_and_uniform_heads_are_separated():
+    model = interp.load_model(planted_vit(), device="cpu")
+    x = torch.randn(2, 3, 64, 64)
+    prof = frequency_profile(model, [x], progress=False)
+    clustered = cluster_heads(prof)
+    truth = [int(h in (0, 1)) for h in clustered["head"]]
+    assert adjusted_rand_score(truth, clustered.cluster) >= 0.9
+    local, uniform = prof[prof["head"].isin([0, 1])], prof[~prof["head"].isin([0, 1])]
+    assert local.hf_ratio.min() > uniform.hf_ratio.max()
+    assert local.mean_attention_distance.max() < uniform.mean_attention_distance.min()
+    # cluster 0 is the most low-pass family: the uniform heads
+    assert set(clustered[clustered.cluster == 0]["head"]) == {2, 3}
+    agg = cluster_heads(prof, k=2, method="agglomerative")
+    assert adjusted_rand_score(truth, agg.cluster) >= 0.9
+
+
+def test_lm_profile_in_tokens():
+    model = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
+    ids = torch.randint(0, 97, (2, 16))
+    prof = frequency_profile(model, [ids], progress=False)
+    assert (prof.distance_unit == "tokens").all()
+    assert ((prof.sink_mass >= 0) & (prof.sink_mass <= 1)).all()
+    # causal attention: mean distance at most the mean of i over queries
+    assert (prof.mean_attention_distance <= 7.5 + 1e-9).all()
+
+
+def test_frequency_shift_under_q_ablation_runs_and_is_zero_for_k():
+    from interp.analysis.frequency import frequency_shift_under_ablation
+
+    model = interp.load_model(tiny_hf_model("vit"), device="cpu")
+    x = torch.randn(2, 3, 32, 32)
+    k = frequency_shift_under_ablation(model, [x], kinds=("k",), progress=False)
+    assert k.delta_mean_attention_distance.abs().max() < 1e-4  # b_k is inert without rotary
+    q = frequency_shift_under_ablation(model, [x], kinds=("q",), progress=False)
+    assert q.delta_mean_attention_distance.abs().max() > 1e-4
