@@ -30,11 +30,15 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
     assert ZOO["dinov2-s14"].available(), "`make models` should have fetched dinov2-s14"
     r = run("demo", "--quick", "--out", str(tmp_path), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
-    for stem in ("bias_spec", "origin_shift", "score_decomposition", "bias_invariances", "qkv_stats"):
+    for stem in ("bias_spec", "origin_shift", "score_decomposition", "bias_invariances", "qkv_stats",
+                 "frequency_profile", "frequency_shift_q_bias", "ablation"):
         assert (tmp_path / f"{stem}.csv").exists() and (tmp_path / f"{stem}.parquet").exists()
-    for fig in ("shift_ratio", "bias_share", "key_prior_share"):
+    for fig in ("shift_ratio", "bias_share", "key_prior_share", "clusters", "attention_distance",
+                "spectrum_clustermap", "ablation_top", "ablation_delta"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 10_000
     report = (tmp_path / "report.html").read_text()
-    assert report.count("<img") == 3 and "dinov2-s14" in report
+    assert report.count("<img") == 7 and "dinov2-s14" in report
+    abl = pd.read_csv(tmp_path / "ablation.csv")
+    assert len(abl) == 12 * 6 * 3 and (abl[abl.kind == "k"].delta.abs() < 1e-4).all()  # b_k inert
     inv = pd.read_csv(tmp_path / "bias_invariances.csv")
     assert (inv.max_abs_diff < 1e-9).all()  # float64: DINOv2's b_k (norm up to ~150) is inert
