@@ -25,7 +25,7 @@ demo: models
 	$(VENV)/bin/interp demo --out out/demo
 
 test: models
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --nbmake tests notebooks
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
