@@ -10,19 +10,31 @@ from typing import Iterator, Union
 
 import pandas as pd
 
+from interp.errors import InterpError
+
 PathLike = Union[str, os.PathLike]
+
+
+class OutputError(InterpError, OSError):
+    """An output file or folder could not be written (read-only path, full disk, ...)."""
 
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only on success."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OutputError(f"cannot write to output folder {path.parent}: {exc.strerror or exc}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
+        try:
+            yield tmp_path
+        except OSError as exc:
+            raise OutputError(f"writing {path} failed ({exc.strerror or exc}); nothing was written") from None
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         umask = os.umask(0)

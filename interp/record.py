@@ -406,7 +406,13 @@ def record_qkv(
 
 def check_batch(batch: Any, info: Any) -> None:
     """Reject NaN/inf inputs and malformed shapes before they reach the model."""
+    from interp.models.loading import check_pixel_values, check_token_ids
+
     x = batch.inputs
+    if info.modality == "vision":
+        check_pixel_values(x, info)
+    else:
+        check_token_ids(x, info)
     if torch.is_floating_point(x) and not torch.isfinite(x).all():
         raise InputError("input contains NaN or inf values")
     if info.modality == "text" and batch.attention_mask is not None:
