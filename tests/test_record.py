@@ -190,3 +190,24 @@ def test_cuda_equals_cpu():
         for kind in "qkv":
             torch.testing.assert_close(gpu.mean(layer, kind).cpu(), cpu.mean(layer, kind), rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(gpu.cov(layer, kind).cpu(), cpu.cov(layer, kind), rtol=1e-5, atol=1e-6)
+
+
+def test_interp_record_under_torchrun_equals_one_process(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    base = [sys.executable, "-m", "interp.cli", "record", "--model", "digits-vit", "--data", "digits", "--max-batches", "6"]
+    subprocess.run(base + ["--out", str(tmp_path / "one")], check=True, capture_output=True, timeout=600)
+    r = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "interp.cli", "record", "--model", "digits-vit",
+                        "--data", "digits", "--max-batches", "6", "--out", str(tmp_path / "two")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    one = QKVStats.load(tmp_path / "one" / "qkv_stats.safetensors")
+    two = QKVStats.load(tmp_path / "two" / "qkv_stats.safetensors")
+    assert one.count(0) == two.count(0) == 6 * 8 * 17
+    for layer in one.layers:
+        for kind in "qkv":
+            torch.testing.assert_close(two.mean(layer, kind), one.mean(layer, kind), rtol=1e-10, atol=1e-13)
+            torch.testing.assert_close(two.cov(layer, kind), one.cov(layer, kind), rtol=1e-10, atol=1e-13)
