@@ -124,6 +124,34 @@ def bias_patch_hooks(
     return hooks
 
 
+def stacked_patch_hooks(
+    model: Any, groups: Sequence[Sequence[Target]], method: str = "zero", stats: Optional[QKVStats] = None
+) -> list[tuple[str, Callable]]:
+    """Hooks for ``len(groups)`` variants stacked on the batch axis (variant-major).
+
+    Rows ``v*B:(v+1)*B`` of every activation get variant v's patch, so one forward on a
+    batch repeated V times equals V separate patched forwards.
+    """
+    n = len(groups)
+    per_variant = [bias_patch_hooks(model, g, method, stats) for g in groups]
+    sites: dict[str, list[Optional[Callable]]] = {}
+    for v, hooks in enumerate(per_variant):
+        for name, fn in hooks:
+            sites.setdefault(name, [None] * n)[v] = fn
+    out = []
+    for name, fns in sites.items():
+        def edit(t: Tensor, hook: Any, fns: list = fns) -> Tensor:
+            chunks = list(t.chunk(n, dim=0))
+            return torch.cat([c if f is None else f(c, hook) for c, f in zip(chunks, fns)], dim=0)
+        out.append((name, edit))
+    return out
+
+
+def _repeat_batch(batch: Batch, n: int) -> Batch:
+    rep = lambda t: None if t is None else t.repeat(n, *([1] * (t.ndim - 1)))  # noqa: E731
+    return Batch(rep(batch.inputs), rep(batch.attention_mask), rep(batch.labels))
+
+
 # ----- metrics ----------------------------------------------------------------------------
 
 def auto_metric(model: Any, batch: Batch) -> str:
@@ -236,6 +264,7 @@ def ablate_bias(
     stats: Optional[QKVStats] = None,
     out: Optional[Union[str, Path]] = None,
     max_batches: Optional[int] = None,
+    stack: int = 8,
     progress: bool = True,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant.
@@ -246,6 +275,8 @@ def ablate_bias(
     next_token_ce, cross_entropy, embedding_cosine, feature_cosine, or a callable
     ``f(output, batch) -> scalar tensor``. With ``out`` (a folder), each finished variant
     is appended to ``out/ablation.jsonl`` at once; a rerun skips finished variants.
+    ``stack`` exact variants run together in one forward, stacked on the batch axis
+    (lower it when memory is short; 1 runs one forward per variant).
     """
     info = model.interp
     if estimate not in ("exact", "attribution"):
@@ -294,17 +325,27 @@ def ablate_bias(
 
     todo = [v for v in variants if v.key(method, estimate, metric_name) not in log.rows]
     if estimate == "exact":
+        stack = max(1, int(stack))
+        groups = [todo[i : i + stack] for i in range(0, len(todo), stack)]
+        bar = tqdm(total=len(todo), desc=f"ablate {method} (exact)", disable=not progress, unit="variant")
         with torch.no_grad():
-            for var in tqdm(todo, desc=f"ablate {method} (exact)", disable=not progress, unit="variant"):
-                hooks = bias_patch_hooks(model, var.targets, method, stats)
-                vals, kls = [], []
+            for group in groups:
+                n = len(group)
+                hooks = stacked_patch_hooks(model, [v.targets for v in group], method, stats)
+                vals = [[] for _ in group]
+                kls = [[] for _ in group]
                 for batch, ref in zip(batches, bases):
-                    o, hidden = _forward(model, batch, hooks, need_hidden)
-                    vals.append(float(value(o, hidden, ref, batch)))
-                    kls.append(_kl(ref["output"], o, batch, model))
-                ablated = sum(v * w for v, w in zip(vals, weights)) / total_w
-                kl = sum(k * w for k, w in zip(kls, weights)) / total_w
-                log.add(_row(var, method, estimate, metric_name, baseline, ablated, kl, method_key=var.key(method, estimate, metric_name)))
+                    o, hidden = _forward(model, _repeat_batch(batch, n), hooks, need_hidden)
+                    for i, (oc, hc) in enumerate(zip(o.chunk(n), hidden.chunk(n) if hidden is not None else [None] * n)):
+                        vals[i].append(float(value(oc, hc, ref, batch)))
+                        kls[i].append(_kl(ref["output"], oc, batch, model))
+                for var, vv, kk in zip(group, vals, kls):
+                    ablated = sum(v * w for v, w in zip(vv, weights)) / total_w
+                    kl = sum(k * w for k, w in zip(kk, weights)) / total_w
+                    log.add(_row(var, method, estimate, metric_name, baseline, ablated, kl,
+                                 method_key=var.key(method, estimate, metric_name)))
+                bar.update(n)
+        bar.close()
     elif todo:
         deltas = _attribution(model, batches, weights, todo, method, stats, value, bases, need_hidden)
         for var, d in zip(todo, deltas):

@@ -89,7 +89,7 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     orig = interp.ablation._forward
     interp.ablation._forward = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
     try:
-        resumed = ablate_bias(model, data, kinds=("q", "v"), out=out, progress=False)
+        resumed = ablate_bias(model, data, kinds=("q", "v"), out=out, stack=1, progress=False)
     finally:
         interp.ablation._forward = orig
     n_variants = len(straight)
@@ -127,3 +127,16 @@ def test_bad_options():
         ablate_bias(model, data, metric="accuracy-ish", progress=False)
     with pytest.raises(InputError, match="out of range"):
         ablate_bias(model, data, scope=[(7, 0, "q")], progress=False)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "vit"])
+def test_stacked_variants_equal_one_forward_each(family):
+    model = interp.load_model(tiny_hf_model(family), device="cpu")
+    data = lm_batches(family)
+    metric = "feature_cosine" if family == "vit" else "next_token_ce"
+    one = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=1, progress=False)
+    many = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=5, progress=False)
+    assert (one.delta - many.delta).abs().max() <= 1e-6
+    fold1 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=1, progress=False)
+    fold3 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=3, progress=False)
+    assert (fold1.delta - fold3.delta).abs().max() <= 1e-6
