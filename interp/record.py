@@ -55,33 +55,46 @@ class _Moments:
             torch.zeros(n_heads, d, d, dtype=f64, device=device),
         )
 
-    def add(self, count: Tensor, mean: Tensor, m2: Tensor) -> None:
+    @classmethod
+    def means_only(cls, n_heads: int, d: int, device: Any) -> "_Moments":
+        """Count and mean only (the co-moment is a [1, 1, 1] placeholder, never updated)."""
+        f64 = torch.float64
+        return cls(torch.zeros((), dtype=f64, device=device), torch.zeros(n_heads, d, dtype=f64, device=device),
+                   torch.zeros(1, 1, 1, dtype=f64, device=device))
+
+    def add(self, count: Tensor, mean: Tensor, m2: Optional[Tensor]) -> None:
         total = self.count + count
         safe = total.clamp(min=1.0)
         delta = mean - self.mean
+        if m2 is not None and self.m2.shape[-1] == self.mean.shape[-1]:
+            self.m2 = self.m2 + m2 + torch.einsum("hd,he->hde", delta, delta) * (self.count * count / safe)
         self.mean = self.mean + delta * (count / safe)
-        self.m2 = self.m2 + m2 + torch.einsum("hd,he->hde", delta, delta) * (self.count * count / safe)
         self.count = total
 
     def merge(self, other: "_Moments") -> None:
         self.add(other.count.to(self.mean.device), other.mean.to(self.mean.device), other.m2.to(self.mean.device))
 
 
-def _batch_moments(x: Tensor, weight: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def _batch_moments(
+    x: Tensor, weight: Optional[Tensor], with_m2: bool = True
+) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     """(count, mean [h, d], centred co-moment [h, d, d]) of x [n, h, d] with 0/1 weights [n]."""
     work = x.to(torch.float64) if x.dtype == torch.float64 else x.float()
+    m2 = None
     if weight is None:
         count = torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
         mean = work.mean(0)
-        centred = work - mean
-        m2 = torch.einsum("nhd,nhe->hde", centred, centred)
+        if with_m2:
+            centred = work - mean
+            m2 = torch.einsum("nhd,nhe->hde", centred, centred)
     else:
         w = weight.to(work.dtype)
         count = w.sum().to(torch.float64)
         mean = torch.einsum("n,nhd->hd", w, work) / count.clamp(min=1.0).to(work.dtype)
-        centred = work - mean
-        m2 = torch.einsum("nhd,nhe->hde", centred * w[:, None, None], centred)
-    return count, mean.to(torch.float64), m2.to(torch.float64)
+        if with_m2:
+            centred = work - mean
+            m2 = torch.einsum("nhd,nhe->hde", centred * w[:, None, None], centred)
+    return count, mean.to(torch.float64), None if m2 is None else m2.to(torch.float64)
 
 
 @dataclass
@@ -97,7 +110,7 @@ class QKVStats:
     d_model: int
     biases: dict[tuple[int, str], Tensor]  # b [head, d_head], float64; zeros when absent
     moments: dict[tuple[int, str], _Moments]
-    input_moments: dict[int, _Moments]  # attention input x (after the layer norm), as [1, d_model]
+    input_moments: dict[int, _Moments]  # attention input x (after the layer norm): count and mean
     nonfinite: dict[tuple[int, str], Tensor] = field(default_factory=dict)  # [head] flags
     captured: Optional[dict[tuple[int, str], list[Tensor]]] = None
 
@@ -346,7 +359,8 @@ def record_qkv(
             biases[(l, k)] = w.bias(k).to(device)
             moments[(l, k)] = _Moments.zeros(heads[k], info.d_head, device)
             nonfinite[(l, k)] = torch.zeros(heads[k], dtype=torch.bool, device=device)
-    input_moments = {l: _Moments.zeros(1, info.d_model, device) for l in layers}
+    # only E[x] is needed downstream: skip the d_model x d_model co-moment (costly)
+    input_moments = {l: _Moments.means_only(1, info.d_model, device) for l in layers}
     stats = QKVStats(
         model_name=info.name, n_layers=info.n_layers, layers=layers, kinds=kinds,
         heads={k: heads[k] for k in kinds}, d_head=info.d_head, d_model=info.d_model,
@@ -378,7 +392,7 @@ def record_qkv(
     def input_hook(layer: int):
         def fn(act: Tensor, hook: Any) -> None:
             x = _flat(act.detach())[:, None, :]
-            input_moments[layer].add(*_batch_moments(x, state["weight"]))
+            input_moments[layer].add(*_batch_moments(x, state["weight"], with_m2=False))
         return fn
 
     hooks = [(f"blocks.{l}.attn.hook_{k}", stat_hook(l, k)) for l in layers for k in kinds]
