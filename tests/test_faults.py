@@ -24,11 +24,19 @@ def test_sweep_killed_with_sigkill_resumes_to_identical_results(tmp_path):
     straight = tmp_path / "straight"
     subprocess.run(CMD + ["--out", str(straight)], check=True, capture_output=True, timeout=600)
     resumed = tmp_path / "resumed"
+    log = resumed / "ablation.jsonl"
     rng = random.Random(0)
     kills = 0
-    for _ in range(4):
+    for _ in range(3):
+        done_before = len(log.read_text().splitlines()) if log.exists() else 0
         proc = subprocess.Popen(CMD + ["--out", str(resumed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(4.0, 8.0))
+        # kill at a random moment once this run has finished some variants (mid-sweep)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if log.exists() and len(log.read_text().splitlines()) > done_before:
+                time.sleep(rng.uniform(0.0, 0.5))
+                break
+            time.sleep(0.05)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
