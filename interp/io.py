@@ -25,6 +25,9 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # a writer killed mid-write (SIGKILL) leaves its temporary behind: sweep those up
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise OutputError(f"cannot write to output folder {path.parent}: {exc.strerror or exc}") from None

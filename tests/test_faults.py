@@ -98,3 +98,11 @@ def test_truncated_statistics_file(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(interp.InterpError, match="not a readable interp statistics file"):
         QKVStats.load(path)
+
+
+def test_stale_temporaries_from_a_killed_writer_are_removed(tmp_path):
+    stale = tmp_path / ".t.csv.abc123.tmp"
+    stale.write_text("half a table")
+    write_table(pd.DataFrame({"a": [1]}), tmp_path / "t")
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.parquet"]
