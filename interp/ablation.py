@@ -19,7 +19,6 @@ delta ~ sum over positions of (a' - a) . dL/da (attribution patching).
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from tqdm.auto import tqdm
 
 from interp.analysis.origin import kv_group
 from interp.bias import attention_weights
-from interp.data import Batch, iter_batches
+from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError
 from interp.io import write_table
 from interp.record import QKVStats, check_batch, record_qkv
@@ -205,9 +204,7 @@ def _kl(base_out: Tensor, out: Tensor, batch: Batch, model: Any) -> float:
 
 
 def _forward(model: Any, batch: Batch, hooks: list, need_hidden: bool) -> tuple[Tensor, Optional[Tensor]]:
-    p = next(model.parameters())
-    x = batch.inputs.to(p.device, p.dtype) if model.interp.modality == "vision" else batch.inputs.to(p.device)
-    kw = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask.to(p.device)}
+    x, kw = model_inputs(model, batch)
     store: dict[str, Tensor] = {}
     last = f"blocks.{model.interp.n_layers - 1}.hook_out"
     all_hooks = list(hooks)

@@ -201,6 +201,16 @@ def builtin_batches(
     return [Batch(ids[i : i + batch_size], mask[i : i + batch_size]) for i in range(0, len(ids), batch_size)]
 
 
+def model_inputs(model: Any, batch: Batch) -> tuple[Tensor, dict]:
+    """(input, forward kwargs) for ``model``: pixels cast to the model's dtype, or token
+    ids with their attention mask, all on the model's device."""
+    p = next(model.parameters())
+    if model.interp.modality == "vision":
+        return batch.inputs.to(p.device, p.dtype), {}
+    kw = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask.to(p.device)}
+    return batch.inputs.to(p.device), kw
+
+
 def _to_batch(model: Any, item: Any) -> Batch:
     info = model.interp
     if isinstance(item, Batch):

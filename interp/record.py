@@ -19,7 +19,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -30,7 +30,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.bias import attention_weights
-from interp.data import iter_batches
+from interp.data import iter_batches, model_inputs
 from interp.errors import ActivationError, InputError, InterpError
 from interp.io import atomic_path
 
@@ -307,17 +307,6 @@ def _model_device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
-def forward_batch(model: Any, batch: Any, **kwargs: Any) -> Any:
-    """Run ``model`` on one ``Batch`` (token ids with mask, or pixel values)."""
-    device = _model_device(model)
-    b = batch.to(device)
-    if model.interp.modality == "vision":
-        return model(b.inputs.to(next(model.parameters()).dtype), **kwargs)
-    if b.attention_mask is not None:
-        kwargs["attention_mask"] = b.attention_mask
-    return model(b.inputs, **kwargs)
-
-
 def record_qkv(
     model: Any,
     data: Any,
@@ -404,11 +393,8 @@ def record_qkv(
             check_batch(batch, info)
             mask = batch.attention_mask
             state["weight"] = None if mask is None else _flat(mask.to(device))
-            model.run_with_hooks(
-                batch.to(device).inputs if info.modality == "text" else batch.inputs.to(device, next(model.parameters()).dtype),
-                fwd_hooks=hooks,
-                **({"attention_mask": mask.to(device)} if mask is not None else {}),
-            )
+            x, kw = model_inputs(model, batch)
+            model.run_with_hooks(x, fwd_hooks=hooks, **kw)
             n_batches += 1
     if n_batches == 0:
         raise InputError("data is empty: no batches to record")

@@ -26,7 +26,7 @@ from einops import rearrange
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.data import iter_batches
+from interp.data import iter_batches, model_inputs
 from interp.errors import InputError
 from interp.record import check_batch
 
@@ -91,9 +91,7 @@ def _profile_batches(model: Any, batches: list, layers: Sequence[int], hooks_for
         names = [f"blocks.{l}.attn.hook_z" for l in want] + [f"blocks.{l}.attn.hook_pattern" for l in want]
         for batch in tqdm(batches, desc=desc, disable=not progress or len(runs) > 1, unit="batch"):
             check_batch(batch, info)
-            p = next(model.parameters())
-            x = batch.inputs.to(p.device, p.dtype) if vision else batch.inputs.to(p.device)
-            kw = {} if batch.attention_mask is None or vision else {"attention_mask": batch.attention_mask.to(p.device)}
+            x, kw = model_inputs(model, batch)
             store: dict[str, Tensor] = {}
             grab = [(n, (lambda key: lambda t, hook: store.__setitem__(key, t.detach()))(n)) for n in names]
             with torch.no_grad():

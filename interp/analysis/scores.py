@@ -14,17 +14,16 @@ keys along u = W_k b_q. Under rotary every term depends on i - j.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 import torch
-from einops import repeat
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.analysis.origin import kv_group
 from interp.bias import attention_weights
-from interp.data import iter_batches
+from interp.data import iter_batches, model_inputs
 from interp.errors import InputError
 from interp.record import check_batch
 
@@ -42,16 +41,6 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     c, s = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
     rot, rest = x[..., :r], x[..., r:]
     return torch.cat((rot * c + _rotate_half(rot) * s, rest), dim=-1)
-
-
-def _model_inputs(model: Any, batch: Any) -> tuple[Tensor, dict]:
-    p = next(model.parameters())
-    if model.interp.modality == "vision":
-        return batch.inputs.to(p.device, p.dtype), {}
-    kw = {}
-    if batch.attention_mask is not None:
-        kw["attention_mask"] = batch.attention_mask.to(p.device)
-    return batch.inputs.to(p.device), kw
 
 
 def _key_mask(model: Any, batch: Any, n_pos: int, device: Any) -> Tensor:
@@ -119,7 +108,7 @@ def score_decomposition(
         for batch in tqdm(iter_batches(model, data, max_batches), desc="score decomposition",
                           disable=not progress, unit="batch"):
             check_batch(batch, info)
-            x, kw = _model_inputs(model, batch)
+            x, kw = model_inputs(model, batch)
             _, cache = model.run_with_cache(x, names_filter=names, **kw)
             n_pos = cache["blocks.0.attn.hook_q"].shape[1]
             allowed = _key_mask(model, batch, n_pos, x.device)
@@ -190,7 +179,7 @@ def bias_invariances(
             fold = torch.einsum("hd,hdm->m", w.b_v[group], w.W_o)
             k_diff, v_diff = 0.0, 0.0
             for batch in batches:
-                x, kw = _model_inputs(m, batch)
+                x, kw = model_inputs(m, batch)
                 pat = f"blocks.{layer}.attn.hook_pattern"
                 base_out, base = m.run_with_cache(x, names_filter=[pat], **kw)
                 remove_k = lambda t, hook: t - w.b_k.to(t.dtype)  # noqa: E731

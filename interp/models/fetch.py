@@ -9,7 +9,6 @@ never mistaken for a finished one). A rerun with everything cached is a no-op.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys

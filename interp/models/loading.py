@@ -184,9 +184,6 @@ def _promote_encoder(hf_model: nn.Module) -> tuple[nn.Module, bool]:
     param = next(hf_model.parameters())
     wrapped = wrapped.to(device=param.device, dtype=param.dtype)
     wrapped.bert = hf_model  # share the real encoder
-    if getattr(hf_model, "pooler", None) is not None:
-        # BertForMaskedLM's encoder has no pooler; keeping it is harmless.
-        pass
     return wrapped.eval(), True
 
 

@@ -84,7 +84,8 @@ def test_missing_cache_says_to_rerun_setup(tmp_path, monkeypatch):
         interp.load_model("minilm-l6")
 
 
-def test_corrupt_cache_says_to_rerun_setup(tmp_path, monkeypatch):
+def _copied_minilm_cache(tmp_path, monkeypatch):
+    """A copy of the cached minilm-l6 folder under a fresh $INTERP_CACHE, to damage."""
     import shutil
 
     needs("minilm-l6")
@@ -92,7 +93,11 @@ def test_corrupt_cache_says_to_rerun_setup(tmp_path, monkeypatch):
     monkeypatch.setenv("INTERP_CACHE", str(tmp_path))
     dst = ZOO["minilm-l6"].folder()
     shutil.copytree(src, dst)
-    weights = dst / "model.safetensors"
+    return dst
+
+
+def test_corrupt_cache_says_to_rerun_setup(tmp_path, monkeypatch):
+    weights = _copied_minilm_cache(tmp_path, monkeypatch) / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated
     with pytest.raises(MissingWeightsError, match="corrupt.*make models"):
         interp.load_model("minilm-l6")
@@ -100,13 +105,8 @@ def test_corrupt_cache_says_to_rerun_setup(tmp_path, monkeypatch):
 
 def test_stale_cache_version_is_not_used(tmp_path, monkeypatch):
     import json
-    import shutil
 
-    needs("minilm-l6")
-    src = ZOO["minilm-l6"].folder()
-    monkeypatch.setenv("INTERP_CACHE", str(tmp_path))
-    dst = ZOO["minilm-l6"].folder()
-    shutil.copytree(src, dst)
+    dst = _copied_minilm_cache(tmp_path, monkeypatch)
     (dst / "interp_cache.json").write_text(json.dumps({"cache_version": 0}))
     with pytest.raises(MissingWeightsError, match="make models"):
         interp.load_model("minilm-l6")
