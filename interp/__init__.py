@@ -1,30 +1,61 @@
-"""interp: mechanistic interpretability of the QKV bias in transformer attention."""
+"""interp: mechanistic interpretability of the QKV bias in transformer attention.
 
-from interp.bias import attention_weights, bias_spec
-from interp import errors
+Load a model (``load_model``), record per-head Q/K/V statistics (``record_qkv``), and
+ask what each head's bias does: ``origin_shift``, ``score_decomposition``,
+``bias_invariances``, ``frequency_profile`` / ``cluster_heads``, ``ablate_bias``.
+Analyzers return tidy long-form DataFrames; ``interp.plots`` draws them; ``interp.pipeline``
+runs them all and ``interp.report`` writes ``report.html`` and ``summary.json``.
+
+Shape glossary (TransformerLens' axis names, used in the jaxtyping annotations):
+
+    batch        sequences or images in a batch
+    pos          token positions (LMs) or prefix tokens + patches (ViTs)
+    query_pos    positions that attend (rows of a pattern)
+    key_pos      positions attended to (columns of a pattern)
+    head_index   attention heads of a kind (kv heads for k and v under grouped-query attention)
+    d_head       dimension of one head's q/k/v vector
+    d_model      width of the residual stream
+
+``blocks.{l}.attn.hook_q|hook_k|hook_v`` are ``[batch pos head_index d_head]``;
+``hook_attn_scores|hook_pattern`` are ``[batch head_index query_pos key_pos]``.
+Importing interp has no side effects (no backend switches, no downloads).
+"""
+
+from interp import errors, plots
+from interp.ablation import ablate_bias
+from interp.analysis import (
+    bias_invariances,
+    cluster_heads,
+    frequency_profile,
+    frequency_shift_under_ablation,
+    origin_shift,
+    score_decomposition,
+)
+from interp.data import Batch, builtin_batches, iter_batches
 from interp.errors import InterpError
-from interp.models import InterpBridge, ModelInfo, list_models, load_model
+from interp.heads import attention_weights, bias_spec, kv_group
+from interp.models import (
+    Family,
+    InterpBridge,
+    ModelInfo,
+    clone_model,
+    list_families,
+    list_models,
+    load_model,
+    require_bridge,
+    tiny_hf_model,
+    tiny_inputs,
+)
+from interp.patching import bias_patch_hooks
+from interp.record import record_qkv
+from interp.stats import QKVStats
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
-    "attention_weights", "bias_spec", "InterpError", "InterpBridge", "ModelInfo",
-    "list_models", "load_model", "__version__",
+    "Batch", "Family", "InterpBridge", "InterpError", "ModelInfo", "QKVStats", "__version__", "ablate_bias",
+    "attention_weights", "bias_invariances", "bias_patch_hooks", "bias_spec", "builtin_batches", "clone_model",
+    "cluster_heads", "errors", "frequency_profile", "frequency_shift_under_ablation", "iter_batches", "kv_group",
+    "list_families", "list_models", "load_model", "origin_shift", "plots", "record_qkv", "require_bridge",
+    "score_decomposition", "tiny_hf_model", "tiny_inputs",
 ]
-
-from interp.record import QKVStats, record_qkv  # noqa: E402
-
-__all__ += ["QKVStats", "record_qkv"]
-
-from interp import plots  # noqa: E402
-from interp.analysis import (  # noqa: E402
-    bias_invariances, cluster_heads, frequency_profile, frequency_shift_under_ablation,
-    origin_shift, score_decomposition,
-)
-
-__all__ += ["bias_invariances", "cluster_heads", "frequency_profile", "frequency_shift_under_ablation",
-            "origin_shift", "score_decomposition"]
-
-from interp.ablation import ablate_bias, bias_patch_hooks  # noqa: E402
-
-__all__ += ["ablate_bias", "bias_patch_hooks"]

@@ -20,7 +20,10 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.checks import check_model_input
 from interp.errors import InputError
+from interp.models.bridge import InterpBridge, require_bridge
+from interp.models.info import ModelInfo
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -44,6 +47,10 @@ class Batch:
     inputs: Tensor
     attention_mask: Optional[Int[Tensor, "batch pos"]] = None
     labels: Optional[Tensor] = None
+
+    def check(self, info: ModelInfo) -> None:
+        """Reject NaN/inf inputs and malformed shapes before they reach the model."""
+        check_model_input(self.inputs, self.attention_mask, info)
 
     def to(self, device: Any) -> "Batch":
         return Batch(
@@ -168,17 +175,16 @@ def python_docs(
     return torch.tensor(ids_out), torch.tensor(mask_out)
 
 
-def _image_norm(model: Any) -> tuple[tuple, tuple]:
-    proc = model.__dict__.get("processor")
+def _image_norm(model: InterpBridge) -> tuple[tuple, tuple]:
+    """The model's own normalisation (its image processor), else ImageNet's."""
+    proc = model.processor
     if proc is not None and getattr(proc, "image_mean", None) is not None:
         return tuple(proc.image_mean), tuple(proc.image_std)
-    if model.interp.family == "vit" and model.interp.name.startswith("digits"):
-        return (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
     return IMAGENET_MEAN, IMAGENET_STD
 
 
 def builtin_batches(
-    model: Any, name: str, *, batch_size: int = 8, n: Optional[int] = None, seq_len: int = 64
+    model: InterpBridge, name: str, *, batch_size: int = 8, n: Optional[int] = None, seq_len: int = 64
 ) -> list[Batch]:
     """A built-in dataset as batches shaped for ``model``."""
     info = model.interp
@@ -201,7 +207,7 @@ def builtin_batches(
     return [Batch(ids[i : i + batch_size], mask[i : i + batch_size]) for i in range(0, len(ids), batch_size)]
 
 
-def model_inputs(model: Any, batch: Batch) -> tuple[Tensor, dict]:
+def model_inputs(model: InterpBridge, batch: Batch) -> tuple[Tensor, dict]:
     """(input, forward kwargs) for ``model``: pixels cast to the model's dtype, or token
     ids with their attention mask, all on the model's device."""
     p = next(model.parameters())
@@ -211,7 +217,7 @@ def model_inputs(model: Any, batch: Batch) -> tuple[Tensor, dict]:
     return batch.inputs.to(p.device), kw
 
 
-def _to_batch(model: Any, item: Any) -> Batch:
+def _to_batch(model: InterpBridge, item: Any) -> Batch:
     info = model.interp
     if isinstance(item, Batch):
         return item
@@ -236,8 +242,9 @@ def _to_batch(model: Any, item: Any) -> Batch:
     )
 
 
-def iter_batches(model: Any, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
+def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
     """Normalise ``data`` (name | Tensor | Batch | dict | text | iterable of those) to batches."""
+    model = require_bridge(model)
     if isinstance(data, str):
         items: Iterable[Any] = builtin_batches(model, data)
     elif isinstance(data, (Tensor, Batch, dict)):

@@ -29,3 +29,7 @@ class MissingWeightsError(InterpError, FileNotFoundError):
 
 class ActivationError(InterpError, FloatingPointError):
     """NaN or inf found in a recorded activation."""
+
+
+class RegistryError(InterpError, ValueError):
+    """A model family was registered twice, or looked up under a name nobody registered."""

@@ -5,14 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from interp.io import atomic_path  # noqa: E402
+from interp.io import atomic_path
 
 
 def _grid(df: pd.DataFrame, value: str) -> pd.DataFrame:
@@ -81,7 +78,7 @@ def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 110) -> Path:
 def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12) -> dict[str, plt.Figure]:
     """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads, exact vs attribution."""
     figs: dict[str, plt.Figure] = {}
-    per_head = results[(results.layer >= 0) & (results["head"] >= 0)]
+    per_head = results[results.scope == "head"] if "scope" in results else results
     for (method, estimate), df in per_head.groupby(["method", "estimate"]):
         metric = df.metric.iloc[0]
         figs[f"ablation_delta_{method}_{estimate}"] = layer_head_heatmaps(

@@ -1,372 +1,61 @@
-"""Streaming per-head Q/K/V statistics: ``record_qkv`` -> ``QKVStats``.
+"""``record_qkv``: stream per-head Q/K/V statistics over data, never keeping activations.
 
 Hooks on ``blocks.{l}.attn.hook_q|hook_k|hook_v`` reduce each batch to per-head
 (count, mean, centred co-moment) on the model's device and fold it into float64
-accumulators with the parallel-moments update (Chan et al.)::
-
-    n = n_a + n_b,   delta = mean_b - mean_a
-    mean = mean_a + delta * n_b / n
-    M2   = M2_a + M2_b + delta delta^T * n_a n_b / n        (cov = M2 / n)
-
-No activation is kept and nothing is copied to the host per batch (counts stay tensors;
-non-finite values set a device-side flag that is checked once at the end).
-The content part XW = activation - b has the same covariance and mean shifted by -b.
+``Moments`` (``interp.stats``). Nothing is copied to the host per batch (counts stay
+tensors; non-finite values set a device-side flag that is checked once at the end).
 """
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-import pandas as pd
 import torch
 from einops import rearrange
-from jaxtyping import Float
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.bias import attention_weights
+from interp.checks import check_kinds, check_layers
 from interp.data import iter_batches, model_inputs
-from interp.errors import ActivationError, InputError, InterpError
-from interp.io import atomic_path
-
-QKV = ("q", "k", "v")
-STATS_FORMAT = 1
-
-
-@dataclass
-class _Moments:
-    """Running count, mean and centred co-moment of [head, d] vectors (float64)."""
-
-    count: Tensor
-    mean: Tensor  # [head, d]
-    m2: Tensor  # [head, d, d]
-
-    @classmethod
-    def zeros(cls, n_heads: int, d: int, device: Any) -> "_Moments":
-        f64 = torch.float64
-        return cls(
-            torch.zeros((), dtype=f64, device=device),
-            torch.zeros(n_heads, d, dtype=f64, device=device),
-            torch.zeros(n_heads, d, d, dtype=f64, device=device),
-        )
-
-    @classmethod
-    def means_only(cls, n_heads: int, d: int, device: Any) -> "_Moments":
-        """Count and mean only (the co-moment is a [1, 1, 1] placeholder, never updated)."""
-        f64 = torch.float64
-        return cls(torch.zeros((), dtype=f64, device=device), torch.zeros(n_heads, d, dtype=f64, device=device),
-                   torch.zeros(1, 1, 1, dtype=f64, device=device))
-
-    def add(self, count: Tensor, mean: Tensor, m2: Optional[Tensor]) -> None:
-        total = self.count + count
-        safe = total.clamp(min=1.0)
-        delta = mean - self.mean
-        if m2 is not None and self.m2.shape[-1] == self.mean.shape[-1]:
-            self.m2 = self.m2 + m2 + torch.einsum("hd,he->hde", delta, delta) * (self.count * count / safe)
-        self.mean = self.mean + delta * (count / safe)
-        self.count = total
-
-    def merge(self, other: "_Moments") -> None:
-        self.add(other.count.to(self.mean.device), other.mean.to(self.mean.device), other.m2.to(self.mean.device))
+from interp.errors import InputError, InterpError
+from interp.heads import attention_weights
+from interp.models.bridge import InterpBridge, require_bridge
+from interp.stats import Moments, QKVStats, batch_moments
+from interp.types import QKV
 
 
-def _batch_moments(
-    x: Tensor, weight: Optional[Tensor], with_m2: bool = True
-) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """(count, mean [h, d], centred co-moment [h, d, d]) of x [n, h, d] with 0/1 weights [n]."""
-    work = x.to(torch.float64) if x.dtype == torch.float64 else x.float()
-    m2 = None
-    if weight is None:
-        count = torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
-        mean = work.mean(0)
-        if with_m2:
-            centred = work - mean
-            m2 = torch.einsum("nhd,nhe->hde", centred, centred)
-    else:
-        w = weight.to(work.dtype)
-        count = w.sum().to(torch.float64)
-        mean = torch.einsum("n,nhd->hd", w, work) / count.clamp(min=1.0).to(work.dtype)
-        if with_m2:
-            centred = work - mean
-            m2 = torch.einsum("nhd,nhe->hde", centred * w[:, None, None], centred)
-    return count, mean.to(torch.float64), None if m2 is None else m2.to(torch.float64)
-
-
-@dataclass
-class QKVStats:
-    """Per-layer x head x kind statistics of Q/K/V activations (see ``record_qkv``)."""
-
-    model_name: str
-    n_layers: int
-    layers: list[int]
-    kinds: list[str]
-    heads: dict[str, int]  # kind -> n heads (kv heads for k, v under GQA)
-    d_head: int
-    d_model: int
-    biases: dict[tuple[int, str], Tensor]  # b [head, d_head], float64; zeros when absent
-    moments: dict[tuple[int, str], _Moments]
-    input_moments: dict[int, _Moments]  # attention input x (after the layer norm): count and mean
-    nonfinite: dict[tuple[int, str], Tensor] = field(default_factory=dict)  # [head] flags
-    captured: Optional[dict[tuple[int, str], list[Tensor]]] = None
-
-    # ----- accessors -----------------------------------------------------------------
-    def _key(self, layer: int, kind: str) -> tuple[int, str]:
-        key = (layer, kind)
-        if key not in self.moments:
-            raise InputError(
-                f"no statistics for layer {layer}, kind {kind!r}: recorded layers "
-                f"{self.layers}, kinds {self.kinds}"
-            )
-        return key
-
-    def count(self, layer: int) -> int:
-        """Tokens (or patches) counted at ``layer``, padding excluded."""
-        return int(self.moments[self._key(layer, self.kinds[0])].count.item())
-
-    def mean(self, layer: int, kind: str, part: str = "full") -> Float[Tensor, "head d_head"]:
-        """E[XW + b] (``part="full"``) or E[XW] = E[X]W (``part="content"``)."""
-        key = self._key(layer, kind)
-        m = self.moments[key].mean
-        if part == "full":
-            return m.clone()
-        if part == "content":
-            return m - self.biases[key].to(m.device)
-        raise InputError(f"part must be 'full' or 'content', got {part!r}")
-
-    def cov(self, layer: int, kind: str, part: str = "full") -> Float[Tensor, "head d_head d_head"]:
-        """Population covariance (divides by n). Identical for full and content parts."""
-        if part not in ("full", "content"):
-            raise InputError(f"part must be 'full' or 'content', got {part!r}")
-        mom = self.moments[self._key(layer, kind)]
-        return mom.m2 / mom.count.clamp(min=1.0)
-
-    def mean_sq_norm(self, layer: int, kind: str, part: str = "full") -> Float[Tensor, "head"]:
-        """E||a||^2 = tr(cov) + ||E a||^2 per head."""
-        return torch.diagonal(self.cov(layer, kind), dim1=-2, dim2=-1).sum(-1) + self.mean(
-            layer, kind, part
-        ).pow(2).sum(-1)
-
-    def input_mean(self, layer: int) -> Float[Tensor, "d_model"]:
-        """E[x], the mean attention input (the residual after the layer norm)."""
-        if layer not in self.input_moments:
-            raise InputError(f"no statistics for layer {layer}; recorded layers {self.layers}")
-        return self.input_moments[layer].mean[0].clone()
-
-    # ----- combining -----------------------------------------------------------------
-    def _signature(self) -> tuple:
-        return (self.model_name, self.n_layers, tuple(self.layers), tuple(self.kinds),
-                tuple(sorted(self.heads.items())), self.d_head, self.d_model)
-
-    def merge(self, other: "QKVStats") -> "QKVStats":
-        """Fold ``other`` into these statistics in place (exact) and return self."""
-        if not isinstance(other, QKVStats):
-            raise InputError(f"can only merge QKVStats, got {type(other).__name__}")
-        if self._signature() != other._signature():
-            raise InputError(
-                "cannot merge statistics of different models or recordings: "
-                f"{self._signature()} vs {other._signature()}"
-            )
-        for key, b in self.biases.items():
-            if not torch.equal(b.cpu(), other.biases[key].cpu()):
-                raise InputError(f"cannot merge: biases differ at layer {key[0]}, kind {key[1]}")
-        for key, mom in self.moments.items():
-            mom.merge(other.moments[key])
-            self.nonfinite[key] = self.nonfinite[key] | other.nonfinite[key].to(self.nonfinite[key].device)
-        for layer, mom in self.input_moments.items():
-            mom.merge(other.input_moments[layer])
-        return self
-
-    def all_reduce(self, group: Any = None) -> "QKVStats":
-        """Merge the statistics of every rank of ``group`` (torch.distributed), in rank order.
-
-        Each rank ends with the same merged result. Uses ``all_gather_object`` on the
-        CPU copies, so it works with gloo and NCCL alike; the payload is the statistics,
-        not activations (a few MB even for large models).
-        """
-        import torch.distributed as dist
-
-        if not dist.is_available() or not dist.is_initialized():
-            raise InterpError("all_reduce needs an initialised torch.distributed process group")
-        world = dist.get_world_size(group)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, self._state(), group=group)
-        device = next(iter(self.moments.values())).mean.device
-        merged = QKVStats._from_state(gathered[0], device)
-        for state in gathered[1:]:
-            merged.merge(QKVStats._from_state(state, device))
-        self.moments, self.input_moments, self.nonfinite = (
-            merged.moments, merged.input_moments, merged.nonfinite
-        )
-        return self
-
-    # ----- tidy output ---------------------------------------------------------------
-    def to_frame(self) -> pd.DataFrame:
-        """One row per layer x head x kind: count, bias norm, mean norms, RMS, covariance trace."""
-        rows = []
-        for (layer, kind) in sorted(self.moments, key=lambda k: (k[0], QKV.index(k[1]))):
-            full, content = self.mean(layer, kind, "full"), self.mean(layer, kind, "content")
-            tr = torch.diagonal(self.cov(layer, kind), dim1=-2, dim2=-1).sum(-1)
-            msq_f, msq_c = self.mean_sq_norm(layer, kind, "full"), self.mean_sq_norm(layer, kind, "content")
-            b = self.biases[(layer, kind)]
-            n = self.count(layer)
-            for h in range(full.shape[0]):
-                rows.append(dict(
-                    layer=layer, head=h, kind=kind, count=n,
-                    bias_norm=float(b[h].norm()),
-                    mean_norm_full=float(full[h].norm()), mean_norm_content=float(content[h].norm()),
-                    rms_full=math.sqrt(max(float(msq_f[h]), 0.0)),
-                    rms_content=math.sqrt(max(float(msq_c[h]), 0.0)),
-                    cov_trace=float(tr[h]),
-                ))
-        return pd.DataFrame(rows)
-
-    # ----- persistence ---------------------------------------------------------------
-    def _meta(self) -> dict:
-        return dict(format=STATS_FORMAT, model_name=self.model_name, n_layers=self.n_layers,
-                    layers=self.layers, kinds=self.kinds, heads=self.heads,
-                    d_head=self.d_head, d_model=self.d_model)
-
-    def _tensors(self) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        for (layer, kind), mom in self.moments.items():
-            p = f"L{layer}.{kind}"
-            out[f"{p}.count"] = mom.count.reshape(1)
-            out[f"{p}.mean"], out[f"{p}.m2"] = mom.mean, mom.m2
-            out[f"{p}.bias"] = self.biases[(layer, kind)]
-            out[f"{p}.nonfinite"] = self.nonfinite[(layer, kind)].to(torch.uint8)
-        for layer, mom in self.input_moments.items():
-            out[f"L{layer}.x.count"] = mom.count.reshape(1)
-            out[f"L{layer}.x.mean"], out[f"L{layer}.x.m2"] = mom.mean, mom.m2
-        return {k: v.detach().cpu().contiguous() for k, v in out.items()}
-
-    def _state(self) -> dict:
-        return {"meta": self._meta(), "tensors": self._tensors()}
-
-    @classmethod
-    def _from_state(cls, state: dict, device: Any = "cpu") -> "QKVStats":
-        meta, t = state["meta"], {k: v.to(device) for k, v in state["tensors"].items()}
-        if meta.get("format") != STATS_FORMAT:
-            raise InterpError(
-                f"statistics file format {meta.get('format')} is not {STATS_FORMAT}: "
-                "re-record with this version of interp"
-            )
-        moments, biases, nonfinite, inputs = {}, {}, {}, {}
-        for layer in meta["layers"]:
-            for kind in meta["kinds"]:
-                p = f"L{layer}.{kind}"
-                moments[(layer, kind)] = _Moments(t[f"{p}.count"][0], t[f"{p}.mean"], t[f"{p}.m2"])
-                biases[(layer, kind)] = t[f"{p}.bias"]
-                nonfinite[(layer, kind)] = t[f"{p}.nonfinite"].bool()
-            inputs[layer] = _Moments(t[f"L{layer}.x.count"][0], t[f"L{layer}.x.mean"], t[f"L{layer}.x.m2"])
-        return cls(
-            model_name=meta["model_name"], n_layers=meta["n_layers"], layers=list(meta["layers"]),
-            kinds=list(meta["kinds"]), heads={k: int(v) for k, v in meta["heads"].items()},
-            d_head=meta["d_head"], d_model=meta["d_model"], biases=biases, moments=moments,
-            input_moments=inputs, nonfinite=nonfinite,
-        )
-
-    def save(self, path: str | Path) -> Path:
-        """Write one safetensors file (float64 tensors + JSON metadata), atomically."""
-        path = Path(path)
-        with atomic_path(path) as tmp:
-            save_file(self._tensors(), str(tmp), metadata={"interp": json.dumps(self._meta())})
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path, device: Any = "cpu") -> "QKVStats":
-        """Read statistics written by ``save`` (safetensors only: no pickle)."""
-        from safetensors import safe_open
-
-        path = Path(path)
-        if not path.exists():
-            raise InterpError(f"no statistics file at {path}")
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                meta = json.loads((fh.metadata() or {})["interp"])
-            tensors = load_file(str(path))
-        except Exception as exc:
-            raise InterpError(f"{path} is not a readable interp statistics file ({exc})") from None
-        return cls._from_state({"meta": meta, "tensors": tensors}, device)
-
-    def check_finite(self) -> None:
-        """Raise ``ActivationError`` naming the first layer/head whose activations had NaN/inf."""
-        for (layer, kind), flags in sorted(self.nonfinite.items()):
-            if bool(flags.any()):
-                heads = torch.nonzero(flags).flatten().tolist()
-                raise ActivationError(
-                    f"non-finite (NaN or inf) {kind} activations at layer {layer}, head(s) {heads}"
-                )
-
-
-def _model_device(model: Any) -> torch.device:
-    return next(model.parameters()).device
-
-
-def record_qkv(
-    model: Any,
-    data: Any,
-    *,
-    layers: Optional[Sequence[int]] = None,
-    kinds: Sequence[str] = QKV,
-    max_batches: Optional[int] = None,
-    progress: bool = True,
-    capture: bool = False,
-    capture_limit_mb: float = 256.0,
-) -> QKVStats:
-    """Record per-head Q/K/V statistics over ``data`` without keeping activations.
-
-    ``capture=True`` also keeps the (unpadded) activations, ``[tokens, head, d_head]``
-    per layer and kind, in ``stats.captured``; it raises once they would exceed
-    ``capture_limit_mb``.
-    """
-    info = getattr(model, "__dict__", {}).get("interp")
-    if info is None:
-        raise InputError("record_qkv needs a model from interp.load_model")
-    kinds = list(kinds)
-    bad = [k for k in kinds if k not in QKV]
-    if bad or not kinds:
-        raise InputError(f"kinds must be a non-empty subset of q, k, v; got {kinds}")
-    layers = list(range(info.n_layers)) if layers is None else sorted(set(int(l) for l in layers))
-    if any(not 0 <= l < info.n_layers for l in layers):
-        raise InputError(f"layers must lie in 0..{info.n_layers - 1}; got {layers}")
-    hook_names = {f"blocks.{l}.attn.hook_{k}" for l in layers for k in kinds}
-    missing = hook_names - set(model.hook_dict)
-    if missing:
-        raise InputError(f"model has no attention hooks {sorted(missing)[:3]}: is it a hooked transformer?")
-
-    device = _model_device(model)
-    heads = {"q": info.n_heads, "k": info.n_kv_heads, "v": info.n_kv_heads}
+def _empty_stats(model: InterpBridge, layers: list[int], kinds: list[str], capture: bool) -> QKVStats:
+    info = model.interp
+    device = next(model.parameters()).device
     biases, moments, nonfinite = {}, {}, {}
-    for l in layers:
-        w = attention_weights(model, l, dtype=torch.float64)
-        for k in kinds:
-            biases[(l, k)] = w.bias(k).to(device)
-            moments[(l, k)] = _Moments.zeros(heads[k], info.d_head, device)
-            nonfinite[(l, k)] = torch.zeros(heads[k], dtype=torch.bool, device=device)
+    for layer in layers:
+        w = attention_weights(model, layer, dtype=torch.float64)
+        for kind in kinds:
+            biases[(layer, kind)] = w.bias(kind).to(device)
+            moments[(layer, kind)] = Moments.zeros(info.heads(kind), info.d_head, device)
+            nonfinite[(layer, kind)] = torch.zeros(info.heads(kind), dtype=torch.bool, device=device)
     # only E[x] is needed downstream: skip the d_model x d_model co-moment (costly)
-    input_moments = {l: _Moments.means_only(1, info.d_model, device) for l in layers}
-    stats = QKVStats(
+    inputs = {layer: Moments.zeros(1, info.d_model, device, means_only=True) for layer in layers}
+    return QKVStats(
         model_name=info.name, n_layers=info.n_layers, layers=layers, kinds=kinds,
-        heads={k: heads[k] for k in kinds}, d_head=info.d_head, d_model=info.d_model,
-        biases=biases, moments=moments, input_moments=input_moments, nonfinite=nonfinite,
+        heads={k: info.heads(k) for k in kinds}, d_head=info.d_head, d_model=info.d_model,
+        biases=biases, moments=moments, input_moments=inputs, nonfinite=nonfinite,
         captured={key: [] for key in moments} if capture else None,
     )
-    state: dict[str, Any] = {"weight": None, "captured_bytes": 0}
+
+
+def _flat(t: Tensor) -> Tensor:
+    return rearrange(t, "b p ... -> (b p) ...")
+
+
+def _hooks(stats: QKVStats, state: dict, capture_limit_mb: float) -> list[tuple[str, Callable]]:
     limit = capture_limit_mb * 2**20
 
-    def _flat(t: Tensor) -> Tensor:
-        return rearrange(t, "b p ... -> (b p) ...")
-
-    def stat_hook(layer: int, kind: str):
+    def stat_hook(layer: int, kind: str) -> Callable:
         def fn(act: Tensor, hook: Any) -> None:
             x = _flat(act.detach())
             stats.nonfinite[(layer, kind)] |= ~torch.isfinite(x).all(dim=-1).all(dim=0)
-            stats.moments[(layer, kind)].add(*_batch_moments(x, state["weight"]))
+            stats.moments[(layer, kind)].add(*batch_moments(x, state["weight"]))
             if stats.captured is not None:
                 keep = x if state["weight"] is None else x[state["weight"].bool()]
                 state["captured_bytes"] += keep.numel() * 8
@@ -378,19 +67,45 @@ def record_qkv(
                 stats.captured[(layer, kind)].append(keep.to("cpu", torch.float64))
         return fn
 
-    def input_hook(layer: int):
+    def input_hook(layer: int) -> Callable:
         def fn(act: Tensor, hook: Any) -> None:
             x = _flat(act.detach())[:, None, :]
-            input_moments[layer].add(*_batch_moments(x, state["weight"], with_m2=False))
+            stats.input_moments[layer].add(*batch_moments(x, state["weight"], with_m2=False))
         return fn
 
-    hooks = [(f"blocks.{l}.attn.hook_{k}", stat_hook(l, k)) for l in layers for k in kinds]
-    hooks += [(f"blocks.{l}.attn.q.hook_in", input_hook(l)) for l in layers]
-    batches = iter_batches(model, data, max_batches=max_batches)
+    hooks = [(f"blocks.{layer}.attn.hook_{kind}", stat_hook(layer, kind))
+             for layer in stats.layers for kind in stats.kinds]
+    return hooks + [(f"blocks.{layer}.attn.q.hook_in", input_hook(layer)) for layer in stats.layers]
+
+
+def record_qkv(
+    model: InterpBridge,
+    data: Any,
+    *,
+    layers: Optional[Sequence[int]] = None,
+    kinds: Sequence[str] = QKV,
+    max_batches: Optional[int] = None,
+    progress: bool = True,
+    capture: bool = False,
+    capture_limit_mb: float = 256.0,
+) -> QKVStats:
+    """Record per-head Q/K/V statistics over ``data`` without keeping activations.
+
+    ``capture=True`` also keeps the (unpadded) activations, ``[tokens, head_index, d_head]``
+    per layer and kind, in ``stats.captured``; it raises once they would exceed
+    ``capture_limit_mb``.
+    """
+    model = require_bridge(model, "record_qkv")
+    info = model.interp
+    stats = _empty_stats(model, check_layers(layers, info), check_kinds(kinds), capture)
+    state: dict[str, Any] = {"weight": None, "captured_bytes": 0}
+    hooks = _hooks(stats, state, capture_limit_mb)
+    device = next(model.parameters()).device
     n_batches = 0
     with torch.no_grad():
-        for batch in tqdm(batches, desc=f"record {info.name}", disable=not progress, unit="batch"):
-            check_batch(batch, info)
+        for batch in tqdm(iter_batches(model, data, max_batches=max_batches), desc=f"record {info.name}",
+                          disable=not progress, unit="batch"):
+            batch.check(info)
             mask = batch.attention_mask
             state["weight"] = None if mask is None else _flat(mask.to(device))
             x, kw = model_inputs(model, batch)
@@ -402,22 +117,3 @@ def record_qkv(
     if stats.captured is not None:
         stats.captured = {k: [torch.cat(v)] if v else [] for k, v in stats.captured.items()}
     return stats
-
-
-def check_batch(batch: Any, info: Any) -> None:
-    """Reject NaN/inf inputs and malformed shapes before they reach the model."""
-    from interp.models.loading import check_pixel_values, check_token_ids
-
-    x = batch.inputs
-    if info.modality == "vision":
-        check_pixel_values(x, info)
-    else:
-        check_token_ids(x, info)
-    if torch.is_floating_point(x) and not torch.isfinite(x).all():
-        raise InputError("input contains NaN or inf values")
-    if info.modality == "text" and batch.attention_mask is not None:
-        if batch.attention_mask.shape != x.shape:
-            raise InputError(
-                f"attention_mask shape {tuple(batch.attention_mask.shape)} does not match "
-                f"input_ids shape {tuple(x.shape)}"
-            )

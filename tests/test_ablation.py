@@ -7,7 +7,9 @@ import torch
 from scipy.stats import spearmanr
 
 import interp
-from interp.ablation import ablate_bias, bias_patch_hooks
+import interp.ablation.metrics
+from interp.ablation import ablate_bias
+from interp.patching import bias_patch_hooks
 from interp.errors import InputError
 from interp.models import tiny_hf_model, tiny_inputs
 from interp.models.loading import clone_model
@@ -86,12 +88,12 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     lines = log.read_text().splitlines()
     log.write_text("\n".join(lines[:5]) + "\n" + lines[5][:17])  # 5 done, one torn write
     calls = []
-    orig = interp.ablation._forward
-    interp.ablation._forward = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
+    orig = interp.ablation.metrics.run_forward
+    interp.ablation.metrics.run_forward = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
     try:
         resumed = ablate_bias(model, data, kinds=("q", "v"), out=out, stack=1, progress=False)
     finally:
-        interp.ablation._forward = orig
+        interp.ablation.metrics.run_forward = orig
     n_variants = len(straight)
     assert len(calls) == len(data) * (1 + n_variants - 5)  # baseline + only the unfinished ones
     assert resumed[["layer", "head", "kind"]].equals(straight[["layer", "head", "kind"]])

@@ -14,7 +14,8 @@ import pytest
 import interp
 from interp.io import OutputError, write_table
 from interp.models import tiny_hf_model, tiny_inputs
-from interp.record import QKVStats, record_qkv
+from interp.record import record_qkv
+from interp.stats import QKVStats
 
 CMD = [sys.executable, "-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits",
        "--kinds", "q,k,v", "--max-batches", "2"]

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import interp
-from interp.ablation import bias_patch_hooks
+from interp.patching import bias_patch_hooks
 from interp.analysis.scores import _key_mask, score_terms
 from interp.data import Batch
 from interp.models import TINY_FAMILIES, tiny_hf_model

@@ -10,7 +10,8 @@ import torch.multiprocessing as mp
 import interp
 from interp.errors import ActivationError, InputError, InterpError
 from interp.models import tiny_hf_model, tiny_inputs
-from interp.record import QKVStats, record_qkv
+from interp.record import record_qkv
+from interp.stats import QKVStats
 
 
 def padded_batches(family, n_batches=3, seed=0):

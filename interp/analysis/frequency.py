@@ -26,9 +26,11 @@ from einops import rearrange
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.data import iter_batches, model_inputs
+from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError
-from interp.record import check_batch
+from interp.models.bridge import InterpBridge, require_bridge
+from interp.models.info import ModelInfo
+from interp.patching import bias_patch_hooks
 
 N_BINS = 8
 
@@ -79,56 +81,65 @@ def _pixel_distances(grid: tuple[int, int], patch: int) -> Tensor:
     return torch.cdist(centres, centres)
 
 
-def _profile_batches(model: Any, batches: list, layers: Sequence[int], hooks_for_layer=None,
+def _vision_terms(info: ModelInfo, z: Tensor, pat: Tensor, image_hw: tuple[int, int]) -> dict[str, Any]:
+    """Per-head sums over the batch: spectrum, pixel distance, sink mass, entropy (ViT)."""
+    n_pre, ps, b = info.n_prefix_tokens, info.patch_size, z.shape[0]
+    grid = (image_hw[0] // ps, image_hw[1] // ps)
+    pp = pat[:, :, n_pre:, n_pre:]
+    return dict(
+        spec=head_spectrum(z[:, n_pre:], grid) * b, n_spec=b, n=float(b),
+        dist=(pp * _pixel_distances(grid, ps).to(pp.device)).sum(-1).mean(-1).sum(0),
+        sink=pat[:, :, n_pre:, :n_pre].sum(-1).mean(-1).sum(0),
+        ent=-(pat * pat.clamp(min=1e-300).log()).sum(-1).mean(-1).sum(0),
+    )
+
+
+def _text_terms(z: Tensor, pat: Tensor, attention_mask: Optional[Tensor]) -> dict[str, Any]:
+    """Per-head sums over the batch: spectrum (unpadded rows), token distance, first-token mass, entropy."""
+    mask = attention_mask.to(z.device).bool() if attention_mask is not None else \
+        torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
+    full = mask.all(-1)
+    zz = z[full] if full.any() else z * mask[..., None, None]
+    pos = torch.arange(z.shape[1], device=z.device)
+    d = (pos[:, None] - pos[None, :]).abs().double()
+    qmask = mask[:, None, :].double()  # [batch, 1, query_pos]
+    scale = z.shape[0] / qmask.sum()
+    return dict(
+        spec=head_spectrum(zz, None) * zz.shape[0], n_spec=zz.shape[0], n=float(z.shape[0]),
+        dist=((pat * d).sum(-1) * qmask).sum((0, 2)) * scale,
+        sink=(pat[..., 0] * qmask).sum((0, 2)) * scale,
+        ent=(-(pat * pat.clamp(min=1e-300).log()).sum(-1) * qmask).sum((0, 2)) * scale,
+    )
+
+
+def _accumulate(model: InterpBridge, batch: Batch, layers: Sequence[int], hooks: list,
+                acc: dict[int, dict[str, Any]]) -> None:
+    info = model.interp
+    batch.check(info)
+    x, kw = model_inputs(model, batch)
+    names = [f"blocks.{l}.attn.hook_{n}" for l in layers for n in ("z", "pattern")]
+    store: dict[str, Tensor] = {}
+    grab = [(n, (lambda key: lambda t, hook: store.__setitem__(key, t.detach()))(n)) for n in names]
+    with torch.no_grad():
+        model.run_with_hooks(x, fwd_hooks=list(hooks) + grab, **kw)
+    for l in layers:
+        z, pat = store[f"blocks.{l}.attn.hook_z"], store[f"blocks.{l}.attn.hook_pattern"].double()
+        if info.modality == "vision":
+            terms = _vision_terms(info, z, pat, (x.shape[2], x.shape[3]))
+        else:
+            terms = _text_terms(z, pat, batch.attention_mask)
+        for key, val in terms.items():
+            acc[l][key] = acc[l].get(key, 0) + (val.cpu() if isinstance(val, Tensor) else val)
+
+
+def _profile_batches(model: InterpBridge, batches: list, layers: Sequence[int], hooks_for_layer=None,
                      progress: bool = True, desc: str = "frequency profile") -> pd.DataFrame:
     info = model.interp
-    vision = info.modality == "vision"
-    n_pre = info.n_prefix_tokens if vision else 0
     acc: dict[int, dict[str, Any]] = {l: {} for l in layers}
-    runs = [(l, hooks_for_layer(l)) for l in layers] if hooks_for_layer else [(None, [])]
-    for layer_group, hooks in tqdm(runs, desc=desc, disable=not progress or len(runs) == 1):
-        want = layers if layer_group is None else [layer_group]
-        names = [f"blocks.{l}.attn.hook_z" for l in want] + [f"blocks.{l}.attn.hook_pattern" for l in want]
+    runs = [([l], hooks_for_layer(l)) for l in layers] if hooks_for_layer else [(list(layers), [])]
+    for want, hooks in tqdm(runs, desc=desc, disable=not progress or len(runs) == 1):
         for batch in tqdm(batches, desc=desc, disable=not progress or len(runs) > 1, unit="batch"):
-            check_batch(batch, info)
-            x, kw = model_inputs(model, batch)
-            store: dict[str, Tensor] = {}
-            grab = [(n, (lambda key: lambda t, hook: store.__setitem__(key, t.detach()))(n)) for n in names]
-            with torch.no_grad():
-                model.run_with_hooks(x, fwd_hooks=list(hooks) + grab, **kw)
-            for l in want:
-                z, pat = store[f"blocks.{l}.attn.hook_z"], store[f"blocks.{l}.attn.hook_pattern"].double()
-                a = acc[l]
-                b = z.shape[0]
-                if vision:
-                    ps = info.patch_size
-                    grid = (x.shape[2] // ps, x.shape[3] // ps)
-                    spec = head_spectrum(z[:, n_pre:], grid) * b
-                    pp = pat[:, :, n_pre:, n_pre:]
-                    dist = (pp * _pixel_distances(grid, ps).to(pp.device)).sum(-1).mean(-1).sum(0)  # [h]
-                    sink = pat[:, :, n_pre:, :n_pre].sum(-1).mean(-1).sum(0)
-                    ent = -(pat * pat.clamp(min=1e-300).log()).sum(-1).mean(-1).sum(0)
-                    w = float(b)
-                else:
-                    mask = batch.attention_mask.to(z.device).bool() if batch.attention_mask is not None else \
-                        torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
-                    full = mask.all(-1)
-                    zz = z[full] if full.any() else z * mask[..., None, None]
-                    spec = head_spectrum(zz, None) * zz.shape[0]
-                    b = zz.shape[0]
-                    pos = torch.arange(z.shape[1], device=z.device)
-                    d = (pos[:, None] - pos[None, :]).abs().double()
-                    qmask = mask[:, None, :].double()  # [b, 1, q]
-                    nq = qmask.sum()
-                    dist = ((pat * d).sum(-1) * qmask).sum((0, 2)) / nq * z.shape[0]
-                    sink = (pat[..., 0] * qmask).sum((0, 2)) / nq * z.shape[0]
-                    ent = (-(pat * pat.clamp(min=1e-300).log()).sum(-1) * qmask).sum((0, 2)) / nq * z.shape[0]
-                    w = float(z.shape[0])
-                a["spec"] = a.get("spec", 0) + spec.cpu()
-                a["n_spec"] = a.get("n_spec", 0) + b
-                for key, val in (("dist", dist), ("sink", sink), ("ent", ent)):
-                    a[key] = a.get(key, 0) + val.cpu()
-                a["n"] = a.get("n", 0) + w
+            _accumulate(model, batch, want, hooks, acc)
     rows = []
     for l in layers:
         a = acc[l]
@@ -137,22 +148,22 @@ def _profile_batches(model: Any, batches: list, layers: Sequence[int], hooks_for
             row = dict(layer=l, head=h, hf_ratio=float(hf[h]),
                        mean_attention_distance=float(a["dist"][h] / a["n"]),
                        entropy=float(a["ent"][h] / a["n"]), sink_mass=float(a["sink"][h] / a["n"]),
-                       distance_unit="pixels" if vision else "tokens")
+                       distance_unit="pixels" if info.modality == "vision" else "tokens")
             row.update({f"bin_{i}": float(bins[h, i]) for i in range(bins.shape[1])})
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def frequency_profile(model: Any, data: Any, *, layers: Optional[Sequence[int]] = None,
+def frequency_profile(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int]] = None,
                       max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
     """One row per layer x head: hf_ratio, mean_attention_distance, entropy, sink_mass, bin_0..7."""
-    info = model.interp
+    info = require_bridge(model, "frequency_profile").interp
     layers = list(range(info.n_layers)) if layers is None else list(layers)
     batches = list(iter_batches(model, data, max_batches))
     return _profile_batches(model, batches, layers, progress=progress)
 
 
-def frequency_shift_under_ablation(model: Any, data: Any, kinds: Sequence[str] = ("q",), method: str = "zero",
+def frequency_shift_under_ablation(model: InterpBridge, data: Any, kinds: Sequence[str] = ("q",), method: str = "zero",
                                    *, max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
     """Each head's profile with its own bias (of ``kinds``) patched out, and the change.
 
@@ -161,9 +172,7 @@ def frequency_shift_under_ablation(model: Any, data: Any, kinds: Sequence[str] =
     one forward per layer. Columns: the profile's, plus ``*_intact`` and ``delta_*`` for
     hf_ratio and mean_attention_distance.
     """
-    from interp.ablation import bias_patch_hooks
-
-    info = model.interp
+    info = require_bridge(model, "frequency_shift_under_ablation").interp
     batches = list(iter_batches(model, data, max_batches))
     layers = list(range(info.n_layers))
     intact = _profile_batches(model, batches, layers, progress=progress, desc="profile (intact)")

@@ -19,15 +19,16 @@ embeddings, where the model has them.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from interp.bias import attention_weights
-from interp.record import QKVStats
+from interp.heads import attention_weights, kv_group
+from interp.models.bridge import InterpBridge, require_bridge
+from interp.stats import QKVStats
 
 
 def _cos(a: Tensor, b: Tensor) -> float:
@@ -37,28 +38,29 @@ def _cos(a: Tensor, b: Tensor) -> float:
     return float(torch.dot(a.flatten(), b.flatten()) / (na * nb))
 
 
-def _embedding_directions(model: Any) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """(CLS token [d_model] or None, position embeddings [n_pos, d_model] or None)."""
-    hf = model.__dict__["original_model"]
+def _embedding_directions(model: InterpBridge) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """(CLS token [d_model] or None, learned position embeddings [n_pos, d_model] or None).
+
+    Read from the HF modules' attributes (``cls_token``, ``position_embeddings``, ``wpe``,
+    ``embed_positions``), not from parameter names, which the bridge rewrites.
+    """
     cls, pos = None, None
-    for name, p in hf.named_parameters():
-        if name.endswith("embeddings.cls_token"):
-            cls = p.detach().reshape(-1).double()
-        elif name.endswith("embeddings.position_embeddings") and p.ndim == 3:
-            pos = p.detach()[0].double()
-        elif name.endswith(("position_embeddings.weight", "wpe.weight", "embed_positions.weight")):
-            pos = p.detach().double()
+    for module in model.hf_model.modules():
+        token = getattr(module, "cls_token", None)
+        if isinstance(token, nn.Parameter) and cls is None:
+            cls = token.detach().reshape(-1).double()
+        for attr in ("position_embeddings", "wpe", "embed_positions"):
+            table = getattr(module, attr, None)
+            if isinstance(table, nn.Embedding):
+                table = table.weight
+            if isinstance(table, nn.Parameter) and pos is None:
+                pos = table.detach().reshape(-1, table.shape[-1]).double()
     return cls, pos
 
 
-def kv_group(n_heads: int, n_kv_heads: int) -> list[int]:
-    """The kv head each query head reads under grouped-query attention."""
-    return [h // (n_heads // n_kv_heads) for h in range(n_heads)]
-
-
-def origin_shift(model: Any, stats: QKVStats) -> pd.DataFrame:
+def origin_shift(model: InterpBridge, stats: QKVStats) -> pd.DataFrame:
     """One row per layer x head x kind: how the bias shifts the head's origin (see module doc)."""
-    info = model.interp
+    info = require_bridge(model, "origin_shift").interp
     cls, pos = _embedding_directions(model)
     group = kv_group(info.n_heads, info.n_kv_heads)
     rows = []

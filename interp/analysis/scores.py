@@ -14,18 +14,20 @@ keys along u = W_k b_q. Under rotary every term depends on i - j.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import pandas as pd
 import torch
+from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.analysis.origin import kv_group
-from interp.bias import attention_weights
-from interp.data import iter_batches, model_inputs
+from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError
-from interp.record import check_batch
+from interp.heads import attention_weights, kv_group
+from interp.patching import bias_patch_hooks
+from interp.models.bridge import InterpBridge, require_bridge
+from interp.models.loading import clone_model
 
 TERMS = ("content", "query_const", "key_prior", "const")
 
@@ -43,20 +45,20 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((rot * c + _rotate_half(rot) * s, rest), dim=-1)
 
 
-def _key_mask(model: Any, batch: Any, n_pos: int, device: Any) -> Tensor:
-    """[b, 1, q, k] bool: which (query, key) pairs are attended (causal, padding)."""
+def _key_mask(model: InterpBridge, batch: Batch, n_pos: int, device: Any) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+    """Which (query, key) pairs are attended (causal, padding)."""
     b = batch.inputs.shape[0]
     allowed = torch.ones(b, 1, n_pos, n_pos, dtype=torch.bool, device=device)
     if batch.attention_mask is not None and model.interp.modality == "text":
         m = batch.attention_mask.to(device).bool()
         allowed &= m[:, None, None, :] & m[:, None, :, None]
-    if model.interp.kind == "decoder":
+    if model.interp.causal:
         allowed &= torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).tril()[None, None]
     return allowed
 
 
-def score_terms(model: Any, cache: Any, layer: int) -> dict[str, Tensor]:
-    """The four score terms [b, head, q, k] of ``layer`` from a cache holding hook_q/hook_k."""
+def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, Float[Tensor, "batch head_index query_pos key_pos"]]:
+    """The four score terms of ``layer`` from a cache holding hook_q/hook_k (and cos/sin under rotary)."""
     info = model.interp
     w = attention_weights(model, layer)
     q = cache[f"blocks.{layer}.attn.hook_q"]
@@ -91,7 +93,7 @@ def _row_variance(t: Tensor, allowed: Tensor) -> Tensor:
 
 
 def score_decomposition(
-    model: Any, data: Any, *, max_batches: int | None = None, progress: bool = True
+    model: InterpBridge, data: Any, *, max_batches: Optional[int] = None, progress: bool = True
 ) -> pd.DataFrame:
     """Per layer x head x term: variance across keys (within a query row, averaged) and share.
 
@@ -99,7 +101,7 @@ def score_decomposition(
     total_variance (of the real scores), kl_without_key_prior (mean over rows of
     KL(P || P without the key_prior term), nats), rotary.
     """
-    info = model.interp
+    info = require_bridge(model, "score_decomposition").interp
     names = lambda n: n.endswith(("attn.hook_q", "attn.hook_k", "attn.hook_cos", "attn.hook_sin"))  # noqa: E731
     acc: dict[tuple[int, str], Tensor] = {}
     kl_acc: dict[int, Tensor] = {}
@@ -107,7 +109,7 @@ def score_decomposition(
     with torch.no_grad():
         for batch in tqdm(iter_batches(model, data, max_batches), desc="score decomposition",
                           disable=not progress, unit="batch"):
-            check_batch(batch, info)
+            batch.check(info)
             x, kw = model_inputs(model, batch)
             _, cache = model.run_with_cache(x, names_filter=names, **kw)
             n_pos = cache["blocks.0.attn.hook_q"].shape[1]
@@ -146,19 +148,31 @@ def score_decomposition(
     return pd.DataFrame(out)
 
 
-def _float64_copy(model: Any) -> Any:
-    """A float64 copy of the bridge (exactness checks must not read float32 rounding)."""
-    from interp.models.loading import clone_model
-
-    return clone_model(model, dtype=torch.float64)
-
-
 def _final_output(out: Any) -> Tensor:
     return out if isinstance(out, Tensor) else out[0]
 
 
+def _layer_invariances(m: InterpBridge, layer: int, batches: list[Batch]) -> tuple[float, float]:
+    """(max pattern change with b_k removed, max output change with b_v folded into b_O) at ``layer``."""
+    info = m.interp
+    remove_k = bias_patch_hooks(m, [(layer, h, "k") for h in range(info.n_kv_heads)], "zero")
+    fold_v = bias_patch_hooks(m, [(layer, h, "v") for h in range(info.n_kv_heads)], "fold")
+    pat = f"blocks.{layer}.attn.hook_pattern"
+    k_diff, v_diff = 0.0, 0.0
+    for batch in batches:
+        x, kw = model_inputs(m, batch)
+        base_out, base = m.run_with_cache(x, names_filter=[pat], **kw)
+        store: dict[str, Tensor] = {}
+        m.run_with_hooks(x, fwd_hooks=remove_k + [(pat, _grab(store, "patched"))], **kw)
+        allowed = _key_mask(m, batch, base[pat].shape[-1], base[pat].device)
+        k_diff = max(k_diff, float((store["patched"] - base[pat]).abs().masked_fill(~allowed, 0).max()))
+        folded = m.run_with_hooks(x, fwd_hooks=fold_v, **kw)
+        v_diff = max(v_diff, float((_final_output(folded) - _final_output(base_out)).abs().max()))
+    return k_diff, v_diff
+
+
 def bias_invariances(
-    model: Any, data: Any, *, max_batches: int | None = 1, float64: bool = True,
+    model: InterpBridge, data: Any, *, max_batches: Optional[int] = 1, float64: bool = True,
     progress: bool = True,
 ) -> pd.DataFrame:
     """Per layer: the two exact bias identities, measured.
@@ -166,44 +180,30 @@ def bias_invariances(
     ``k_bias_pattern``: max |pattern_l(b_k removed at l) - pattern_l| (0 up to rounding
     without rotary). ``v_bias_fold``: max |output(b_v in place) - output(b_v removed at l
     and sum_h b_v[h] W_O[h] added to the attention output)| on the model's final output.
+    ``bias_norm`` is the norm of the bias each check removes (b_k, b_v) at that layer.
     Computed in float64 by default (a float64 copy; the model is not touched).
     """
-    info = model.interp
-    m = _float64_copy(model) if float64 else model
-    group = kv_group(info.n_heads, info.n_kv_heads)
+    info = require_bridge(model, "bias_invariances").interp
+    m = clone_model(model, dtype=torch.float64) if float64 else model
     batches = list(iter_batches(m, data, max_batches))
+    if not batches:
+        raise InputError("data is empty: no batches to check the invariances on")
+    dtype = "float64" if float64 else str(next(m.parameters()).dtype)
     rows = []
     with torch.no_grad():
         for layer in tqdm(range(info.n_layers), desc="bias invariances", disable=not progress):
             w = attention_weights(m, layer)
-            fold = torch.einsum("hd,hdm->m", w.b_v[group], w.W_o)
-            k_diff, v_diff = 0.0, 0.0
-            for batch in batches:
-                x, kw = model_inputs(m, batch)
-                pat = f"blocks.{layer}.attn.hook_pattern"
-                base_out, base = m.run_with_cache(x, names_filter=[pat], **kw)
-                remove_k = lambda t, hook: t - w.b_k.to(t.dtype)  # noqa: E731
-                store: dict[str, Tensor] = {}
-                m.run_with_hooks(x, fwd_hooks=[(f"blocks.{layer}.attn.hook_k", remove_k),
-                                               (pat, _grab(store, "patched"))], **kw)
-                allowed = _key_mask(m, batch, base[pat].shape[-1], base[pat].device)
-                diff = (store["patched"] - base[pat]).abs().masked_fill(~allowed, 0)
-                k_diff = max(k_diff, float(diff.max()))
-                remove_v = lambda t, hook: t - w.b_v.to(t.dtype)  # noqa: E731
-                add_o = lambda t, hook: t + fold.to(t.dtype)  # noqa: E731
-                folded = m.run_with_hooks(x, fwd_hooks=[(f"blocks.{layer}.attn.hook_v", remove_v),
-                                                        (f"blocks.{layer}.attn.o.hook_out", add_o)], **kw)
-                v_diff = max(v_diff, float((_final_output(folded) - _final_output(base_out)).abs().max()))
-            rows.append(dict(layer=layer, check="k_bias_pattern", max_abs_diff=k_diff,
-                             k_bias_norm=float(w.b_k.norm()), rotary=info.rotary,
-                             dtype="float64" if float64 else str(next(m.parameters()).dtype)))
-            rows.append(dict(layer=layer, check="v_bias_fold", max_abs_diff=v_diff,
-                             k_bias_norm=float(w.b_k.norm()), rotary=info.rotary,
-                             dtype="float64" if float64 else str(next(m.parameters()).dtype)))
-    return pd.DataFrame(rows)
+            k_diff, v_diff = _layer_invariances(m, layer, batches)
+            common = dict(layer=layer, rotary=info.rotary, n_batches=len(batches), dtype=dtype)
+            rows.append(dict(check="k_bias_pattern", max_abs_diff=k_diff, bias_kind="k",
+                             bias_norm=float(w.b_k.norm()), **common))
+            rows.append(dict(check="v_bias_fold", max_abs_diff=v_diff, bias_kind="v",
+                             bias_norm=float(w.b_v.norm()), **common))
+    return pd.DataFrame(rows)[["layer", "check", "max_abs_diff", "bias_kind", "bias_norm", "rotary",
+                               "n_batches", "dtype"]]
 
 
-def _grab(store: Any, key: str):
+def _grab(store: dict, key: str) -> Any:
     def fn(t: Tensor, hook: Any) -> None:
         store[key] = t.detach().clone()
     return fn

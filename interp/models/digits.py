@@ -3,8 +3,8 @@
     python -m interp.models.digits --seeds 0 1 2 --ship-seed 0
 
 trains each seed with and without QKV bias (same init for every shared parameter, same
-data order), prints test accuracy, writes ``data/digits_vit_results.csv`` and ships the
-``--ship-seed`` pair as ``data/digits-vit`` and ``data/digits-vit-nobias`` (safetensors).
+data order), prints test accuracy, writes ``interp/models/shipped/digits_vit_results.csv`` and ships the
+``--ship-seed`` pair as ``interp/models/shipped/digits-vit`` and ``digits-vit-nobias`` (safetensors).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from transformers import ViTConfig, ViTForImageClassification
+from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from interp.data import digits
 from interp.io import atomic_path
+from interp.models.zoo import SHIPPED_DIR
 
 IMAGE, PATCH = 8, 2
 
@@ -31,6 +32,11 @@ def digits_vit_config(qkv_bias: bool) -> ViTConfig:
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager",
         architectures=["ViTForImageClassification"],
     )
+
+
+def digits_processor() -> ViTImageProcessor:
+    """The pair's preprocessing: 8x8, pixels / 255, standardised with mean 0.5, std 0.5."""
+    return ViTImageProcessor(size={"height": IMAGE, "width": IMAGE}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
 
 
 def train_digits_vit(qkv_bias: bool, seed: int, epochs: int = 40, lr: float = 2e-3) -> tuple[ViTForImageClassification, float]:
@@ -67,7 +73,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--ship-seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=40)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "data"))
+    ap.add_argument("--out", default=str(SHIPPED_DIR))
     args = ap.parse_args()
     torch.set_num_threads(2)
     out = Path(args.out)
@@ -82,6 +88,7 @@ def main() -> None:
                 folder = out / ("digits-vit" if bias else "digits-vit-nobias")
                 folder.mkdir(parents=True, exist_ok=True)
                 model.save_pretrained(folder, safe_serialization=True)
+                digits_processor().save_pretrained(folder)
     df = pd.DataFrame(rows)
     with atomic_path(out / "digits_vit_results.csv") as tmp:
         df.to_csv(tmp, index=False)

@@ -6,7 +6,7 @@ import torch
 
 import interp
 from interp.data import digits
-from interp.models.zoo import DATA_DIR
+from interp.models.zoo import SHIPPED_DIR
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def test_pair_differs_only_in_qkv_bias(pair):
 
 
 def test_shipped_weights_reproduce_the_recorded_accuracy(pair):
-    results = pd.read_csv(DATA_DIR / "digits_vit_results.csv")
+    results = pd.read_csv(SHIPPED_DIR / "digits_vit_results.csv")
     x, y = digits(8, split="test", seed=0)
     for model, bias in zip(pair, (True, False)):
         with torch.no_grad():

@@ -1,0 +1,109 @@
+"""Metrics an ablation is measured by, and the forward pass that feeds them.
+
+Task metrics (nonzero gradient at the intact model, so attribution can estimate them):
+``next_token_ce`` (causal LMs), ``cross_entropy`` (classifiers with labels).
+Distance metrics (zero at the intact model, exact ablations only): ``embedding_cosine``
+(mean-pooled final hidden states, e.g. sentence encoders), ``feature_cosine`` (the
+model's output at position 0, e.g. a ViT's CLS feature).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from interp.data import Batch, model_inputs
+from interp.errors import InputError
+from interp.models.bridge import InterpBridge
+
+DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
+TASK_METRICS = ("next_token_ce", "cross_entropy")
+Metric = Union[str, Callable[[Tensor, Batch], Tensor]]
+
+
+def has_classifier(model: InterpBridge) -> bool:
+    return "unembed" in model.adapter.component_mapping
+
+
+def auto_metric(model: InterpBridge, batch: Batch) -> str:
+    """The family's default metric; cross-entropy for a classifier fed labels."""
+    default = model.interp.spec.default_metric
+    if model.interp.modality == "vision" and has_classifier(model) and batch.labels is not None:
+        return "cross_entropy"
+    return default
+
+
+def metric_name(model: InterpBridge, metric: Metric, first: Batch) -> str:
+    if callable(metric) and not isinstance(metric, str):
+        return getattr(metric, "__name__", "custom")
+    if metric == "auto":
+        return auto_metric(model, first)
+    if metric not in DISTANCE_METRICS + TASK_METRICS:
+        raise InputError(f"unknown metric {metric!r}; choose from {DISTANCE_METRICS + TASK_METRICS} or pass a callable")
+    return metric
+
+
+def sentence_embedding(hidden: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """Mean of the final hidden states over real (unpadded) tokens."""
+    if mask is None:
+        return hidden.mean(1)
+    m = mask[..., None].to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+def reference(out: Tensor, hidden: Optional[Tensor], batch: Batch) -> dict[str, Tensor]:
+    """What distance metrics compare an ablated run against: the intact run's outputs."""
+    ref = {"output": out, "features": out[:, 0] if out.ndim == 3 else out}
+    if hidden is not None:
+        mask = None if batch.attention_mask is None else batch.attention_mask.to(out.device)
+        ref["embedding"] = sentence_embedding(hidden, mask)
+    return ref
+
+
+def metric_value(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
+    if name == "next_token_ce":
+        ids = batch.inputs.to(out.device)
+        nll = -out[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+        if batch.attention_mask is not None:
+            keep = batch.attention_mask[:, 1:].to(out.device).float()
+            return (nll * keep).sum() / keep.sum().clamp(min=1)
+        return nll.mean()
+    if name == "cross_entropy":
+        return F.cross_entropy(out.float(), batch.labels.to(out.device))
+    if name == "embedding_cosine":
+        mask = None if batch.attention_mask is None else batch.attention_mask.to(out.device)
+        emb = sentence_embedding(hidden, mask)
+        return F.cosine_similarity(emb.float(), ref["embedding"].float(), dim=-1).mean()
+    if name == "feature_cosine":
+        feats = out[:, 0] if out.ndim == 3 else out
+        return F.cosine_similarity(feats.float(), ref["features"].float(), dim=-1).mean()
+    raise InputError(f"unknown metric {name!r}")
+
+
+def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Batch) -> float:
+    """Mean KL(intact || ablated) of the output distribution, nats; NaN without logits."""
+    if not model.interp.causal and not (out.ndim == 2 and has_classifier(model)):
+        return float("nan")
+    p = base_out.float().log_softmax(-1)
+    q = out.float().log_softmax(-1)
+    kl = (p.exp() * (p - q)).sum(-1)
+    if batch.attention_mask is not None and kl.ndim == 2:
+        m = batch.attention_mask.to(kl.device).float()
+        return float((kl * m).sum() / m.sum().clamp(min=1))
+    return float(kl.mean())
+
+
+def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """(output, final hidden states if asked) of one forward with ``hooks``."""
+    x, kw = model_inputs(model, batch)
+    store: dict[str, Tensor] = {}
+    all_hooks = list(hooks)
+    if need_hidden:
+        def grab(t: Tensor, hook: Any) -> None:
+            store["hidden"] = t
+        all_hooks.append((f"blocks.{model.interp.n_layers - 1}.hook_out", grab))
+    out = model.run_with_hooks(x, fwd_hooks=all_hooks, **kw)
+    out = out if isinstance(out, Tensor) else out[0]
+    return out, store.get("hidden")

@@ -1,0 +1,161 @@
+"""``ablate_bias``: patch biases out per head, layer or set, and measure the model's task.
+
+``estimate="exact"`` runs one patched forward per variant (``stack`` variants at a time,
+stacked on the batch axis). ``estimate="attribution"`` estimates every variant to first
+order from one forward and one backward per batch (``interp.ablation.attribution``).
+With ``out``, each finished variant is appended to ``out/ablation.jsonl`` at once; a
+rerun skips finished variants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+import interp.ablation.metrics as metrics
+from interp.ablation.attribution import attribution_deltas
+from interp.ablation.log import ResultLog
+from interp.ablation.variants import Variant, make_variants
+from interp.data import Batch, iter_batches
+from interp.errors import InputError
+from interp.io import write_table
+from interp.models.bridge import InterpBridge, require_bridge
+from interp.patching import Target, check_method, repeat_batch, stacked_patch_hooks
+from interp.record import record_qkv
+from interp.stats import QKVStats
+from interp.types import ESTIMATES, Estimate, Method
+
+COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
+           "kl", "n_targets"]
+
+
+@dataclass
+class _Run:
+    """What every variant of one sweep shares: the data, the metric and the intact run."""
+
+    model: InterpBridge
+    batches: list[Batch]
+    metric: metrics.Metric
+    metric_name: str
+    need_hidden: bool
+    refs: list[dict]
+    weights: list[float]
+    baseline: float
+
+    def value(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
+        if callable(self.metric) and not isinstance(self.metric, str):
+            return self.metric(out, batch)
+        return metrics.metric_value(self.metric_name, out, hidden, ref, batch)
+
+    def mean(self, values: Sequence[float]) -> float:
+        return sum(v * w for v, w in zip(values, self.weights)) / sum(self.weights)
+
+
+def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: str,
+             max_batches: Optional[int]) -> _Run:
+    if estimate not in ESTIMATES:
+        raise InputError(f"estimate must be one of {', '.join(ESTIMATES)}; got {estimate!r}")
+    batches = list(iter_batches(model, data, max_batches))
+    for b in batches:
+        b.check(model.interp)
+    name = metrics.metric_name(model, metric, batches[0])
+    if name == "cross_entropy" and any(b.labels is None for b in batches):
+        raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
+    if estimate == "attribution" and name in metrics.DISTANCE_METRICS:
+        raise InputError(
+            f"estimate='attribution' cannot estimate the distance metric {name!r}: its gradient "
+            "at the intact model is zero, so a first-order estimate is meaningless; use a task metric "
+            "(next_token_ce, cross_entropy, a logit difference) or estimate='exact'"
+        )
+    run = _Run(model, batches, metric, name, name == "embedding_cosine", [], [], 0.0)
+    with torch.no_grad():
+        values = []
+        for batch in batches:
+            out, hidden = metrics.run_forward(model, batch, [], run.need_hidden)
+            run.refs.append(metrics.reference(out, hidden, batch))
+            values.append(float(run.value(out, hidden, run.refs[-1], batch)))
+            run.weights.append(float(batch.inputs.shape[0]))
+    run.baseline = run.mean(values)
+    return run
+
+
+def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float) -> dict:
+    return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
+                estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
+                delta=ablated - run.baseline, kl=kl, n_targets=len(var.targets))
+
+
+def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Optional[QKVStats],
+           stack: int, log: ResultLog, progress: bool) -> None:
+    stack = max(1, int(stack))
+    bar = tqdm(total=len(todo), desc=f"ablate {method} (exact)", disable=not progress, unit="variant")
+    with torch.no_grad():
+        for start in range(0, len(todo), stack):
+            group = todo[start:start + stack]
+            n = len(group)
+            hooks = stacked_patch_hooks(run.model, [v.targets for v in group], method, stats)
+            vals: list[list[float]] = [[] for _ in group]
+            kls: list[list[float]] = [[] for _ in group]
+            for batch, ref in zip(run.batches, run.refs):
+                out, hidden = metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden)
+                hiddens = hidden.chunk(n) if hidden is not None else [None] * n
+                for i, (o, h) in enumerate(zip(out.chunk(n), hiddens)):
+                    vals[i].append(float(run.value(o, h, ref, batch)))
+                    kls[i].append(metrics.kl_from_intact(run.model, ref["output"], o, batch))
+            for var, vv, kk in zip(group, vals, kls):
+                log.add(_row(var, keys[var], method, "exact", run, run.mean(vv), run.mean(kk)))
+            bar.update(n)
+    bar.close()
+
+
+def ablate_bias(
+    model: InterpBridge,
+    data: Any,
+    kinds: Sequence[str] = ("q", "k", "v"),
+    scope: Union[str, Iterable[Target]] = "head",
+    method: Method = "zero",
+    metric: Union[str, Callable] = "auto",
+    estimate: Estimate = "exact",
+    *,
+    stats: Optional[QKVStats] = None,
+    out: Optional[Union[str, Path]] = None,
+    max_batches: Optional[int] = None,
+    stack: int = 8,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Patch biases out and measure the metric; one row per variant.
+
+    Columns: layer, head (None where the variant spans several), kind, scope (head |
+    layer | all | custom), method, estimate, metric, baseline, ablated, delta (= ablated -
+    baseline), kl (exact runs on models with logits; NaN otherwise), n_targets. ``metric``
+    is "auto" (the family's default), one of next_token_ce, cross_entropy,
+    embedding_cosine, feature_cosine, or a callable ``f(output, batch) -> scalar tensor``.
+    ``stack`` exact variants run together in one forward (1: one forward per variant).
+    """
+    model = require_bridge(model, "ablate_bias")
+    variants = make_variants(model.interp, kinds, scope)
+    check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
+    run = _prepare(model, data, metric, estimate, max_batches)
+    if method == "mean" and stats is None:
+        stats = record_qkv(model, run.batches, progress=False)
+    log = ResultLog(Path(out) / "ablation.jsonl" if out is not None else None)
+    keys = {v: v.key(method, estimate, run.metric_name) for v in variants}
+    todo = [v for v in variants if keys[v] not in log.rows]
+    if estimate == "exact":
+        _exact(run, todo, keys, method, stats, stack, log, progress)
+    elif todo:
+        deltas = attribution_deltas(model, run.batches, run.weights, todo, method, stats, run.value, run.refs,
+                                    run.need_hidden)
+        for var, d in zip(todo, deltas):
+            log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
+    df = pd.DataFrame([{c: log.rows[keys[v]][c] for c in COLUMNS} for v in variants], columns=COLUMNS)
+    df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
+    if out is not None:
+        write_table(df, Path(out) / f"ablation_{method}_{estimate}")
+    return df

@@ -1,0 +1,75 @@
+"""Ablation variants: which (layer, head, kind) targets one ablation patches together."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence, Union
+
+from interp.checks import check_kinds
+from interp.errors import InputError
+from interp.models.info import ModelInfo
+from interp.patching import Target
+from interp.types import SCOPES, Scope
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One ablation: a set of (layer, head, kind) targets patched together.
+
+    ``scope`` says what the set is: one head, every head of a layer, every head of a kind
+    ("all"), or a custom set; ``layer`` and ``head`` are None where the set spans several.
+    """
+
+    targets: tuple[Target, ...]
+    scope: Scope
+    kind: str  # "q" | "k" | "v", or e.g. "q+v" for a custom set over several kinds
+    layer: Optional[int] = None
+    head: Optional[int] = None
+
+    def key(self, method: str, estimate: str, metric: str) -> str:
+        """The identity of this variant's result in a sweep log."""
+        ident = [self.scope, self.layer, self.head, self.kind]
+        if self.scope == "custom":
+            ident.append(sorted(self.targets))
+        return json.dumps([ident, method, estimate, metric])
+
+    def label(self) -> str:
+        if self.scope == "head":
+            return f"L{self.layer} H{self.head} {self.kind}"
+        if self.scope == "layer":
+            return f"L{self.layer} {self.kind} (all heads)"
+        if self.scope == "all":
+            return f"every {self.kind}"
+        return f"{len(self.targets)} targets ({self.kind})"
+
+
+def _custom(info: ModelInfo, scope: Iterable[Target]) -> list[Variant]:
+    try:
+        targets = tuple(sorted({(int(l), int(h), str(k)) for l, h, k in scope}))
+    except (TypeError, ValueError):
+        raise InputError(f"scope must be 'head', 'layer', 'all' or a list of (layer, head, kind); got {scope!r}") from None
+    if not targets:
+        raise InputError("scope is an empty list of targets: name at least one (layer, head, kind)")
+    for layer, head, kind in targets:
+        if not 0 <= layer < info.n_layers or kind not in ("q", "k", "v") or not 0 <= head < info.heads(kind):
+            raise InputError(f"target {(layer, head, kind)} out of range for {info.name}")
+    return [Variant(targets, "custom", "+".join(sorted({k for _, _, k in targets})))]
+
+
+def make_variants(info: ModelInfo, kinds: Sequence[str], scope: Union[str, Iterable[Target]]) -> list[Variant]:
+    """Variants for ``scope``: "head" (each head alone), "layer", "all", or explicit targets."""
+    kinds = check_kinds(kinds)
+    if not isinstance(scope, str):
+        return _custom(info, scope)
+    layers = range(info.n_layers)
+    if scope == "head":
+        return [Variant(((l, h, k),), "head", k, l, h) for k in kinds for l in layers for h in range(info.heads(k))]
+    if scope == "layer":
+        return [Variant(tuple((l, h, k) for h in range(info.heads(k))), "layer", k, l) for k in kinds for l in layers]
+    if scope == "all":
+        return [Variant(tuple((l, h, k) for l in layers for h in range(info.heads(k))), "all", k) for k in kinds]
+    raise InputError(
+        f"scope must be one of {', '.join(s for s in SCOPES if s != 'custom')} or a list of "
+        f"(layer, head, kind); got {scope!r}"
+    )

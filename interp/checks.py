@@ -1,0 +1,94 @@
+"""Input checks: a bad input gets one clear ``InputError`` before it reaches a model."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from interp.errors import InputError
+from interp.models.info import ModelInfo
+from interp.types import KINDS, QKV
+
+
+def check_pixel_values(x: Any, info: ModelInfo) -> None:
+    """Raise ``InputError`` unless ``x`` is a float ``[batch, C, H, W]`` tensor for this ViT."""
+    expected = f"[batch, {info.num_channels}, H, W]"
+    if not isinstance(x, torch.Tensor):
+        raise InputError(
+            f"{info.name} is a vision model: expected pixel_values as a float tensor {expected}, "
+            f"got {type(x).__name__}"
+        )
+    if not torch.is_floating_point(x):
+        raise InputError(
+            f"{info.name} is a vision model: expected pixel_values as a float tensor {expected}, "
+            f"got a {x.dtype} tensor of shape {tuple(x.shape)} (token ids?)"
+        )
+    if x.ndim != 4 or x.shape[1] != info.num_channels:
+        raise InputError(f"{info.name}: pixel_values must be {expected}, got shape {tuple(x.shape)}")
+    p = info.patch_size or 1
+    if x.shape[2] % p or x.shape[3] % p:
+        raise InputError(f"{info.name}: image size {tuple(x.shape[2:])} is not a multiple of the patch size {p}")
+
+
+def check_token_ids(x: Any, info: ModelInfo) -> None:
+    """Raise ``InputError`` unless ``x`` is text, or integer token ids within context."""
+    if isinstance(x, (str, list)):
+        return
+    if not isinstance(x, torch.Tensor):
+        raise InputError(
+            f"{info.name} is a language model: expected token ids (LongTensor [batch, pos]) "
+            f"or text, got {type(x).__name__}"
+        )
+    if torch.is_floating_point(x):
+        raise InputError(
+            f"{info.name} is a language model: expected integer token ids [batch, pos], "
+            f"got a {x.dtype} tensor of shape {tuple(x.shape)} (pixel values?)"
+        )
+    if info.max_positions is not None and x.shape[-1] > info.max_positions:
+        raise InputError(
+            f"{info.name}: sequence length {x.shape[-1]} exceeds the model's context "
+            f"of {info.max_positions} positions"
+        )
+
+
+def check_model_input(x: Any, attention_mask: Optional[Tensor], info: ModelInfo) -> None:
+    """Shape, dtype and finiteness of one batch's input (and its mask) for this model."""
+    if info.modality == "vision":
+        check_pixel_values(x, info)
+    else:
+        check_token_ids(x, info)
+    if isinstance(x, Tensor) and torch.is_floating_point(x) and not torch.isfinite(x).all():
+        raise InputError("input contains NaN or inf values")
+    if info.modality == "text" and attention_mask is not None and isinstance(x, Tensor):
+        if attention_mask.shape != x.shape:
+            raise InputError(
+                f"attention_mask shape {tuple(attention_mask.shape)} does not match "
+                f"input_ids shape {tuple(x.shape)}"
+            )
+
+
+def check_kinds(kinds: Any, allowed: tuple[str, ...] = QKV) -> list[str]:
+    """``kinds`` as a list of distinct names among ``allowed``."""
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    kinds = list(kinds)
+    bad = [k for k in kinds if k not in allowed]
+    if bad or not kinds:
+        raise InputError(f"kinds must be a non-empty subset of {', '.join(allowed)}; got {kinds}")
+    if len(set(kinds)) != len(kinds):
+        raise InputError(f"kinds must not repeat a kind; got {kinds}")
+    return kinds
+
+
+def check_layers(layers: Any, info: ModelInfo) -> list[int]:
+    layers = list(range(info.n_layers)) if layers is None else sorted({int(layer) for layer in layers})
+    if any(not 0 <= layer < info.n_layers for layer in layers):
+        raise InputError(f"layers must lie in 0..{info.n_layers - 1}; got {layers}")
+    return layers
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise InputError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")

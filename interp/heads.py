@@ -1,0 +1,132 @@
+"""Per-head attention weights and what follows from them: ``attention_weights``, the kv
+grouping, the b_v -> b_O fold vector, and the bias inventory (``bias_spec``).
+
+Conventions (TransformerLens): for head h,
+
+    q_h = x W_q[h] + b_q[h],  W_q: [head_index, d_model, d_head],  b_q: [head_index, d_head]
+    out = sum_h z_h W_o[h] + b_o,  W_o: [head_index, d_head, d_model]
+
+k and v have ``n_kv_heads`` heads under grouped-query attention; query head h reads kv
+head ``kv_group(...)[h]``. Whether a bias is *present* comes from the architecture (does
+the bridge's q/k/v/o module own a bias?), never from whether its numbers are zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from einops import einsum, rearrange
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from interp.checks import check_kind
+from interp.errors import InputError, UnsupportedModelError
+from interp.models.bridge import InterpBridge, require_bridge
+from interp.types import KINDS
+
+
+@dataclass
+class AttentionWeights:
+    """One layer's attention parameters in per-head form (zeros stand in for absent biases)."""
+
+    W_q: Float[Tensor, "head_index d_model d_head"]
+    b_q: Float[Tensor, "head_index d_head"]
+    W_k: Float[Tensor, "kv_head d_model d_head"]
+    b_k: Float[Tensor, "kv_head d_head"]
+    W_v: Float[Tensor, "kv_head d_model d_head"]
+    b_v: Float[Tensor, "kv_head d_head"]
+    W_o: Float[Tensor, "head_index d_head d_model"]
+    b_o: Float[Tensor, "d_model"]
+    present: dict[str, bool]
+
+    def bias(self, kind: str) -> Tensor:
+        check_kind(kind)
+        return {"q": self.b_q, "k": self.b_k, "v": self.b_v, "o": self.b_o}[kind]
+
+    def weight(self, kind: str) -> Tensor:
+        check_kind(kind)
+        return {"q": self.W_q, "k": self.W_k, "v": self.W_v, "o": self.W_o}[kind]
+
+
+def kv_group(n_heads: int, n_kv_heads: int) -> list[int]:
+    """The kv head each query head reads under grouped-query attention."""
+    return [h // (n_heads // n_kv_heads) for h in range(n_heads)]
+
+
+def _projection(model: InterpBridge, layer: int, kind: str) -> nn.Module:
+    if not 0 <= layer < model.interp.n_layers:
+        raise InputError(f"layer {layer} out of range: {model.interp.name} has {model.interp.n_layers} layers")
+    return getattr(model.blocks[layer].attn, kind).original_component
+
+
+def _linear(model: InterpBridge, layer: int, kind: str) -> tuple[Tensor, Tensor | None]:
+    """(weight [out, in], bias [out] or None) of the q/k/v/o projection of ``layer``."""
+    lin = _projection(model, layer, kind)
+    bias = getattr(lin, "bias", None)
+    bias = None if bias is None else bias.detach()
+    if isinstance(lin, nn.Linear):
+        return lin.weight.detach(), bias
+    if type(lin).__name__ == "Conv1D":  # GPT-2 style: weight is [in, out]
+        return lin.weight.detach().T, bias
+    raise UnsupportedModelError(f"blocks.{layer}.attn.{kind} wraps {type(lin).__name__}, not a linear map")
+
+
+def bias_present(model: InterpBridge, layer: int) -> dict[str, bool]:
+    """Which of q, k, v, o own a bias parameter, read from the bridge's own modules."""
+    model = require_bridge(model, "bias_present")
+    return {kind: getattr(_projection(model, layer, kind), "bias", None) is not None for kind in KINDS}
+
+
+def attention_weights(model: InterpBridge, layer: int, dtype: torch.dtype | None = None) -> AttentionWeights:
+    """The raw (unfolded) per-head weights and biases of one attention layer."""
+    info = require_bridge(model, "attention_weights").interp
+    out: dict[str, Tensor] = {}
+    present: dict[str, bool] = {}
+    for kind in ("q", "k", "v"):
+        w, b = _linear(model, layer, kind)
+        present[kind] = b is not None
+        out[f"W_{kind}"] = rearrange(w, "(h d) m -> h m d", h=info.heads(kind))
+        b = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b
+        out[f"b_{kind}"] = rearrange(b, "(h d) -> h d", h=info.heads(kind))
+    w, b = _linear(model, layer, "o")
+    present["o"] = b is not None
+    out["W_o"] = rearrange(w, "m (h d) -> h d m", h=info.n_heads)
+    out["b_o"] = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b
+    if dtype is not None:
+        out = {k: v.to(dtype) for k, v in out.items()}
+    return AttentionWeights(present=present, **out)
+
+
+def v_fold_vector(model: InterpBridge, layer: int, heads: list[int] | None = None,
+                  dtype: torch.dtype | None = None) -> Float[Tensor, "d_model"]:
+    """sum over query heads h (of ``heads``, default all) of b_v[kv(h)] W_O[h].
+
+    Attention rows sum to 1, so b_v adds exactly this constant to the attention output:
+    removing b_v and adding this vector to b_O changes nothing.
+    """
+    info = model.interp
+    w = attention_weights(model, layer, dtype)
+    group = kv_group(info.n_heads, info.n_kv_heads)
+    query_heads = list(range(info.n_heads)) if heads is None else list(heads)
+    b_v = w.b_v[[group[h] for h in query_heads]]
+    return einsum(b_v, w.W_o[query_heads], "h d, h d m -> m")
+
+
+def bias_spec(model: InterpBridge) -> pd.DataFrame:
+    """The bias inventory: one row per layer x kind (q, k, v, o).
+
+    Columns: layer, kind, present, n_heads (kv heads for k, v under GQA), d_head,
+    norm (L2 norm of the whole bias vector, all heads; 0.0 when absent), rotary
+    (whether the model rotates q and k by position, so b_q and b_k rotate too).
+    """
+    info = require_bridge(model, "bias_spec").interp
+    rows = []
+    for layer in range(info.n_layers):
+        w = attention_weights(model, layer, dtype=torch.float64)
+        for kind in KINDS:
+            rows.append(dict(layer=layer, kind=kind, present=w.present[kind], n_heads=info.heads(kind),
+                             d_head=info.d_head, norm=float(w.bias(kind).norm()) if w.present[kind] else 0.0,
+                             rotary=info.rotary))
+    return pd.DataFrame(rows)

@@ -1,0 +1,65 @@
+"""Building blocks shared by our TransformerLens adapters (one adapter per file beside this)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from transformer_lens.model_bridge.generalized_components import (
+    AttentionBridge,
+    LinearBridge,
+    MLPBridge,
+    NormalizationBridge,
+)
+from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
+
+
+class PatchEmbeddingsBridge(GeneralizedComponent):
+    """Embeddings whose HF forward is ``(pixel_values, bool_masked_pos=None)``.
+
+    TL's ``VisionEmbeddingsBridge`` always passes ``interpolate_pos_encoding``, which
+    ``Dinov2Embeddings`` and ``BeitEmbeddings`` do not accept.
+    """
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        bool_masked_pos: Optional[torch.Tensor] = None,
+        **kwargs: Any,
+    ) -> Any:
+        return super().forward(pixel_values, bool_masked_pos=bool_masked_pos)
+
+
+def attention(cfg: Any) -> AttentionBridge:
+    """HF attention with separate ``q_proj/k_proj/v_proj/o_proj`` linears."""
+    return AttentionBridge(
+        name="attention",
+        config=cfg,
+        submodules={
+            "q": LinearBridge(name="q_proj"),
+            "k": LinearBridge(name="k_proj"),
+            "v": LinearBridge(name="v_proj"),
+            "o": LinearBridge(name="o_proj"),
+        },
+    )
+
+
+def mlp(cfg: Any) -> MLPBridge:
+    """HF MLP with ``fc1`` / ``fc2`` linears."""
+    return MLPBridge(
+        name="mlp",
+        config=cfg,
+        submodules={"in": LinearBridge(name="fc1"), "out": LinearBridge(name="fc2")},
+    )
+
+
+def norm(name: str, cfg: Any) -> NormalizationBridge:
+    return NormalizationBridge(name=name, config=cfg, use_native_layernorm_autograd=True)
+
+
+def prefix(hf_model: Any, attr: str) -> str:
+    """``"attr."`` when the backbone sits under ``hf_model.attr`` (a head class), else ``""``."""
+    return f"{attr}." if hasattr(hf_model, attr) else ""
+
+
+MLP_HOOK_ALIASES = {"hook_mlp_out": "mlp.out.hook_out", "hook_mlp_in": "mlp.in.hook_in"}

@@ -1,0 +1,156 @@
+"""``InterpBridge``: a TransformerLens 4.x ``TransformerBridge`` over an HF model, raw weights.
+
+The bridge wraps the HF modules in place and delegates each forward to HF, so the hooked
+forward *is* the HF forward. We never call ``enable_compatibility_mode`` /
+``process_weights``: those fold layer-norm biases into b_Q/b_K/b_V and b_V into b_O,
+which would erase the very biases this library studies.
+
+One way to make one: ``InterpBridge(hf_model, name=..., tokenizer=..., processor=...)``
+(``interp.load_model`` calls it). Every analyzer starts with ``require_bridge(model)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import torch
+import transformers
+from torch import nn
+from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
+from transformer_lens.model_bridge import TransformerBridge
+from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
+from transformer_lens.model_bridge.sources import build_bridge_config_from_hf, detect_tokenizer_bos_eos
+from transformer_lens.model_bridge.sources.transformers_driver import TransformersDriver
+from transformer_lens.utilities import get_tokenizer_with_bos
+
+from interp.checks import check_pixel_values, check_token_ids
+from interp.errors import InputError, UnknownSourceError, UnsupportedModelError
+from interp.models.families import Family, adapters
+from interp.models.info import ModelInfo, family_of, model_info
+
+
+class InterpBridge(TransformerBridge):
+    """A ``TransformerBridge`` with the model's own biases, and input checks before HF runs.
+
+    ``model(token_ids)`` for LMs, ``model(pixel_values)`` for ViTs (positional),
+    ``run_with_cache`` / ``run_with_hooks`` as in TransformerLens. ``model.interp`` holds
+    the sizes and family facts (``ModelInfo``); ``model.processor`` the image processor.
+    The HF model is modified in place (its submodules are wrapped): pass a copy to keep it.
+    """
+
+    interp: ModelInfo
+
+    def __init__(self, hf_model: nn.Module, *, name: Optional[str] = None, tokenizer: Any = None,
+                 processor: Any = None) -> None:
+        if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
+            raise UnknownSourceError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
+        if isinstance(hf_model, TransformerBridge) or any(isinstance(m, GeneralizedComponent) for m in hf_model.modules()):
+            raise InputError(
+                "this HF model is already wrapped by a bridge (load_model wraps in place): "
+                "use the model load_model returned, or interp.clone_model"
+            )
+        family = family_of(hf_model)
+        hf_model, random_head = _promote(hf_model, family)
+        info = model_info(hf_model, family, name or getattr(hf_model.config, "name_or_path", "")
+                          or type(hf_model).__name__, random_head)
+        hf_model.eval()
+        _use_eager_attention(hf_model)
+        adapter = _adapter(hf_model, info)
+        adapter.prepare_model(hf_model)
+        tokenizer = _configure_tokenizer(tokenizer, adapter.cfg)
+        super().__init__(hf_model, adapter, tokenizer, driver=TransformersDriver(hf_model, adapter, tokenizer))
+        self.interp = info
+        self.processor = processor
+
+    @property
+    def hf_model(self) -> nn.Module:
+        """The wrapped HF model (its submodules are the bridge's components)."""
+        return self.original_model
+
+    def forward(self, input: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+        info = self.interp
+        pixel_values = kwargs.get("pixel_values")
+        if info.modality == "vision":
+            check_pixel_values(pixel_values if pixel_values is not None else input, info)
+            if pixel_values is None and input is not None:
+                kwargs["pixel_values"], input = input, None
+            return super().forward(input, *args, **kwargs)
+        if pixel_values is not None:
+            raise InputError(f"{info.name} is a language model: pass token ids, not pixel_values")
+        check_token_ids(input, info)
+        return super().forward(input, *args, **kwargs)
+
+    def run_with_cache(self, input: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+        if input is None and "pixel_values" in kwargs:
+            input = kwargs.pop("pixel_values")
+        return super().run_with_cache(input, *args, **kwargs)
+
+    def run_with_hooks(self, input: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+        if input is None and "pixel_values" in kwargs:
+            input = kwargs.pop("pixel_values")
+        return super().run_with_hooks(input, *args, **kwargs)
+
+
+def require_bridge(model: Any, what: str = "this analysis") -> InterpBridge:
+    """``model`` if it is an ``InterpBridge``; else one clear error naming ``interp.load_model``."""
+    if isinstance(model, InterpBridge):
+        return model
+    raise InputError(
+        f"{what} needs a model from interp.load_model, got {type(model).__name__}; "
+        "wrap it first: model = interp.load_model(model)"
+    )
+
+
+def _promote(hf_model: nn.Module, family: Family) -> tuple[nn.Module, bool]:
+    """Wrap a bare encoder (``BertModel``) in the head class TL's adapter expects.
+
+    The encoder modules are shared, not copied; the head is freshly initialised (seed 0),
+    so its logits mean nothing: read hidden states from such a model.
+    """
+    target = family.promote.get(type(hf_model).__name__)
+    if target is None:
+        return hf_model, False
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        wrapped = getattr(transformers, target)(copy.deepcopy(hf_model.config))
+    param = next(hf_model.parameters())
+    wrapped = wrapped.to(device=param.device, dtype=param.dtype)
+    setattr(wrapped, wrapped.base_model_prefix, hf_model)  # share the real encoder
+    return wrapped.eval(), True
+
+
+def _use_eager_attention(hf_model: nn.Module) -> None:
+    """Patterns and scores need the eager kernel (sdpa/flash never materialise them)."""
+    for sub in hf_model.modules():
+        sub_cfg = getattr(sub, "config", None)
+        if sub_cfg is not None and hasattr(sub_cfg, "_attn_implementation"):
+            sub_cfg._attn_implementation = "eager"
+
+
+def _adapter(hf_model: nn.Module, info: ModelInfo) -> Any:
+    for architecture, adapter in adapters().items():
+        ArchitectureAdapterFactory.register_adapter(architecture, adapter)  # idempotent
+    hf_config = copy.deepcopy(hf_model.config)
+    hf_config.architectures = [info.architecture]
+    param = next(hf_model.parameters())
+    cfg = build_bridge_config_from_hf(hf_config, info.architecture, info.name, param.dtype)
+    try:
+        adapter = ArchitectureAdapterFactory.select_architecture_adapter(cfg)
+    except ValueError as exc:
+        raise UnsupportedModelError(f"unsupported architecture {info.architecture}: {exc}") from None
+    adapter.cfg.device = str(param.device)
+    return adapter
+
+
+def _configure_tokenizer(tokenizer: Any, cfg: Any) -> Any:
+    """TL's tokenizer conventions (BOS-adding tokenizer, pad = eos when missing), public API only."""
+    if tokenizer is None:
+        return None
+    tokenizer = get_tokenizer_with_bos(tokenizer)
+    if getattr(cfg, "default_padding_side", None):
+        tokenizer.padding_side = cfg.default_padding_side
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    cfg.tokenizer_prepends_bos, cfg.tokenizer_appends_eos = detect_tokenizer_bos_eos(tokenizer)
+    return tokenizer

@@ -1,0 +1,103 @@
+"""Forward hooks that patch biases out at inference time (weights untouched).
+
+For a target (layer l, head h, kind c) the hook on ``blocks.{l}.attn.hook_{c}`` edits the
+activation a = XW + b of that head:
+
+* ``method="zero"``: a' = a - b = XW (the head's origin falls back to E[X]W).
+* ``method="mean"``: a' = a - b + E[XW], i.e. the learned bias b is replaced by the
+  data-induced origin E[XW] (the content mean from ``record_qkv`` on the same data).
+* ``method="fold"`` (v only): a' = a - b_v, and sum_h b_v[h] W_O[h] (``v_fold_vector``)
+  is added to the attention output; exact, so its effect is rounding only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from interp.data import Batch
+from interp.errors import InputError
+from interp.heads import attention_weights, kv_group, v_fold_vector
+from interp.models.bridge import InterpBridge
+from interp.stats import QKVStats
+from interp.types import METHODS, Method
+
+Target = tuple[int, int, str]  # (layer, head, kind)
+Hook = tuple[str, Callable[[Tensor, Any], Optional[Tensor]]]
+
+
+def check_method(method: str, targets: Sequence[Target], stats: Optional[QKVStats], need_stats: bool = True) -> None:
+    if method not in METHODS:
+        raise InputError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if method == "fold" and any(k != "v" for _, _, k in targets):
+        raise InputError("method='fold' applies to v only (b_v folds exactly into b_O)")
+    if method == "mean" and stats is None and need_stats:
+        raise InputError("method='mean' needs stats from record_qkv (the content means)")
+
+
+def bias_shift(model: InterpBridge, layer: int, kind: str, method: Method,
+               stats: Optional[QKVStats] = None) -> Tensor:
+    """a' - a for every head of (layer, kind): [head_index, d_head] (-b, or E[XW] - b)."""
+    shift = -attention_weights(model, layer).bias(kind).clone()
+    if method == "mean":
+        shift = shift + stats.mean(layer, kind, "content").to(shift.device, shift.dtype)
+    return shift
+
+
+def _add(delta: Tensor) -> Callable[[Tensor, Any], Tensor]:
+    def edit(t: Tensor, hook: Any) -> Tensor:
+        return t + delta.to(t.device, t.dtype)
+    return edit
+
+
+def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method = "zero",
+                     stats: Optional[QKVStats] = None) -> list[Hook]:
+    """Forward hooks that patch the biases of ``targets`` out (see the module doc for methods)."""
+    info = model.interp
+    check_method(method, targets, stats)
+    by_site: dict[tuple[int, str], set[int]] = {}
+    for layer, head, kind in targets:
+        by_site.setdefault((layer, kind), set()).add(head)
+    hooks: list[Hook] = []
+    for (layer, kind), heads in by_site.items():
+        shift = bias_shift(model, layer, kind, method, stats)
+        delta = torch.zeros_like(shift)
+        idx = torch.tensor(sorted(heads))
+        delta[idx] = shift[idx]
+        hooks.append((f"blocks.{layer}.attn.hook_{kind}", _add(delta)))
+        if method == "fold":
+            group = kv_group(info.n_heads, info.n_kv_heads)
+            query_heads = [qh for qh in range(info.n_heads) if group[qh] in heads]
+            hooks.append((f"blocks.{layer}.attn.o.hook_out", _add(v_fold_vector(model, layer, query_heads))))
+    return hooks
+
+
+def stacked_patch_hooks(model: InterpBridge, groups: Sequence[Sequence[Target]], method: Method = "zero",
+                        stats: Optional[QKVStats] = None) -> list[Hook]:
+    """Hooks for ``len(groups)`` variants stacked on the batch axis (variant-major).
+
+    Rows ``v*B:(v+1)*B`` of every activation get variant v's patch, so one forward on a
+    batch repeated V times equals V separate patched forwards.
+    """
+    n = len(groups)
+    sites: dict[str, list[Optional[Callable]]] = {}
+    for v, group in enumerate(groups):
+        for name, fn in bias_patch_hooks(model, group, method, stats):
+            sites.setdefault(name, [None] * n)[v] = fn
+
+    def stacked(fns: list) -> Callable[[Tensor, Any], Tensor]:
+        def edit(t: Tensor, hook: Any) -> Tensor:
+            chunks = list(t.chunk(n, dim=0))
+            return torch.cat([c if f is None else f(c, hook) for c, f in zip(chunks, fns)], dim=0)
+        return edit
+
+    return [(name, stacked(fns)) for name, fns in sites.items()]
+
+
+def repeat_batch(batch: Batch, n: int) -> Batch:
+    """``batch`` repeated ``n`` times along the batch axis (for stacked variants)."""
+    def rep(t: Optional[Tensor]) -> Optional[Tensor]:
+        return None if t is None else t.repeat(n, *([1] * (t.ndim - 1)))
+    return Batch(rep(batch.inputs), rep(batch.attention_mask), rep(batch.labels))
