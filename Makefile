@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_VERBOSITY = error
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup models demo test test-fast clean-cache
+.PHONY: setup models demo lint install-check test test-fast clean-cache
 
 setup: $(STAMP)
 
@@ -24,7 +24,14 @@ models: setup
 demo: models
 	$(VENV)/bin/interp demo --out out/demo
 
-test: models
+lint: setup
+	$(VENV)/bin/ruff check interp tests benchmarks
+
+# pip install . (not editable) outside the checkout: the package must carry its own data.
+install-check: setup
+	bash .ci/install_check.sh
+
+test: models lint install-check
 	$(PY) -m pytest -q -ra --nbmake tests notebooks
 
 test-fast: setup

@@ -22,6 +22,7 @@ Importing interp has no side effects (no backend switches, no downloads).
 """
 
 from interp import errors, plots
+from interp._version import __version__
 from interp.ablation import ablate_bias
 from interp.analysis import (
     bias_invariances,
@@ -49,8 +50,6 @@ from interp.models import (
 from interp.patching import bias_patch_hooks
 from interp.record import record_qkv
 from interp.stats import QKVStats
-
-__version__ = "0.2.0.dev0"
 
 __all__ = [
     "Batch", "Family", "InterpBridge", "InterpError", "ModelInfo", "QKVStats", "__version__", "ablate_bias",

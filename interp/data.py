@@ -105,7 +105,7 @@ def photos(
 
 def digits(
     image_size: int = 32, split: str = "all", seed: int = 0, test_fraction: float = 0.25
-) -> tuple[Float[Tensor, "n 3 H W"], Int[Tensor, "n"]]:
+) -> tuple[Float[Tensor, "n 3 H W"], Int[Tensor, " n"]]:
     """scikit-learn's 8x8 digits as 3-channel images upsampled to ``image_size``.
 
     ``split`` is "train", "test" (a fixed stratified split by ``seed``) or "all".

@@ -38,7 +38,7 @@ class AttentionWeights:
     W_v: Float[Tensor, "kv_head d_model d_head"]
     b_v: Float[Tensor, "kv_head d_head"]
     W_o: Float[Tensor, "head_index d_head d_model"]
-    b_o: Float[Tensor, "d_model"]
+    b_o: Float[Tensor, " d_model"]
     present: dict[str, bool]
 
     def bias(self, kind: str) -> Tensor:
@@ -100,7 +100,7 @@ def attention_weights(model: InterpBridge, layer: int, dtype: torch.dtype | None
 
 
 def v_fold_vector(model: InterpBridge, layer: int, heads: list[int] | None = None,
-                  dtype: torch.dtype | None = None) -> Float[Tensor, "d_model"]:
+                  dtype: torch.dtype | None = None) -> Float[Tensor, " d_model"]:
     """sum over query heads h (of ``heads``, default all) of b_v[kv(h)] W_O[h].
 
     Attention rows sum to 1, so b_v adds exactly this constant to the attention output:

@@ -100,7 +100,8 @@ def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12) -> d
             wide = df.pivot_table(index=["layer", "head", "kind"], columns="estimate", values="delta").reset_index()
             fig, ax = plt.subplots(figsize=(5.5, 5))
             sns.scatterplot(data=wide, x="exact", y="attribution", hue="kind", ax=ax)
-            lo, hi = float(wide[["exact", "attribution"]].min().min()), float(wide[["exact", "attribution"]].max().max())
+            both = wide[["exact", "attribution"]]
+            lo, hi = float(both.min().min()), float(both.max().max())
             ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
             ax.set_xlabel("exact delta")
             ax.set_ylabel("attribution estimate")

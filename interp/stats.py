@@ -142,13 +142,13 @@ class QKVStats:
         mom = self.moments[self._key(layer, kind)]
         return mom.m2 / mom.count.clamp(min=1.0)
 
-    def mean_sq_norm(self, layer: int, kind: str, part: Part = "full") -> Float[Tensor, "head_index"]:
+    def mean_sq_norm(self, layer: int, kind: str, part: Part = "full") -> Float[Tensor, " head_index"]:
         """E||a||^2 = tr(cov) + ||E a||^2 per head."""
         return torch.diagonal(self.cov(layer, kind), dim1=-2, dim2=-1).sum(-1) + self.mean(
             layer, kind, part
         ).pow(2).sum(-1)
 
-    def input_mean(self, layer: int) -> Float[Tensor, "d_model"]:
+    def input_mean(self, layer: int) -> Float[Tensor, " d_model"]:
         """E[x], the mean attention input (the residual after the layer norm)."""
         if layer not in self.input_moments:
             raise InputError(f"no statistics for layer {layer}; recorded layers {self.layers}")

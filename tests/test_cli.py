@@ -1,5 +1,6 @@
 """The `interp` command: the demo end to end (quick), and clear errors without tracebacks."""
 
+import json
 import subprocess
 import sys
 
@@ -34,10 +35,14 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
                  "frequency_profile", "frequency_shift_q_bias", "ablation"):
         assert (tmp_path / f"{stem}.csv").exists() and (tmp_path / f"{stem}.parquet").exists()
     for fig in ("shift_ratio", "bias_share", "key_prior_share", "clusters", "attention_distance",
-                "spectrum_clustermap", "ablation_top", "ablation_delta"):
+                "spectrum_clustermap", "ablation_top_zero_exact", "ablation_delta_zero_exact"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 10_000
     report = (tmp_path / "report.html").read_text()
     assert report.count("<img") == 7 and "dinov2-s14" in report
+    assert report.index("Headline findings") < report.index("Bias inventory")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["meta"]["model"] == "dinov2-s14" and summary["headlines"]
+    assert summary["sections"]["invariances"]["k_bias_pattern_max_abs_diff"] < 1e-9
     abl = pd.read_csv(tmp_path / "ablation.csv")
     assert len(abl) == 12 * 6 * 3 and (abl[abl.kind == "k"].delta.abs() < 1e-4).all()  # b_k inert
     inv = pd.read_csv(tmp_path / "bias_invariances.csv")

@@ -1,7 +1,6 @@
 """Faults: killed sweeps resume to identical results; unwritable outputs fail cleanly."""
 
 import errno
-import os
 import random
 import signal
 import subprocess

@@ -1,6 +1,5 @@
 """Property tests over random small configurations of every supported family (hypothesis)."""
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,8 +12,8 @@ from interp.models import TINY_FAMILIES, tiny_hf_model
 from interp.models.loading import clone_model
 from interp.record import record_qkv
 
-VISION = {"vit", "deit", "dinov2", "beit"}
-ROTARY = {"neox", "qwen2", "llama"}
+VISION = {f.name for f in interp.list_families(modality="vision")}
+CAUSAL = {f.name for f in interp.list_families(attention="causal")}
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
@@ -43,7 +42,7 @@ def build(cfg, dtype=torch.float32):
     ids = torch.randint(0, 97, (cfg["batch"], cfg["pos"]), generator=g)
     mask = torch.ones_like(ids)
     for row, p in enumerate(cfg["pad"]):
-        if p and cfg["family"] not in ROTARY | {"gpt2", "opt"}:
+        if p and cfg["family"] not in CAUSAL:
             mask[row, cfg["pos"] - p:] = 0  # right padding (encoders)
     mask[:, 0] = 1
     return hf, Batch(ids, mask)
@@ -88,7 +87,7 @@ def test_statistics_equal_brute_force(cfg):
 
 
 @SETTINGS
-@given(configs([f for f in TINY_FAMILIES if f != "beit"]))
+@given(configs([f.name for f in interp.list_families() if f.positions != "relative"]))
 def test_four_terms_reproduce_the_pattern(cfg):
     hf, batch = build(cfg, torch.float64)
     model = interp.load_model(hf, device="cpu")
@@ -111,7 +110,7 @@ def test_k_invariance_v_fold_and_ablate_all(cfg):
     model = interp.load_model(hf, device="cpu")
     inv = interp.bias_invariances(model, [batch], float64=False, progress=False)
     k = inv[inv.check == "k_bias_pattern"].max_abs_diff.max()
-    if cfg["family"] not in ROTARY:
+    if interp.models.get_family(cfg["family"]).k_bias_inert:
         assert k <= 1e-6
     assert inv[inv.check == "v_bias_fold"].max_abs_diff.max() <= 1e-6
     info = model.interp

@@ -48,7 +48,9 @@ def _custom(info: ModelInfo, scope: Iterable[Target]) -> list[Variant]:
     try:
         targets = tuple(sorted({(int(l), int(h), str(k)) for l, h, k in scope}))
     except (TypeError, ValueError):
-        raise InputError(f"scope must be 'head', 'layer', 'all' or a list of (layer, head, kind); got {scope!r}") from None
+        raise InputError(
+            f"scope must be 'head', 'layer', 'all' or a list of (layer, head, kind); got {scope!r}"
+        ) from None
     if not targets:
         raise InputError("scope is an empty list of targets: name at least one (layer, head, kind)")
     for layer, head, kind in targets:

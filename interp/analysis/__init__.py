@@ -4,4 +4,5 @@ from interp.analysis.frequency import cluster_heads, frequency_profile, frequenc
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
 
-__all__ = ["cluster_heads", "frequency_profile", "frequency_shift_under_ablation", "origin_shift", "score_decomposition", "bias_invariances"]
+__all__ = ["bias_invariances", "cluster_heads", "frequency_profile", "frequency_shift_under_ablation",
+           "origin_shift", "score_decomposition"]

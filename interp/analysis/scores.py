@@ -57,7 +57,10 @@ def _key_mask(model: InterpBridge, batch: Batch, n_pos: int, device: Any) -> Boo
     return allowed
 
 
-def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, Float[Tensor, "batch head_index query_pos key_pos"]]:
+ScoreTerm = Float[Tensor, "batch head_index query_pos key_pos"]
+
+
+def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreTerm]:
     """The four score terms of ``layer`` from a cache holding hook_q/hook_k (and cos/sin under rotary)."""
     info = model.interp
     w = attention_weights(model, layer)

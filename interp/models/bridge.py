@@ -45,7 +45,8 @@ class InterpBridge(TransformerBridge):
                  processor: Any = None) -> None:
         if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
             raise UnknownSourceError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
-        if isinstance(hf_model, TransformerBridge) or any(isinstance(m, GeneralizedComponent) for m in hf_model.modules()):
+        wrapped = any(isinstance(m, GeneralizedComponent) for m in hf_model.modules())
+        if isinstance(hf_model, TransformerBridge) or wrapped:
             raise InputError(
                 "this HF model is already wrapped by a bridge (load_model wraps in place): "
                 "use the model load_model returned, or interp.clone_model"

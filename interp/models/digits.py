@@ -39,7 +39,9 @@ def digits_processor() -> ViTImageProcessor:
     return ViTImageProcessor(size={"height": IMAGE, "width": IMAGE}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
 
 
-def train_digits_vit(qkv_bias: bool, seed: int, epochs: int = 40, lr: float = 2e-3) -> tuple[ViTForImageClassification, float]:
+def train_digits_vit(
+    qkv_bias: bool, seed: int, epochs: int = 40, lr: float = 2e-3
+) -> tuple[ViTForImageClassification, float]:
     """Train on the stratified 75% split; return (model, test accuracy)."""
     torch.manual_seed(seed)
     with_bias = ViTForImageClassification(digits_vit_config(True))

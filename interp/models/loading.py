@@ -148,11 +148,13 @@ def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> Int
     """
     model = require_bridge(model, "clone_model")
     hf = model.hf_model
+    # a promoted encoder (BertModel in BertForMaskedLM) is rebuilt bare and promoted again
+    source = getattr(hf, hf.base_model_prefix) if model.interp.random_head else hf
     kwargs = {}
-    if "add_pooling_layer" in inspect.signature(type(hf).__init__).parameters:
-        kwargs["add_pooling_layer"] = getattr(hf, "pooler", None) is not None
+    if "add_pooling_layer" in inspect.signature(type(source).__init__).parameters:
+        kwargs["add_pooling_layer"] = getattr(source, "pooler", None) is not None
     param = next(hf.parameters())
-    fresh = type(hf)(copy.deepcopy(hf.config), **kwargs).to(device=param.device, dtype=dtype or param.dtype)
+    fresh = type(source)(copy.deepcopy(source.config), **kwargs).to(device=param.device, dtype=dtype or param.dtype)
     clone = InterpBridge(fresh, name=model.interp.name, tokenizer=model.tokenizer, processor=model.processor)
     with torch.no_grad():
         clone.hf_model.load_state_dict(hf.state_dict(), strict=True)

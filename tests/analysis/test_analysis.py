@@ -1,4 +1,4 @@
-"""Analyzers: exact identities from DESIGN.md, on random models of several families."""
+"""Analyzers: the exact identities of docs/mathematics.md, on random models of several families."""
 
 import pytest
 import torch
@@ -119,3 +119,38 @@ def test_clone_is_independent_and_exact():
     assert (clone(x).float() - model(x)).abs().max() <= 1e-5
     assert next(clone.parameters()).dtype == torch.float64
     assert next(model.parameters()).dtype == torch.float32
+
+
+def test_key_prior_cosines_with_cls_and_positions_are_filled_for_a_vit():
+    """They were NaN for every model while parameter names carried the bridge's prefixes."""
+    model = interp.load_model(tiny_hf_model("vit").double(), device="cpu")
+    x = tiny_inputs("vit").double()
+    origin = interp.origin_shift(model, interp.record_qkv(model, [x], progress=False))
+    q = origin[origin.kind == "q"]
+    assert q.cos_key_prior_cls.notna().all() and q.max_abs_cos_key_prior_pos.notna().all()
+    w = interp.attention_weights(model, 0)
+    u = w.W_k[0] @ w.b_q[0]
+    cls = model.hf_model.embeddings.cls_token.detach().reshape(-1).double()
+    expected = float(u @ cls / (u.norm() * cls.norm()))
+    assert q[(q.layer == 0) & (q["head"] == 0)].cos_key_prior_cls.iloc[0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_clone_of_a_promoted_encoder_with_pooler():
+    """A bare BertModel (with pooler) is wrapped in BertForMaskedLM; its clone must match it."""
+    hf = tf_bert_with_pooler()
+    model = interp.load_model(hf, device="cpu")
+    clone = clone_model(model, dtype=torch.float64)
+    x = tiny_inputs("bert")
+    last = f"blocks.{model.interp.n_layers - 1}.hook_out"
+    with torch.no_grad():
+        _, a = model.run_with_cache(x, names_filter=[last])
+        _, b = clone.run_with_cache(x, names_filter=[last])
+    assert clone.interp.random_head and (a[last].double() - b[last]).abs().max() <= 1e-5
+
+
+def tf_bert_with_pooler():
+    import transformers as tf
+
+    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        vocab_size=97, max_position_embeddings=64, attn_implementation="eager")
+    return tf.BertModel(cfg, add_pooling_layer=True).eval()

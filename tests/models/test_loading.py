@@ -11,7 +11,7 @@ import interp
 from interp.errors import InputError, OfflineError, UnknownSourceError, UnsupportedModelError
 from interp.models import TINY_FAMILIES, tiny_hf_model, tiny_inputs
 
-VISION = {"vit", "deit", "dinov2", "beit"}
+VISION = {f.name for f in interp.list_families(modality="vision")}
 
 
 def hf_reference(hf, x):
@@ -104,10 +104,7 @@ def test_hooks_and_biases_equal_hf_projections(loaded):
                 assert not weights.present[kind]
 
 
-EXPECTED_PRESENT = {
-    "gpt2": "qkvo", "neox": "qkvo", "opt": "qkvo", "qwen2": "qkv", "llama": "",
-    "bert": "qkvo", "vit": "qkvo", "deit": "qkvo", "dinov2": "qkvo", "beit": "qvo",
-}
+EXPECTED_PRESENT = {f.name: f.default_biases for f in interp.list_families()}
 
 
 def test_bias_spec_presence_comes_from_architecture(loaded):
@@ -123,7 +120,7 @@ def test_bias_spec_presence_comes_from_architecture(loaded):
         assert (rows.n_heads == expected_heads).all()
         if kind in EXPECTED_PRESENT[family]:
             assert (rows.norm > 0).all()
-    assert spec.rotary.all() == (family in ("neox", "qwen2", "llama"))
+    assert spec.rotary.all() == (interp.models.get_family(family).positions == "rotary")
 
 
 def test_zero_bias_is_still_present():

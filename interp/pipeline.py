@@ -1,0 +1,259 @@
+"""The main job as steps: each step runs one analysis and returns ``Section``s that hold
+its numbers as data (``numbers``), its tables, its figures and the prose made from them.
+
+``run_pipeline`` runs every step on one model (``interp demo``); ``interp record`` and
+``interp ablate`` reuse the recording and ablation steps. ``interp.report`` writes the
+sections out: tables (CSV + Parquet), figures (PNG), ``report.html`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from interp import plots
+from interp.ablation.sweep import ablate_bias
+from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
+from interp.analysis.origin import origin_shift
+from interp.analysis.scores import bias_invariances, score_decomposition
+from interp.data import Batch, builtin_batches
+from interp.heads import bias_spec
+from interp.models.bridge import InterpBridge
+from interp.record import record_qkv
+from interp.stats import QKVStats
+
+
+@dataclass
+class Section:
+    """One part of the report: its numbers as data, and what is drawn and said from them."""
+
+    key: str
+    title: str
+    text: str
+    numbers: dict[str, Any] = field(default_factory=dict)  # JSON-ready headline numbers
+    headline: str = ""  # one sentence for the top of the report ("" = none)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    figures: dict[str, Figure] = field(default_factory=dict)
+    shown: list[str] = field(default_factory=list)  # figures embedded in report.html
+    stats: dict[str, QKVStats] = field(default_factory=dict)  # saved as <name>.safetensors
+    seconds: float = 0.0  # time the step that made it took
+
+
+@dataclass
+class Context:
+    """What the steps share: the model, its data, and results later steps read."""
+
+    model: InterpBridge
+    dataset: str
+    batches: list[Batch]
+    quick: bool = False
+    stats: Optional[QKVStats] = None
+
+    @property
+    def name(self) -> str:
+        return self.model.interp.name
+
+    def first(self, n_full: int) -> list[Batch]:
+        """The first batches an expensive step uses: 1 in quick mode, else ``n_full``."""
+        return self.batches[:1] if self.quick else self.batches[:n_full]
+
+
+def inventory_step(ctx: Context) -> list[Section]:
+    spec = bias_spec(ctx.model)
+    present = spec[spec.present].groupby("kind").norm.agg(["mean", "max"])
+    info = ctx.model.interp
+    numbers = dict(kinds_present=list(present.index),
+                   mean_bias_norm={k: float(r["mean"]) for k, r in present.iterrows()},
+                   max_bias_norm={k: float(r["max"]) for k, r in present.iterrows()})
+    norms = "; ".join(f"mean ||b_{k}|| = {numbers['mean_bias_norm'][k]:.2f} (max {numbers['max_bias_norm'][k]:.2f})"
+                      for k in numbers["kinds_present"])
+    text = (f"{ctx.name} ({info.family}, {info.n_layers} layers x {info.n_heads} heads, {info.positions} "
+            f"positions) has attention biases on: {', '.join(numbers['kinds_present']) or 'none'}. {norms}")
+    return [Section("inventory", "Bias inventory", text, numbers, tables={"bias_spec": spec})]
+
+
+def summarise_recording(stats: QKVStats, dataset: str) -> Section:
+    """The recording step's section, from statistics recorded anywhere (one process or many)."""
+    count = stats.count(stats.layers[0])
+    numbers = dict(positions_counted=count, layers=len(stats.layers), kinds=list(stats.kinds))
+    text = (f"Per-head Q/K/V statistics over {count} positions (tokens or patches, padding excluded) of "
+            f"{dataset}, {len(stats.layers)} layers, kinds {', '.join(stats.kinds)}.")
+    return Section("recording", "Recording", text, numbers, tables={"qkv_stats": stats.to_frame()},
+                   stats={"qkv_stats": stats})
+
+
+def recording_step(ctx: Context) -> list[Section]:
+    ctx.stats = record_qkv(ctx.model, ctx.batches)
+    return [summarise_recording(ctx.stats, ctx.dataset)]
+
+
+def origin_step(ctx: Context) -> list[Section]:
+    origin = origin_shift(ctx.model, ctx.stats)
+    figs = plots.origin_shift_figures(origin, ctx.name)
+    med = origin.groupby("kind")[["shift_ratio", "bias_share"]].median()
+    top = origin.sort_values("shift_ratio", ascending=False).iloc[0]
+    numbers = dict(median_shift_ratio=med.shift_ratio.to_dict(),
+                   largest_shift_ratio=dict(layer=int(top.layer), head=int(top["head"]), kind=top.kind,
+                                            shift_ratio=float(top.shift_ratio)))
+    share_numbers = dict(median_bias_share=med.bias_share.to_dict())
+    largest = numbers["largest_shift_ratio"]
+    shift = Section(
+        "origin_shift", "Shift ratio",
+        "How far each head's bias moves its origin, in units of the RMS of the content XW. Median per kind: "
+        + ", ".join(f"{k}: {v:.2f}" for k, v in numbers["median_shift_ratio"].items())
+        + f". Largest: layer {largest['layer']}, head {largest['head']}, {largest['kind']} "
+          f"({largest['shift_ratio']:.2f}).",
+        numbers, tables={"origin_shift": origin}, figures={"shift_ratio": figs["shift_ratio"]}, shown=["shift_ratio"],
+        headline=f"The largest bias shift is {largest['shift_ratio']:.2f} content-RMS units "
+                 f"(layer {largest['layer']}, head {largest['head']}, {largest['kind']}).",
+    )
+    share = Section(
+        "bias_share", "Bias share",
+        "Share of the head's origin E[XW + b] set by the bias rather than by the data, ||b|| / (||b|| + "
+        "||E[X]W||). Median per kind: "
+        + ", ".join(f"{k}: {v:.2f}" for k, v in share_numbers["median_bias_share"].items()) + ".",
+        share_numbers, figures={"bias_share": figs["bias_share"]}, shown=["bias_share"])
+    return [shift, share]
+
+
+def scores_step(ctx: Context) -> list[Section]:
+    dec = score_decomposition(ctx.model, ctx.first(2))
+    shares = dec.groupby("term").share.mean()
+    numbers = dict(mean_share={t: float(v) for t, v in shares.items()})
+    kp = numbers["mean_share"].get("key_prior", 0.0)
+    cancel = numbers["mean_share"].get("query_const", 0.0) + numbers["mean_share"].get("const", 0.0)
+    text = (f"Share of within-row score variance carried by the key-prior term b_q . x_j W_k (mean over heads "
+            f"{kp:.3f}; content {numbers['mean_share'].get('content', 0.0):.3f}; query_const and const {cancel:.2e}, "
+            "which softmax cancels without rotary positions).")
+    return [Section("key_prior", "Key prior", text, numbers, tables={"score_decomposition": dec},
+                    figures={"key_prior_share": plots.key_prior_share_figure(dec, ctx.name)},
+                    shown=["key_prior_share"],
+                    headline=f"The key prior u = W_k b_q carries {kp:.1%} of the score variance on average.")]
+
+
+def invariance_step(ctx: Context) -> list[Section]:
+    inv = bias_invariances(ctx.model, ctx.batches[:1])
+    worst = inv.groupby("check").max_abs_diff.max()
+    family = ctx.model.interp.spec
+    numbers = dict(k_bias_pattern_max_abs_diff=float(worst["k_bias_pattern"]),
+                   v_bias_fold_max_abs_diff=float(worst["v_bias_fold"]), positions=family.positions,
+                   k_bias_inert=family.k_bias_inert,
+                   max_k_bias_norm=float(inv[inv.check == "k_bias_pattern"].bias_norm.max()))
+    verdict = (f"Under {family.positions} positions b_k is inert weight: removing it is free." if family.k_bias_inert
+               else f"Under {family.positions} positions b_k rotates with the key and is not inert.")
+    text = (f"Removing b_k changes the pattern by at most {numbers['k_bias_pattern_max_abs_diff']:.2e}; folding b_v "
+            f"into b_O changes the output by at most {numbers['v_bias_fold_max_abs_diff']:.2e} (float64). {verdict}")
+    headline = "" if not family.k_bias_inert or numbers["max_k_bias_norm"] == 0 else (
+        f"b_k (norm up to {numbers['max_k_bias_norm']:.3g} per layer) is inert: removing it moves the pattern by "
+        f"{numbers['k_bias_pattern_max_abs_diff']:.1e} in float64.")
+    return [Section("invariances", "Invariances (float64)", text, numbers, headline=headline,
+                    tables={"bias_invariances": inv})]
+
+
+def frequency_step(ctx: Context) -> list[Section]:
+    shift = frequency_shift_under_ablation(ctx.model, ctx.batches[:2], kinds=("q",))
+    clustered = cluster_heads(frequency_profile(ctx.model, ctx.batches[:2]))
+    fam = clustered.groupby("cluster")[["hf_ratio", "mean_attention_distance"]].mean()
+    per_layer = clustered.groupby("layer").mean_attention_distance.mean()
+    unit = clustered.distance_unit.iloc[0]
+    numbers = dict(
+        k=int(clustered.k.iloc[0]), silhouette=float(clustered.silhouette_mean.iloc[0]), distance_unit=unit,
+        families={int(c): dict(hf_ratio=float(r.hf_ratio), mean_attention_distance=float(r.mean_attention_distance))
+                  for c, r in fam.iterrows()})
+    distance = dict(
+        distance_unit=unit, layer_distance_range=[float(per_layer.min()), float(per_layer.max())],
+        q_bias_removal_distance_change_mean=float(shift.delta_mean_attention_distance.mean()),
+        q_bias_removal_distance_change_max_abs=float(shift.delta_mean_attention_distance.abs().max()),
+        q_bias_removal_hf_ratio_change_mean_abs=float(shift.delta_hf_ratio.abs().mean()),
+    )
+    families = "; ".join(
+        f"cluster {c}: hf_ratio {f['hf_ratio']:.3f}, distance {f['mean_attention_distance']:.1f} {unit}"
+        for c, f in numbers["families"].items())
+    lo, hi = distance["layer_distance_range"]
+    bins = [c for c in clustered.columns if c.startswith("bin_")]
+    spectra = dict(n_bins=len(bins), empty_bins=[c for c in bins if clustered[c].isna().all()])
+    tables = {"frequency_profile": clustered, "frequency_shift_q_bias": shift}
+    return [
+        Section("head_families", "Head families",
+                f"k = {numbers['k']} families by frequency profile (mean silhouette {numbers['silhouette']:.2f}); "
+                f"{families}. Cluster 0 is the most low-pass.", numbers, tables=tables,
+                figures={"clusters": plots.cluster_grid_figure(clustered, ctx.name)}, shown=["clusters"],
+                headline=f"Heads form {numbers['k']} frequency families (silhouette {numbers['silhouette']:.2f})."),
+        Section("attention_distance", "Mean attention distance",
+                f"Per head against layer (ViT paper, Figure 7 style). Layer means range {lo:.1f}-{hi:.1f} {unit}. "
+                "Removing each head's b_q moves its distance by "
+                f"{distance['q_bias_removal_distance_change_mean']:+.2f} {unit} on average (max |change| "
+                f"{distance['q_bias_removal_distance_change_max_abs']:.2f}) and its "
+                f"hf_ratio by {distance['q_bias_removal_hf_ratio_change_mean_abs']:.4f} on average.", distance,
+                figures={"attention_distance": plots.attention_distance_figure(clustered, ctx.name)},
+                shown=["attention_distance"]),
+        Section("spectra", "Spectra", "Log amplitude (relative to DC) of each head's output over radial frequency "
+                f"bins; rows are heads, coloured by family. {len(spectra['empty_bins'])} of {spectra['n_bins']} bins "
+                "hold no frequency on this patch grid.", spectra,
+                figures={"spectrum_clustermap": plots.spectrum_clustermap(clustered, ctx.name)},
+                shown=["spectrum_clustermap"]),
+    ]
+
+
+def summarise_ablation(results: pd.DataFrame, model_name: str) -> Section:
+    """The ablation step's section, from ``ablate_bias`` rows (one method and estimate, or several)."""
+    per_head = results[results.scope == "head"]
+    top = per_head.assign(a=per_head.delta.abs()).nlargest(3, "a")
+    first = results.iloc[0]
+    numbers = dict(
+        metric=first.metric, method=first.method, estimate=first.estimate, baseline=float(first.baseline),
+        max_abs_delta={k: float(v) for k, v in per_head.groupby("kind").delta.apply(lambda d: d.abs().max()).items()},
+        top_heads=[dict(layer=int(r.layer), head=int(r["head"]), kind=r.kind, delta=float(r.delta))
+                   for _, r in top.iterrows()],
+    )
+    figs = plots.ablation_figures(results, model_name)
+    heads = "; ".join(f"L{t['layer']} H{t['head']} {t['kind']} ({t['delta']:+.2e})" for t in numbers["top_heads"])
+    text = (f"{first.method.capitalize()}-ablating one head's bias at a time ({first.metric}, {first.estimate}, "
+            f"baseline {numbers['baseline']:.4f}). Largest |delta| per kind: "
+            + ", ".join(f"{k}: {v:.2e}" for k, v in numbers["max_abs_delta"].items())
+            + f". Most bias-dependent heads: {heads}.")
+    best = numbers["top_heads"][0] if numbers["top_heads"] else None
+    headline = "" if best is None else (
+        f"The most bias-dependent head is layer {best['layer']}, head {best['head']} ({best['kind']}): "
+        f"removing its bias changes {first.metric} by {best['delta']:+.2e}.")
+    return Section("ablation", "Bias ablations", text, numbers, headline=headline, tables={"ablation": results},
+                   figures=figs, shown=[n for n in (f"ablation_top_{first.method}_{first.estimate}",) if n in figs])
+
+
+def ablation_step(ctx: Context, out: Optional[Path] = None) -> list[Section]:
+    results = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="zero",
+                          out=None if out is None else out / "ablation")
+    return [summarise_ablation(results, ctx.name)]
+
+
+Step = Callable[[Context], list[Section]]
+STEPS: dict[str, Step] = {
+    "inventory": inventory_step, "recording": recording_step, "origin": origin_step, "scores": scores_step,
+    "invariances": invariance_step, "frequency": frequency_step, "ablation": ablation_step,
+}
+
+
+def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False) -> Context:
+    """The shared context for ``model`` on a built-in dataset (its modality's default when None)."""
+    dataset = dataset or ("photos" if model.interp.modality == "vision" else "python-docs")
+    return Context(model, dataset, builtin_batches(model, dataset, batch_size=4, n=8 if quick else None), quick)
+
+
+def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print,
+              out: Optional[Path] = None) -> list[Section]:
+    """Run ``steps`` (default all, in order) and return every section they made."""
+    names = list(STEPS) if steps is None else steps
+    sections: list[Section] = []
+    for i, name in enumerate(names, 1):
+        log(f"[{i}/{len(names)}] {name}")
+        t0 = time.time()
+        made = ablation_step(ctx, out) if name == "ablation" else STEPS[name](ctx)
+        for section in made:
+            section.seconds = round(time.time() - t0, 1)
+        sections += made
+    return sections

@@ -1,0 +1,85 @@
+"""Writing sections out: tables (CSV + Parquet), figures (PNG), statistics, ``report.html``
+and ``summary.json``. The renderer only formats what the steps computed.
+
+``report.html`` opens with the headline findings (the same numbers as ``summary.json``),
+then one part per section.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from interp.io import atomic_path, write_table
+from interp.pipeline import Section
+from interp.plots import save_figure
+
+
+def write_section(section: Section, out: Path) -> dict[str, Path]:
+    """Write a section's tables, figures and statistics into ``out``; return the figure paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in section.tables.items():
+        write_table(table, out / name)
+    for name, stats in section.stats.items():
+        stats.save(out / f"{name}.safetensors")
+    return {name: save_figure(fig, out / f"{name}.png") for name, fig in section.figures.items()}
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return _json_ready(value.item())
+    return value
+
+
+def summary(sections: Sequence[Section], meta: dict) -> dict:
+    """Every headline number, by section, with what produced them."""
+    return _json_ready(dict(meta=meta, headlines=[s.headline for s in sections if s.headline],
+                            sections={s.key: s.numbers for s in sections},
+                            seconds={s.key: s.seconds for s in sections}))
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(path.stem)}" style="max-width:100%">'
+
+
+def render_report(sections: Sequence[Section], figures: dict[str, Path], meta: dict, out: Path) -> Path:
+    """Write ``summary.json`` and ``report.html`` (headline findings first, then the sections)."""
+    data = summary(sections, meta)
+    with atomic_path(out / "summary.json") as tmp:
+        tmp.write_text(json.dumps(data, indent=2))
+    headlines = "".join(f"<li>{html.escape(h)}</li>" for h in data["headlines"])
+    body = "\n".join(
+        f"<h2>{html.escape(s.title)}</h2>\n<p>{html.escape(s.text)}</p>\n"
+        + "".join(_img(figures[name]) for name in s.shown if name in figures)
+        for s in sections
+    )
+    produced = ", ".join(f"{k}: {v}" for k, v in meta.items())
+    title = f"QKV bias report: {meta.get('model', '')} on {meta.get('dataset', '')}"
+    report = out / "report.html"
+    with atomic_path(report) as tmp:
+        tmp.write_text(
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}</style></head>"
+            f"<body><h1>{html.escape(title)}</h1>\n<h2>Headline findings</h2>\n<ul>{headlines}</ul>\n{body}\n"
+            f"<p><small>Produced by: {html.escape(produced)}. Numbers: summary.json.</small></p></body></html>"
+        )
+    return report
+
+
+def write_report(sections: Sequence[Section], meta: dict, out: Path) -> Path:
+    """Write every section's files, then ``summary.json`` and ``report.html``."""
+    figures: dict[str, Path] = {}
+    for section in sections:
+        figures.update(write_section(section, out))
+    return render_report(sections, figures, meta, out)

@@ -1,0 +1,95 @@
+"""The family registry: one entry per family, duplicates refused, everything else reads it."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import interp
+from interp.errors import RegistryError
+from interp.models.families import (
+    Family,
+    families_markdown,
+    family_for_model_type,
+    get_family,
+    list_families,
+    readme_with_families,
+    register_family,
+)
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+FAMILIES = [f.name for f in list_families()]
+
+
+def test_registering_a_duplicate_fails_and_changes_nothing():
+    gpt2 = get_family("gpt2")
+    before = len(list_families())
+    with pytest.raises(RegistryError, match="'gpt2' is already registered"):
+        register_family(gpt2)
+    clash = Family(**{**gpt2.__dict__, "name": "gpt2-again"})
+    with pytest.raises(RegistryError, match=r"model_type \['gpt2'\].*already covered by 'gpt2'"):
+        register_family(clash)
+    assert len(list_families()) == before and family_for_model_type("gpt2") is gpt2
+
+
+def test_filters():
+    assert {f.name for f in list_families(modality="vision")} == {"vit", "deit", "dinov2", "beit"}
+    assert {f.name for f in list_families(positions="rotary")} == {"neox", "qwen2", "llama"}
+    assert {f.name for f in list_families(k_bias_inert=False)} == {"neox", "qwen2", "llama"}
+    assert {f.name for f in list_families(modality="text", attention="bidirectional")} == {"bert"}
+    with pytest.raises(RegistryError, match="cannot filter families by"):
+        list_families(colour="blue")
+    with pytest.raises(RegistryError, match="unknown model family 'gpt5'"):
+        get_family("gpt5")
+
+
+def test_readme_family_table_is_generated_from_the_registry():
+    text = README.read_text()
+    assert readme_with_families(text) == text, (
+        "README's family table drifted from the registry: run `interp families --readme README.md`"
+    )
+    for family in list_families():
+        assert family.label in families_markdown()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_loaded_model_carries_its_family_facts(name):
+    family = get_family(name)
+    model = interp.load_model(interp.tiny_hf_model(name), device="cpu")
+    info = model.interp
+    assert info.spec is family
+    assert (info.modality, info.attention, info.positions) == (family.modality, family.attention, family.positions)
+    assert info.rotary == family.rotary
+    if family.modality == "vision":
+        assert info.n_prefix_tokens == family.prefix_tokens
+        with torch.no_grad():
+            _, cache = model.run_with_cache(interp.tiny_inputs(name))
+        grid = (info.image_size // info.patch_size) ** 2
+        assert cache["blocks.0.attn.hook_q"].shape[1] == grid + family.prefix_tokens
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_k_bias_identity_follows_the_position_scheme(name):
+    family = get_family(name)
+    model = interp.load_model(interp.tiny_hf_model(name, bias_scale=3.0).double(), device="cpu")
+    x = interp.tiny_inputs(name)
+    x = x.double() if x.is_floating_point() else x
+    inv = interp.bias_invariances(model, [x], float64=False, progress=False)
+    k = inv[inv.check == "k_bias_pattern"]
+    if "k" not in family.default_biases:
+        assert (k.bias_norm == 0).all()
+    elif family.k_bias_inert:
+        assert k.max_abs_diff.max() <= 1e-6, k
+    else:
+        assert k.max_abs_diff.max() > 1e-4, k
+
+
+def test_raw_hf_model_gets_a_clear_error_naming_load_model():
+    hf = interp.tiny_hf_model("vit")
+    for call in (interp.bias_spec, lambda m: interp.record_qkv(m, [interp.tiny_inputs("vit")], progress=False),
+                 lambda m: interp.score_decomposition(m, [interp.tiny_inputs("vit")], progress=False),
+                 lambda m: interp.frequency_profile(m, [interp.tiny_inputs("vit")], progress=False),
+                 lambda m: interp.ablate_bias(m, [interp.tiny_inputs("vit")], progress=False),
+                 lambda m: interp.bias_invariances(m, [interp.tiny_inputs("vit")], progress=False)):
+        with pytest.raises(interp.errors.InputError, match=r"interp\.load_model"):
+            call(hf)

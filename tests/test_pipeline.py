@@ -1,0 +1,64 @@
+"""The pipeline's sections hold the numbers the report prints; summary.json equals the tables."""
+
+import json
+
+import pandas as pd
+import pytest
+
+import interp
+from interp.pipeline import STEPS, make_context, run_steps, summarise_ablation
+from interp.report import write_report
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline")
+    ctx = make_context(interp.load_model("digits-vit", device="cpu"), "digits", quick=True)
+    sections = run_steps(ctx, out=out, log=lambda _: None)
+    report = write_report(sections, dict(model="digits-vit", dataset="digits"), out)
+    return out, sections, report
+
+
+def test_every_step_made_sections_with_numbers(written):
+    out, sections, report = written
+    keys = [s.key for s in sections]
+    assert len(keys) == len(set(keys)) and len(STEPS) == 7
+    assert all(s.numbers for s in sections)
+    assert all(name in s.figures for s in sections for name in s.shown)
+
+
+def test_summary_numbers_equal_the_tables(written):
+    out, sections, report = written
+    summary = json.loads((out / "summary.json").read_text())
+    inv = pd.read_csv(out / "bias_invariances.csv")
+    numbers = summary["sections"]["invariances"]
+    assert numbers["k_bias_pattern_max_abs_diff"] == inv[inv.check == "k_bias_pattern"].max_abs_diff.max()
+    assert numbers["max_k_bias_norm"] == pytest.approx(inv[inv.check == "k_bias_pattern"].bias_norm.max())
+    origin = pd.read_csv(out / "origin_shift.csv")
+    top = origin.loc[origin.shift_ratio.idxmax()]
+    largest = summary["sections"]["origin_shift"]["largest_shift_ratio"]
+    assert (largest["layer"], largest["head"], largest["kind"]) == (top.layer, top["head"], top.kind)
+    abl = pd.read_csv(out / "ablation.csv")
+    best = abl.loc[abl.delta.abs().idxmax()]
+    first = summary["sections"]["ablation"]["top_heads"][0]
+    assert (first["layer"], first["head"], first["kind"]) == (best.layer, best["head"], best.kind)
+    assert first["delta"] == pytest.approx(best.delta)
+    assert summary["sections"]["recording"]["positions_counted"] == 2 * 4 * 17  # 2 quick batches of 4 digits
+
+
+def test_report_opens_with_the_headline_findings(written):
+    out, sections, report = written
+    html = report.read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert html.index("Headline findings") < html.index("<h2>Bias inventory")
+    for headline in summary["headlines"]:
+        assert headline.replace("'", "&#x27;") in html
+    assert html.count("<img") == sum(len(s.shown) for s in sections)
+
+
+def test_ablation_section_refuses_nothing_and_names_its_metric(written):
+    out, sections, report = written
+    abl = pd.read_csv(out / "ablation.csv")
+    section = summarise_ablation(abl, "digits-vit")
+    assert section.numbers["metric"] == "cross_entropy" and section.numbers["baseline"] == abl.baseline.iloc[0]
+    assert set(section.numbers["max_abs_delta"]) == {"q", "k", "v"}

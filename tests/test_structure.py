@@ -1,0 +1,131 @@
+"""The walls between modules: imports go downward only, no function over 60 lines, no surgery."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "interp"
+
+# Lowest layer first. A module may import only from layers strictly below its own.
+LAYERS = [
+    ["interp._version", "interp.errors", "interp.types"],
+    ["interp.io", "interp.models.builders", "interp.models.adapters.common"],
+    ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.plots"],
+    ["interp.models.adapters"],
+    ["interp.models.families"],
+    ["interp.models.info", "interp.models.zoo"],
+    ["interp.checks"],
+    ["interp.models.bridge"],
+    ["interp.models.tiny", "interp.models.loading", "interp.models.fetch"],
+    ["interp.heads", "interp.data"],
+    ["interp.stats"],
+    ["interp.patching", "interp.record"],
+    ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
+     "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log"],
+    ["interp.analysis", "interp.ablation.attribution"],
+    ["interp.ablation.sweep"],
+    ["interp.ablation"],
+    ["interp.models.digits", "interp.pipeline"],
+    ["interp.report"],
+    ["interp.demo"],
+    ["interp.cli", "interp.models", "interp"],
+]
+RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def interp_imports(tree: ast.AST, name: str):
+    """(imported interp module, line, inside a function?) for every import statement."""
+    package = name if MODULES[name].name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, in_function) for a in child.names if a.name.startswith("interp"))
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1] + [base]).strip(".")
+                if base.startswith("interp"):
+                    for alias in child.names:  # `from interp.x import submodule` imports the submodule
+                        full = f"{base}.{alias.name}"
+                        found.append((full if full in MODULES else base, child.lineno, in_function))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def test_every_module_has_a_layer():
+    assert set(MODULES) <= set(RANK), f"place these modules in LAYERS: {sorted(set(MODULES) - set(RANK))}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_go_down_only(name):
+    tree = ast.parse(MODULES[name].read_text())
+    for target, line, in_function in interp_imports(tree, name):
+        if name == "interp.cli":
+            continue  # the command imports lazily, so `interp --help` stays fast
+        assert not in_function, f"{name}:{line} imports {target} inside a function"
+        own_package = target.startswith(name + ".") and MODULES[name].name == "__init__.py"
+        if own_package:
+            continue  # a package re-exports its own submodules
+        assert RANK[target] < RANK[name], f"{name}:{line} imports {target}, which is not in a layer below it"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_function_over_60_lines(name):
+    tree = ast.parse(MODULES[name].read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= 60, f"{name}.{node.name} is {length} lines long"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_surgery_on_the_bridge(name):
+    text = MODULES[name].read_text()
+    assert "._original_component" not in text, f"{name} rewrites the bridge's parameter names"
+    assert "__class__ =" not in text, f"{name} swaps a class"
+    assert '__dict__["' not in text, f"{name} writes or reads an object's __dict__ directly"
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer_lens"):
+            private = [part for part in node.module.split(".") if part.startswith("_")]
+            assert not private, f"{name} imports TransformerLens' private module {node.module}"
+
+
+def test_import_has_no_side_effects():
+    import subprocess
+    import sys
+
+    code = ("import matplotlib, sys; before = matplotlib.get_backend() if 'matplotlib.pyplot' in sys.modules "
+            "else None; import interp; import matplotlib.pyplot; "
+            "assert matplotlib.rcParams['backend'] is not None; print(matplotlib.get_backend())")
+    env_backend = subprocess.run([sys.executable, "-c", "import matplotlib; print(matplotlib.get_backend())"],
+                                 capture_output=True, text=True, env={"MPLBACKEND": "svg", "PATH": ""}).stdout
+    after = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={"MPLBACKEND": "svg", "PATH": "", "HF_HUB_OFFLINE": "1"})
+    assert after.returncode == 0, after.stderr[-1000:]
+    assert after.stdout.strip() == env_backend.strip() == "svg"  # interp did not switch the backend
+
+
+def test_public_names_are_exported():
+    import interp
+
+    for name in interp.__all__:
+        assert hasattr(interp, name), name
+    for name in ("load_model", "record_qkv", "origin_shift", "ablate_bias", "builtin_batches", "list_families"):
+        assert name in interp.__all__
