@@ -25,7 +25,7 @@ def check_pixel_values(x: Any, info: ModelInfo) -> None:
             f"{info.name} is a vision model: expected pixel_values as a float tensor {expected}, "
             f"got a {x.dtype} tensor of shape {tuple(x.shape)} (token ids?)"
         )
-    if x.ndim != 4 or x.shape[1] != info.num_channels:
+    if x.ndim != 4 or x.shape[1] != info.num_channels or x.shape[0] == 0:
         raise InputError(f"{info.name}: pixel_values must be {expected}, got shape {tuple(x.shape)}")
     p = info.patch_size or 1
     if x.shape[2] % p or x.shape[3] % p:
@@ -41,10 +41,17 @@ def check_token_ids(x: Any, info: ModelInfo) -> None:
             f"{info.name} is a language model: expected token ids (LongTensor [batch, pos]) "
             f"or text, got {type(x).__name__}"
         )
-    if torch.is_floating_point(x):
+    if torch.is_floating_point(x) or x.dtype == torch.bool or torch.is_complex(x):
         raise InputError(
             f"{info.name} is a language model: expected integer token ids [batch, pos], "
-            f"got a {x.dtype} tensor of shape {tuple(x.shape)} (pixel values?)"
+            f"got a {x.dtype} tensor of shape {tuple(x.shape)}" + (" (pixel values?)" if x.is_floating_point() else "")
+        )
+    if x.ndim != 2 or x.numel() == 0:
+        raise InputError(f"{info.name}: token ids must be a non-empty [batch, pos] tensor, got shape {tuple(x.shape)}")
+    if info.vocab_size is not None and (int(x.min()) < 0 or int(x.max()) >= info.vocab_size):
+        raise InputError(
+            f"{info.name}: token ids must lie in 0..{info.vocab_size - 1} (the vocabulary), "
+            f"got ids from {int(x.min())} to {int(x.max())}"
         )
     if info.max_positions is not None and x.shape[-1] > info.max_positions:
         raise InputError(
@@ -67,6 +74,8 @@ def check_model_input(x: Any, attention_mask: Optional[Tensor], info: ModelInfo)
                 f"attention_mask shape {tuple(attention_mask.shape)} does not match "
                 f"input_ids shape {tuple(x.shape)}"
             )
+        if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise InputError("attention_mask must hold only 0 (padding) and 1 (real token)")
 
 
 def check_kinds(kinds: Any, allowed: tuple[str, ...] = QKV) -> list[str]:
@@ -92,3 +101,12 @@ def check_layers(layers: Any, info: ModelInfo) -> list[int]:
 def check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise InputError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def check_max_batches(max_batches: Any) -> Optional[int]:
+    """None (all batches) or a positive number of batches."""
+    if max_batches is None:
+        return None
+    if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
+        raise InputError(f"max_batches must be a positive integer or None (all batches); got {max_batches!r}")
+    return max_batches

@@ -70,7 +70,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from interp.models.loading import load_model
     from interp.pipeline import summarise_recording
     from interp.record import record_qkv
-    from interp.report import write_section
+    from interp.report import begin_outputs, write_manifest, write_section
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -88,7 +88,10 @@ def _cmd_record(args: argparse.Namespace) -> int:
         stats.all_reduce()
     if rank == 0:
         out = Path(args.out)
+        begin_outputs(out)
         write_section(summarise_recording(stats, args.data), out)
+        write_manifest(out, dict(command="record", model=args.model, data=args.data, max_batches=args.max_batches,
+                                 model_fingerprint=stats.model_fingerprint, data_fingerprint=stats.data_fingerprint))
         print(f"recorded {stats.count(stats.layers[0])} tokens on {world} process(es) -> {out}")
     if world > 1:
         dist.barrier()
@@ -102,20 +105,26 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     from interp.ablation.sweep import ablate_bias
     from interp.models.loading import load_model
     from interp.pipeline import summarise_ablation
-    from interp.report import write_section
+    from interp.report import begin_outputs, write_manifest, write_section
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    estimates = ["exact", "attribution"] if args.estimate == "both" else [args.estimate]
+    # attribution first: it refuses an unfit metric at once, before a long exact sweep
+    estimates = ["attribution", "exact"] if args.estimate == "both" else [args.estimate]
     model = load_model(args.model, device=args.device)
     out = Path(args.out)
+    begin_outputs(out)
     frames = [
         ablate_bias(model, args.data, kinds=kinds, scope=args.scope, method=args.method,
-                    metric=args.metric, estimate=est, out=out, max_batches=args.max_batches)
-        for est in estimates
+                    metric=args.metric, estimate=est, out=out, overwrite=args.overwrite and i == 0,
+                    max_batches=args.max_batches)
+        for i, est in enumerate(estimates)
     ]
-    results = pd.concat(frames, ignore_index=True)
+    results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
     section = summarise_ablation(results, args.model)
     write_section(section, out)
+    write_manifest(out, dict(command="ablate", model=args.model, data=args.data, max_batches=args.max_batches,
+                             model_fingerprint=results.model_fingerprint.iloc[0],
+                             data_fingerprint=results.data_fingerprint.iloc[0]))
     top = results.assign(a=results.delta.abs()).nlargest(5, "a")
     print(top[["layer", "head", "kind", "scope", "estimate", "delta"]].to_string(index=False))
     print(f"wrote {out}")
@@ -172,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batches", type=int, default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="out/ablate")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new sweep log in --out even if it holds results of another run")
     p.set_defaults(func=_cmd_ablate)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")

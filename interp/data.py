@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.checks import check_model_input
+from interp.checks import check_max_batches, check_model_input
 from interp.errors import InputError
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.info import ModelInfo
@@ -187,7 +187,7 @@ def builtin_batches(
     model: InterpBridge, name: str, *, batch_size: int = 8, n: Optional[int] = None, seq_len: int = 64
 ) -> list[Batch]:
     """A built-in dataset as batches shaped for ``model``."""
-    info = model.interp
+    info = require_bridge(model, "builtin_batches").interp
     if name not in BUILTIN:
         raise InputError(f"unknown dataset {name!r}; built-in datasets: {', '.join(BUILTIN)}")
     if name in ("photos", "digits") and info.modality != "vision":
@@ -243,18 +243,28 @@ def _to_batch(model: InterpBridge, item: Any) -> Batch:
 
 
 def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
-    """Normalise ``data`` (name | Tensor | Batch | dict | text | iterable of those) to batches."""
+    """Normalise ``data`` (name | Tensor | Batch | dict | text | (ids, mask) | iterable of those) to batches.
+
+    The arguments are checked at once; the batches are produced lazily.
+    """
     model = require_bridge(model)
+    max_batches = check_max_batches(max_batches)
     if isinstance(data, str):
         items: Iterable[Any] = builtin_batches(model, data)
     elif isinstance(data, (Tensor, Batch, dict)):
         items = [data]
+    elif isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        items = [data]  # one (input_ids, attention_mask) or (pixel_values, labels) pair, not two batches
     elif isinstance(data, list) and data and isinstance(data[0], str):
         items = [data]
     elif isinstance(data, Iterable):
         items = data
     else:
         raise InputError(f"data must be a dataset name, a tensor or an iterable of batches; got {type(data).__name__}")
+    return _batches(model, items, max_batches)
+
+
+def _batches(model: InterpBridge, items: Iterable[Any], max_batches: Optional[int]) -> Iterator[Batch]:
     count = 0
     for item in items:
         if max_batches is not None and count >= max_batches:

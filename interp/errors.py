@@ -33,3 +33,7 @@ class ActivationError(InterpError, FloatingPointError):
 
 class RegistryError(InterpError, ValueError):
     """A model family was registered twice, or looked up under a name nobody registered."""
+
+
+class StaleResultsError(InterpError, ValueError):
+    """A results folder holds results of another model, data or settings than this run's."""

@@ -21,7 +21,7 @@ from interp.data import Batch
 from interp.errors import InputError
 from interp.heads import attention_weights, kv_group, v_fold_vector
 from interp.models.bridge import InterpBridge
-from interp.stats import QKVStats
+from interp.stats import QKVStats, require_stats
 from interp.types import METHODS, Method
 
 Target = tuple[int, int, str]  # (layer, head, kind)
@@ -57,6 +57,8 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
     """Forward hooks that patch the biases of ``targets`` out (see the module doc for methods)."""
     info = model.interp
     check_method(method, targets, stats)
+    if stats is not None:
+        require_stats(stats).require_model(model)
     by_site: dict[tuple[int, str], set[int]] = {}
     for layer, head, kind in targets:
         by_site.setdefault((layer, kind), set()).add(head)

@@ -146,11 +146,13 @@ def invariance_step(ctx: Context) -> list[Section]:
                    max_k_bias_norm=float(inv[inv.check == "k_bias_pattern"].bias_norm.max()))
     verdict = (f"Under {family.positions} positions b_k is inert weight: removing it is free." if family.k_bias_inert
                else f"Under {family.positions} positions b_k rotates with the key and is not inert.")
+    numbers["softmax_dtype"] = str(inv.softmax_dtype.iloc[0])
     text = (f"Removing b_k changes the pattern by at most {numbers['k_bias_pattern_max_abs_diff']:.2e}; folding b_v "
-            f"into b_O changes the output by at most {numbers['v_bias_fold_max_abs_diff']:.2e} (float64). {verdict}")
+            f"into b_O changes the output by at most {numbers['v_bias_fold_max_abs_diff']:.2e} (float64 model, "
+            f"softmax in {numbers['softmax_dtype']}). {verdict}")
     headline = "" if not family.k_bias_inert or numbers["max_k_bias_norm"] == 0 else (
         f"b_k (norm up to {numbers['max_k_bias_norm']:.3g} per layer) is inert: removing it moves the pattern by "
-        f"{numbers['k_bias_pattern_max_abs_diff']:.1e} in float64.")
+        f"{numbers['k_bias_pattern_max_abs_diff']:.1e} (softmax in {numbers['softmax_dtype']}).")
     return [Section("invariances", "Invariances (float64)", text, numbers, headline=headline,
                     tables={"bias_invariances": inv})]
 

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from interp.checks import check_kinds, check_layers
 from interp.data import iter_batches, model_inputs
 from interp.errors import InputError, InterpError
+from interp.fingerprint import DataHasher, model_fingerprint
 from interp.heads import attention_weights
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.stats import Moments, QKVStats, batch_moments
@@ -40,7 +41,7 @@ def _empty_stats(model: InterpBridge, layers: list[int], kinds: list[str], captu
         model_name=info.name, n_layers=info.n_layers, layers=layers, kinds=kinds,
         heads={k: info.heads(k) for k in kinds}, d_head=info.d_head, d_model=info.d_model,
         biases=biases, moments=moments, input_moments=inputs, nonfinite=nonfinite,
-        captured={key: [] for key in moments} if capture else None,
+        captured={key: [] for key in moments} if capture else None, model_fingerprint=model_fingerprint(model),
     )
 
 
@@ -101,11 +102,13 @@ def record_qkv(
     state: dict[str, Any] = {"weight": None, "captured_bytes": 0}
     hooks = _hooks(stats, state, capture_limit_mb)
     device = next(model.parameters()).device
+    hasher = DataHasher()
     n_batches = 0
     with torch.no_grad():
         for batch in tqdm(iter_batches(model, data, max_batches=max_batches), desc=f"record {info.name}",
                           disable=not progress, unit="batch"):
             batch.check(info)
+            hasher.update(batch)
             mask = batch.attention_mask
             state["weight"] = None if mask is None else _flat(mask.to(device))
             x, kw = model_inputs(model, batch)
@@ -113,7 +116,10 @@ def record_qkv(
             n_batches += 1
     if n_batches == 0:
         raise InputError("data is empty: no batches to record")
+    if stats.count(stats.layers[0]) == 0:
+        raise InputError("no real tokens to record: every position of every batch is masked out (attention_mask all 0)")
     stats.check_finite()
+    stats.data_fingerprint = hasher.hexdigest()
     if stats.captured is not None:
         stats.captured = {k: [torch.cat(v)] if v else [] for k, v in stats.captured.items()}
     return stats

@@ -14,19 +14,45 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from interp.io import atomic_path, write_table
+from interp.io import OutputError, atomic_path, write_table
+from interp.models.zoo import sha256_file
 from interp.pipeline import Section
 from interp.plots import save_figure
 
 
+MANIFEST = "manifest.json"
+
+
+def begin_outputs(out: Path) -> None:
+    """Remove ``out``'s manifest before writing: until the new one lands, the folder is incomplete."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write to output folder {out}: {exc.strerror or exc}") from None
+    (out / MANIFEST).unlink(missing_ok=True)
+
+
 def write_section(section: Section, out: Path) -> dict[str, Path]:
     """Write a section's tables, figures and statistics into ``out``; return the figure paths."""
-    out.mkdir(parents=True, exist_ok=True)
     for name, table in section.tables.items():
         write_table(table, out / name)
     for name, stats in section.stats.items():
         stats.save(out / f"{name}.safetensors")
     return {name: save_figure(fig, out / f"{name}.png") for name, fig in section.figures.items()}
+
+
+def write_manifest(out: Path, meta: dict) -> Path:
+    """Write ``manifest.json`` last: every file of the folder with its sha256, and what produced them.
+
+    Files written together form one unit: a reader that finds no manifest, or a file whose
+    hash differs from it, is looking at a run that did not finish.
+    """
+    files = {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*"))
+             if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")}
+    path = out / MANIFEST
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(_json_ready(dict(meta=meta, files=files)), indent=2))
+    return path
 
 
 def _json_ready(value: Any) -> Any:
@@ -79,7 +105,10 @@ def render_report(sections: Sequence[Section], figures: dict[str, Path], meta: d
 
 def write_report(sections: Sequence[Section], meta: dict, out: Path) -> Path:
     """Write every section's files, then ``summary.json`` and ``report.html``."""
+    begin_outputs(out)
     figures: dict[str, Path] = {}
     for section in sections:
         figures.update(write_section(section, out))
-    return render_report(sections, figures, meta, out)
+    report = render_report(sections, figures, meta, out)
+    write_manifest(out, meta)
+    return report

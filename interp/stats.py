@@ -21,13 +21,16 @@ from typing import Any, Optional
 
 import pandas as pd
 import torch
+import torch.distributed as dist
 from jaxtyping import Float
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from interp.errors import ActivationError, InputError, InterpError
+from interp.fingerprint import combine, model_fingerprint
 from interp.io import atomic_path
+from interp.models.bridge import InterpBridge
 from interp.types import PARTS, QKV, Part
 
 STATS_FORMAT = 2
@@ -105,6 +108,8 @@ class QKVStats:
     input_moments: dict[int, Moments]  # attention input x (after the layer norm): count and mean
     nonfinite: dict[tuple[int, str], Tensor] = field(default_factory=dict)  # [head] flags
     captured: Optional[dict[tuple[int, str], list[Tensor]]] = None
+    model_fingerprint: Optional[str] = None  # interp.fingerprint.model_fingerprint of the recorded model
+    data_fingerprint: Optional[str] = None  # the batches recorded (interp.fingerprint.DataHasher)
 
     def __repr__(self) -> str:
         count = self.count(self.layers[0]) if self.layers else 0
@@ -156,8 +161,22 @@ class QKVStats:
 
     # ----- combining -----------------------------------------------------------------
     def _signature(self) -> tuple:
-        return (self.model_name, self.n_layers, tuple(self.layers), tuple(self.kinds),
+        return (self.model_name, self.model_fingerprint, self.n_layers, tuple(self.layers), tuple(self.kinds),
                 tuple(sorted(self.heads.items())), self.d_head, self.d_model)
+
+    def require_model(self, model: InterpBridge) -> "QKVStats":
+        """These statistics, if they were recorded on ``model`` (same weights); else one clear error."""
+        info = model.interp
+        if self.model_fingerprint is None:
+            raise InputError(f"these statistics of {self.model_name!r} carry no model fingerprint (recorded by an "
+                             "older interp): record them again with interp.record_qkv")
+        mine = model_fingerprint(model)
+        if self.model_fingerprint != mine:
+            raise InputError(
+                f"these statistics were recorded on another model ({self.model_name!r}, weights "
+                f"{self.model_fingerprint}) than {info.name!r} (weights {mine}): record them on this model"
+            )
+        return self
 
     def merge(self, other: "QKVStats") -> "QKVStats":
         """Fold ``other`` into these statistics in place (exact) and return self."""
@@ -176,29 +195,34 @@ class QKVStats:
             self.nonfinite[key] = self.nonfinite[key] | other.nonfinite[key].to(self.nonfinite[key].device)
         for layer, mom in self.input_moments.items():
             mom.merge(other.input_moments[layer])
+        self.data_fingerprint = combine(str(self.data_fingerprint), str(other.data_fingerprint))
         return self
 
     def all_reduce(self, group: Any = None) -> "QKVStats":
         """Merge the statistics of every rank of ``group`` (torch.distributed), in rank order.
 
-        Each rank ends with the same merged result. Uses ``all_gather_object`` on the
-        CPU copies, so it works with gloo and NCCL alike; the payload is the statistics,
-        not activations (a few MB even for large models).
+        Each rank ends with the same merged result. Only tensors cross processes
+        (``all_gather`` of counts, means, co-moments and flags; no pickling), so it works
+        with gloo (CPU) and NCCL (CUDA) alike; every rank must have recorded the same model.
         """
-        import torch.distributed as dist
-
         if not dist.is_available() or not dist.is_initialized():
             raise InterpError("all_reduce needs an initialised torch.distributed process group")
         world = dist.get_world_size(group)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, self._state(), group=group)
         device = next(iter(self.moments.values())).mean.device
-        merged = QKVStats._from_state(gathered[0], device)
-        for state in gathered[1:]:
-            merged.merge(QKVStats._from_state(state, device))
-        self.moments, self.input_moments, self.nonfinite = (
-            merged.moments, merged.input_moments, merged.nonfinite
-        )
+        ident = _text_tensor(json.dumps([list(map(str, self._signature())), self.kinds]), device)
+        if any(not torch.equal(t, ident) for t in _gather(ident, world, group)):
+            raise InputError("all_reduce: the ranks recorded different models, layers or kinds")
+        data = _gather(_text_tensor(str(self.data_fingerprint), device), world, group)
+        tensors = self._tensors()
+        gathered = {name: _gather(t.to(device), world, group) for name, t in sorted(tensors.items())}
+        merged = None
+        for rank in range(world):
+            state = {"meta": dict(self._meta(), data_fingerprint=bytes(data[rank].tolist()).decode().rstrip()),
+                     "tensors": {name: parts[rank].cpu() for name, parts in gathered.items()}}
+            part = QKVStats._from_state(state, device)
+            merged = part if merged is None else merged.merge(part)
+        self.moments, self.input_moments, self.nonfinite = merged.moments, merged.input_moments, merged.nonfinite
+        self.data_fingerprint = merged.data_fingerprint
         return self
 
     # ----- tidy output ---------------------------------------------------------------
@@ -224,7 +248,9 @@ class QKVStats:
 
     # ----- persistence ---------------------------------------------------------------
     def _meta(self) -> dict:
-        return dict(format=STATS_FORMAT, model_name=self.model_name, n_layers=self.n_layers,
+        return dict(format=STATS_FORMAT, model_name=self.model_name, model_fingerprint=self.model_fingerprint,
+                    data_fingerprint=self.data_fingerprint,
+                    n_layers=self.n_layers,
                     layers=self.layers, kinds=self.kinds, heads=self.heads,
                     d_head=self.d_head, d_model=self.d_model)
 
@@ -252,6 +278,7 @@ class QKVStats:
                 f"statistics file format {meta.get('format')} is not {STATS_FORMAT}: "
                 "re-record with this version of interp"
             )
+        _check_shapes(meta, t)
         moments, biases, nonfinite, inputs = {}, {}, {}, {}
         for layer in meta["layers"]:
             for kind in meta["kinds"]:
@@ -264,7 +291,8 @@ class QKVStats:
             model_name=meta["model_name"], n_layers=meta["n_layers"], layers=list(meta["layers"]),
             kinds=list(meta["kinds"]), heads={k: int(v) for k, v in meta["heads"].items()},
             d_head=meta["d_head"], d_model=meta["d_model"], biases=biases, moments=moments,
-            input_moments=inputs, nonfinite=nonfinite,
+            input_moments=inputs, nonfinite=nonfinite, model_fingerprint=meta.get("model_fingerprint"),
+            data_fingerprint=meta.get("data_fingerprint"),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -296,3 +324,38 @@ class QKVStats:
                 raise ActivationError(
                     f"non-finite (NaN or inf) {kind} activations at layer {layer}, head(s) {heads}"
                 )
+
+
+def _text_tensor(text: str, device: Any, length: int = 4096) -> Tensor:
+    raw = text.encode()[:length].ljust(length)
+    return torch.tensor(list(raw), dtype=torch.uint8, device=device)
+
+
+def _gather(t: Tensor, world: int, group: Any) -> list[Tensor]:
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return parts
+
+
+def _check_shapes(meta: dict, t: dict[str, Tensor]) -> None:
+    """Every tensor a statistics file must hold, with the shape its metadata implies."""
+    d, dm = int(meta["d_head"]), int(meta["d_model"])
+    expected: dict[str, tuple[int, ...]] = {}
+    for layer in meta["layers"]:
+        for kind in meta["kinds"]:
+            h, p = int(meta["heads"][kind]), f"L{layer}.{kind}"
+            expected.update({f"{p}.count": (1,), f"{p}.mean": (h, d), f"{p}.m2": (h, d, d), f"{p}.bias": (h, d),
+                             f"{p}.nonfinite": (h,)})
+        expected.update({f"L{layer}.x.count": (1,), f"L{layer}.x.mean": (1, dm)})
+    for name, shape in expected.items():
+        if name not in t:
+            raise InterpError(f"statistics file lacks tensor {name!r}: it is damaged or not an interp file")
+        if tuple(t[name].shape) != shape:
+            raise InterpError(f"statistics file tensor {name!r} has shape {tuple(t[name].shape)}, expected {shape}: "
+                              "the file is damaged")
+
+
+def require_stats(stats: object) -> QKVStats:
+    if not isinstance(stats, QKVStats):
+        raise InputError(f"expected QKVStats from interp.record_qkv or QKVStats.load, got {type(stats).__name__}")
+    return stats

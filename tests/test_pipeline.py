@@ -62,3 +62,21 @@ def test_ablation_section_refuses_nothing_and_names_its_metric(written):
     section = summarise_ablation(abl, "digits-vit")
     assert section.numbers["metric"] == "cross_entropy" and section.numbers["baseline"] == abl.baseline.iloc[0]
     assert set(section.numbers["max_abs_delta"]) == {"q", "k", "v"}
+
+
+def test_manifest_is_written_last_and_lists_every_file(written):
+    from interp.models.zoo import sha256_file
+
+    out, sections, report = written
+    manifest = json.loads((out / "manifest.json").read_text())
+    on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    assert set(manifest["files"]) == on_disk and "report.html" in on_disk and "summary.json" in on_disk
+    assert all(sha256_file(out / name) == digest for name, digest in manifest["files"].items())
+
+
+def test_a_new_run_removes_the_old_manifest_first(tmp_path):
+    from interp.report import begin_outputs
+
+    (tmp_path / "manifest.json").write_text("{}")
+    begin_outputs(tmp_path)
+    assert not (tmp_path / "manifest.json").exists()

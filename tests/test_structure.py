@@ -18,7 +18,7 @@ LAYERS = [
     ["interp.checks"],
     ["interp.models.bridge"],
     ["interp.models.tiny", "interp.models.loading", "interp.models.fetch"],
-    ["interp.heads", "interp.data"],
+    ["interp.heads", "interp.data", "interp.fingerprint"],
     ["interp.stats"],
     ["interp.patching", "interp.record"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",

@@ -1,4 +1,9 @@
-"""The resumable sweep log: finished variants, one JSON line each, in ``<out>/ablation.jsonl``."""
+"""The resumable sweep log: finished variants, one JSON line each, in ``<out>/ablation.jsonl``.
+
+The first line is the run's fingerprint (model weights, data, max_batches, metric,
+library version). A rerun with the same fingerprint resumes; any other run refuses to
+mix its rows with these (or, with ``overwrite=True``, starts a new log).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from interp.errors import StaleResultsError
 from interp.io import atomic_path
+
+HEADER = "_fingerprint"
 
 
 class ResultLog:
@@ -17,27 +25,49 @@ class ResultLog:
     torn one, so a kill during that rewrite loses nothing either.
     """
 
-    def __init__(self, path: Optional[Path]):
+    def __init__(self, path: Optional[Path], fingerprint: dict, overwrite: bool = False):
         self.path = path
+        self.fingerprint = fingerprint
         self.rows: dict[str, dict] = {}
-        if path is None or not path.exists():
+        if path is None:
             return
+        lines = [] if overwrite or not path.exists() else self._read(path)
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(line + "\n" for line in [json.dumps({HEADER: fingerprint})] + lines))
+
+    def _read(self, path: Path) -> list[str]:
         good = []
-        for line in path.read_text().splitlines():
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             try:
                 row = json.loads(line)
             except ValueError:
                 continue  # torn write from a killed run
+            if number == 1:
+                self._check(path, row)
+                continue
+            if not isinstance(row, dict) or "_key" not in row:
+                raise StaleResultsError(f"{path}, line {number}: not a result row of interp; "
+                                        "move the file away or pass overwrite=True (--overwrite)")
             self.rows[row["_key"]] = row
             good.append(line)
-        with atomic_path(path) as tmp:
-            tmp.write_text("".join(line + "\n" for line in good))
+        return good
+
+    def _check(self, path: Path, header: object) -> None:
+        found = header.get(HEADER) if isinstance(header, dict) else None
+        if found is None:
+            raise StaleResultsError(f"{path} was written without a fingerprint (by an older interp, or not by "
+                                    "interp): its rows cannot be trusted for this run; use another --out folder or "
+                                    "overwrite=True (--overwrite)")
+        differ = sorted(k for k in set(found) | set(self.fingerprint) if found.get(k) != self.fingerprint.get(k))
+        if differ:
+            details = "; ".join(f"{k}: {found.get(k)!r} there, {self.fingerprint.get(k)!r} now" for k in differ)
+            raise StaleResultsError(f"{path} holds results of another run ({details}); refusing to mix them: use "
+                                    "another --out folder, or overwrite=True (--overwrite) to start afresh")
 
     def add(self, row: dict) -> None:
         self.rows[row["_key"]] = row
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
             fh.flush()

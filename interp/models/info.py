@@ -32,6 +32,7 @@ class ModelInfo:
     num_channels: Optional[int] = None
     n_prefix_tokens: int = 0  # CLS (+ distillation) tokens before the patch grid
     max_positions: Optional[int] = None
+    vocab_size: Optional[int] = None
     random_head: bool = False  # True when the task head was freshly initialised by us
     notes: list[str] = field(default_factory=list)
 
@@ -94,6 +95,7 @@ def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool
         info.num_channels, info.n_prefix_tokens = int(cfg.num_channels), family.prefix_tokens
     else:
         info.max_positions = _first(cfg, "max_position_embeddings", "n_positions")
+        info.vocab_size = _first(cfg, "vocab_size")
     if random_head:
         info.notes.append("task head freshly initialised: read hidden states, not logits")
     return info

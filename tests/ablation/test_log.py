@@ -1,0 +1,80 @@
+"""A results folder never mixes runs: each stale-resume case is refused, overwrite starts afresh."""
+
+import json
+
+import pytest
+
+import interp
+import interp.fingerprint
+from interp.ablation import ablate_bias
+from interp.errors import StaleResultsError
+from interp.models import tiny_hf_model, tiny_inputs
+
+
+def data(n=2):
+    return [tiny_inputs("gpt2", batch=2, pos=8, seed=s) for s in range(n)]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return (interp.load_model(tiny_hf_model("gpt2", seed=0), device="cpu"),
+            interp.load_model(tiny_hf_model("gpt2", seed=1), device="cpu"))
+
+
+def test_another_model_into_the_same_folder_is_refused(models, tmp_path):
+    a, b = models
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+    with pytest.raises(StaleResultsError, match="another run.*model:"):
+        ablate_bias(b, data(), kinds=("q",), out=tmp_path, progress=False)
+
+
+def test_more_batches_after_fewer_is_refused(models, tmp_path):
+    a, _ = models
+    ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=1, progress=False)
+    with pytest.raises(StaleResultsError, match="max_batches: 1 there, 3 now"):
+        ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=3, progress=False)
+
+
+def test_other_data_is_refused(models, tmp_path):
+    a, _ = models
+    ablate_bias(a, data(), kinds=("v",), out=tmp_path, progress=False)
+    other = [tiny_inputs("gpt2", batch=2, pos=8, seed=s + 10) for s in range(2)]
+    with pytest.raises(StaleResultsError, match="data:"):
+        ablate_bias(a, other, kinds=("v",), out=tmp_path, progress=False)
+
+
+def test_two_lambda_metrics_do_not_collide(models, tmp_path):
+    a, _ = models
+    ablate_bias(a, data(), kinds=("q",), metric=lambda out, batch: out.float().mean(), out=tmp_path, progress=False)
+    with pytest.raises(StaleResultsError, match="metric:"):
+        ablate_bias(a, data(), kinds=("q",), metric=lambda out, batch: out.float().std(), out=tmp_path,
+                    progress=False)
+
+
+def test_overwrite_starts_afresh_and_equals_a_clean_run(models, tmp_path):
+    a, b = models
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+    fresh = ablate_bias(b, data(), kinds=("q",), out=tmp_path, overwrite=True, progress=False)
+    clean = ablate_bias(b, data(), kinds=("q",), progress=False)
+    assert fresh.delta.tolist() == pytest.approx(clean.delta.tolist(), abs=1e-12)
+    header = json.loads((tmp_path / "ablation.jsonl").read_text().splitlines()[0])["_fingerprint"]
+    assert header["model"] == fresh.model_fingerprint.iloc[0] == interp.fingerprint.model_fingerprint(b)
+
+
+def test_a_log_without_fingerprint_is_refused(models, tmp_path):
+    a, _ = models
+    (tmp_path / "ablation.jsonl").write_text(json.dumps({"_key": "x", "delta": 0.5}) + "\n")
+    with pytest.raises(StaleResultsError, match="without a fingerprint"):
+        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+
+
+def test_statistics_of_another_model_are_refused(models):
+    a, b = models
+    stats_b = interp.record_qkv(b, data(), progress=False)
+    with pytest.raises(interp.errors.InputError, match="recorded on another model"):
+        interp.origin_shift(a, stats_b)
+    with pytest.raises(interp.errors.InputError, match="recorded on another model"):
+        ablate_bias(a, data(), kinds=("q",), method="mean", stats=stats_b, progress=False)
+    stats_a = interp.record_qkv(a, data(), progress=False)
+    with pytest.raises(interp.errors.InputError, match="different models"):
+        stats_a.merge(stats_b)
