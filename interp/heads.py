@@ -106,7 +106,7 @@ def v_fold_vector(model: InterpBridge, layer: int, heads: list[int] | None = Non
     Attention rows sum to 1, so b_v adds exactly this constant to the attention output:
     removing b_v and adding this vector to b_O changes nothing.
     """
-    info = model.interp
+    info = require_bridge(model, "v_fold_vector").interp
     w = attention_weights(model, layer, dtype)
     group = kv_group(info.n_heads, info.n_kv_heads)
     query_heads = list(range(info.n_heads)) if heads is None else list(heads)

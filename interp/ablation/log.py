@@ -37,11 +37,15 @@ class ResultLog:
 
     def _read(self, path: Path) -> list[str]:
         good = []
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        lines = path.read_text(errors="replace").splitlines()
+        for number, line in enumerate(lines, 1):
             try:
                 row = json.loads(line)
             except ValueError:
-                continue  # torn write from a killed run
+                if number == len(lines):
+                    continue  # a torn last write from a killed run
+                raise StaleResultsError(f"{path}, line {number}: unreadable (not JSON); the log is damaged: use "
+                                        "another --out folder or overwrite=True (--overwrite)") from None
             if number == 1:
                 self._check(path, row)
                 continue

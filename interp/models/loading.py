@@ -74,9 +74,10 @@ def _load_zoo(name: str, device: Device, dtype: Optional[torch.dtype]) -> Interp
     try:
         return _load_local_dir(entry.folder(), tokenizer=None, device=device, dtype=dtype, name=name)
     except Exception as exc:  # a corrupt or truncated cache: say how to fix it
+        fix = ("the cache looks corrupt: delete that folder and rerun `make models`" if entry.package
+               else "the installed package looks damaged: reinstall interp")
         raise MissingWeightsError(
-            f"zoo model {name!r} in {entry.folder()} could not be loaded ({type(exc).__name__}: {exc}); "
-            "the cache looks corrupt: delete that folder and rerun `make models`"
+            f"zoo model {name!r} in {entry.folder()} could not be loaded ({type(exc).__name__}: {exc}); {fix}"
         ) from None
 
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 import interp
 import interp.fingerprint
@@ -78,3 +79,25 @@ def test_statistics_of_another_model_are_refused(models):
     stats_a = interp.record_qkv(a, data(), progress=False)
     with pytest.raises(interp.errors.InputError, match="different models"):
         stats_a.merge(stats_b)
+
+
+def test_a_damaged_line_in_the_middle_is_named(models, tmp_path):
+    a, _ = models
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+    log = tmp_path / "ablation.jsonl"
+    lines = log.read_text().splitlines()
+    lines[2] = "\udcff garbage"
+    log.write_text("\n".join(lines) + "\n", errors="surrogateescape")
+    with pytest.raises(StaleResultsError, match="line 3: unreadable"):
+        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+
+
+def test_ids_and_mask_as_one_pair_are_one_batch(models):
+    a, _ = models
+    ids = tiny_inputs("gpt2", batch=2, pos=8)
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    pair = interp.record_qkv(a, (ids, mask), progress=False)
+    explicit = interp.record_qkv(a, [{"input_ids": ids, "attention_mask": mask}], progress=False)
+    assert pair.count(0) == explicit.count(0) == 2 * 8 - 3
+    assert torch.equal(pair.mean(0, "q"), explicit.mean(0, "q"))
