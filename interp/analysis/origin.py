@@ -51,6 +51,7 @@ def _embedding_directions(model: InterpBridge) -> tuple[Optional[Tensor], Option
             cls = token.detach().reshape(-1).double()
         for attr in ("position_embeddings", "wpe", "embed_positions"):
             table = getattr(module, attr, None)
+            table = getattr(table, "original_component", table)  # the bridge wraps some embeddings
             if isinstance(table, nn.Embedding):
                 table = table.weight
             if isinstance(table, nn.Parameter) and pos is None:

@@ -43,7 +43,7 @@ class InterpBridge(TransformerBridge):
     interp: ModelInfo
 
     def __init__(self, hf_model: nn.Module, *, name: Optional[str] = None, tokenizer: Any = None,
-                 processor: Any = None) -> None:
+                 processor: Any = None, warn_zero_biases: bool = True) -> None:
         if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
             raise UnknownSourceError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
         wrapped = any(isinstance(m, GeneralizedComponent) for m in hf_model.modules())
@@ -64,7 +64,8 @@ class InterpBridge(TransformerBridge):
         super().__init__(hf_model, adapter, tokenizer, driver=TransformersDriver(hf_model, adapter, tokenizer))
         self.interp = info
         self.processor = processor
-        _warn_if_biases_are_zero(self)
+        if warn_zero_biases:
+            _warn_if_biases_are_zero(self)
 
     @property
     def hf_model(self) -> nn.Module:

@@ -173,7 +173,9 @@ def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> Int
         kwargs["add_pooling_layer"] = getattr(source, "pooler", None) is not None
     param = next(hf.parameters())
     fresh = type(source)(copy.deepcopy(source.config), **kwargs).to(device=param.device, dtype=dtype or param.dtype)
-    clone = InterpBridge(fresh, name=model.interp.name, tokenizer=model.tokenizer, processor=model.processor)
+    # the fresh model's biases are zero until the state dict lands: no warning for that
+    clone = InterpBridge(fresh, name=model.interp.name, tokenizer=model.tokenizer, processor=model.processor,
+                         warn_zero_biases=False)
     with torch.no_grad():
         clone.hf_model.load_state_dict(hf.state_dict(), strict=True)
     clone.interp = copy.deepcopy(model.interp)

@@ -154,3 +154,18 @@ def tf_bert_with_pooler():
     cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                         vocab_size=97, max_position_embeddings=64, attn_implementation="eager")
     return tf.BertModel(cfg, add_pooling_layer=True).eval()
+
+
+@pytest.mark.parametrize("family", [f.name for f in interp.list_families(positions="learned")])
+def test_key_prior_cosine_with_learned_positions_is_filled(family):
+    hf = tiny_hf_model(family)
+    with torch.no_grad():  # some families initialise CLS and positions to zero, whose cosine is undefined
+        for name, param in hf.named_parameters():
+            if "cls_token" in name or "position" in name or "wpe" in name:
+                param.normal_(generator=torch.Generator().manual_seed(0))
+    model = interp.load_model(hf, device="cpu")
+    origin = interp.origin_shift(model, interp.record_qkv(model, [tiny_inputs(family)], progress=False))
+    q = origin[origin.kind == "q"]
+    assert q.max_abs_cos_key_prior_pos.between(0, 1).all(), family
+    has_cls = interp.models.get_family(family).modality == "vision"
+    assert q.cos_key_prior_cls.notna().all() == has_cls

@@ -93,3 +93,18 @@ def test_raw_hf_model_gets_a_clear_error_naming_load_model():
                  lambda m: interp.bias_invariances(m, [interp.tiny_inputs("vit")], progress=False)):
         with pytest.raises(interp.errors.InputError, match=r"interp\.load_model"):
             call(hf)
+
+
+def test_zero_biases_warn_on_load_but_not_on_clone():
+    import warnings
+
+    hf = interp.tiny_hf_model("vit", bias_scale=0.0)
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
+    with pytest.warns(UserWarning, match="present but exactly zero"):
+        interp.load_model(hf, device="cpu")
+    model = interp.load_model(interp.tiny_hf_model("vit"), device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        interp.clone_model(model)
