@@ -34,6 +34,7 @@ def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool =
     info = ctx.model.interp
     meta = dict(model=name, family=info.family, dataset=ctx.dataset, batches=len(ctx.batches),
                 positions_counted=ctx.stats.count(ctx.stats.layers[0]), quick=quick,
+                model_fingerprint=ctx.stats.model_fingerprint, data_fingerprint=ctx.stats.data_fingerprint,
                 interp_version=__version__, seconds=round(time.time() - t0, 1))
     report = write_report(sections, meta, out)
     print(f"wrote {report}, summary.json and tables/figures in {out} ({meta['seconds']:.0f}s)")

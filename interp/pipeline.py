@@ -110,7 +110,9 @@ def origin_step(ctx: Context) -> list[Section]:
           f"({largest['shift_ratio']:.2f}).",
         numbers, tables={"origin_shift": origin}, figures={"shift_ratio": figs["shift_ratio"]}, shown=["shift_ratio"],
         headline=f"The largest bias shift is {largest['shift_ratio']:.2f} content-RMS units "
-                 f"(layer {largest['layer']}, head {largest['head']}, {largest['kind']}).",
+                 f"(layer {largest['layer']}, head {largest['head']}, {largest['kind']})"
+                 + (": a b_k, which cannot change the pattern here." if largest["kind"] == "k"
+                    and ctx.model.interp.spec.k_bias_inert else "."),
     )
     share = Section(
         "bias_share", "Bias share",

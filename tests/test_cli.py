@@ -42,6 +42,9 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
     assert report.index("Headline findings") < report.index("Bias inventory")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["meta"]["model"] == "dinov2-s14" and summary["headlines"]
+    assert len(summary["meta"]["model_fingerprint"]) == 16
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert "report.html" in manifest["files"] and manifest["meta"]["data_fingerprint"]
     assert summary["sections"]["invariances"]["k_bias_pattern_max_abs_diff"] < 1e-9
     abl = pd.read_csv(tmp_path / "ablation.csv")
     assert len(abl) == 12 * 6 * 3 and (abl[abl.kind == "k"].delta.abs() < 1e-4).all()  # b_k inert
