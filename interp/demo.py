@@ -16,7 +16,7 @@ from interp.errors import MissingWeightsError
 from interp.models.loading import load_model
 from interp.models.zoo import ZOO
 from interp.pipeline import make_context, run_steps
-from interp.report import write_report
+from interp.report import begin_outputs, write_report
 
 DEFAULT_MODEL = "dinov2-s14"
 
@@ -28,9 +28,9 @@ def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool =
         raise MissingWeightsError(f"{name} weights are not cached: run `make models` (interp fetch) first")
     t0 = time.time()
     print(f"loading {name}")
-    ctx = make_context(load_model(name), data, quick)
-    out.mkdir(parents=True, exist_ok=True)
-    sections = run_steps(ctx, out=out)
+    ctx = make_context(load_model(name), data, quick, out)
+    begin_outputs(out)
+    sections = run_steps(ctx)
     info = ctx.model.interp
     meta = dict(model=name, family=info.family, dataset=ctx.dataset, batches=len(ctx.batches),
                 positions_counted=ctx.stats.count(ctx.stats.layers[0]), quick=quick,

@@ -1,7 +1,7 @@
 """The main job as steps: each step runs one analysis and returns ``Section``s that hold
 its numbers as data (``numbers``), its tables, its figures and the prose made from them.
 
-``run_pipeline`` runs every step on one model (``interp demo``); ``interp record`` and
+``run_steps`` runs every step on one model (``interp demo``); ``interp record`` and
 ``interp ablate`` reuse the recording and ablation steps. ``interp.report`` writes the
 sections out: tables (CSV + Parquet), figures (PNG), ``report.html`` and ``summary.json``.
 """
@@ -52,6 +52,7 @@ class Context:
     dataset: str
     batches: list[Batch]
     quick: bool = False
+    out: Optional[Path] = None  # where steps that keep resumable logs (ablation) put them
     stats: Optional[QKVStats] = None
 
     @property
@@ -229,9 +230,9 @@ def summarise_ablation(results: pd.DataFrame, model_name: str) -> Section:
                    figures=figs, shown=[n for n in (f"ablation_top_{first.method}_{first.estimate}",) if n in figs])
 
 
-def ablation_step(ctx: Context, out: Optional[Path] = None) -> list[Section]:
+def ablation_step(ctx: Context) -> list[Section]:
     results = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="zero",
-                          out=None if out is None else out / "ablation")
+                          out=None if ctx.out is None else ctx.out / "ablation")
     return [summarise_ablation(results, ctx.name)]
 
 
@@ -242,21 +243,22 @@ STEPS: dict[str, Step] = {
 }
 
 
-def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False) -> Context:
+def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False,
+                 out: Optional[Path] = None) -> Context:
     """The shared context for ``model`` on a built-in dataset (its modality's default when None)."""
     dataset = dataset or ("photos" if model.interp.modality == "vision" else "python-docs")
-    return Context(model, dataset, builtin_batches(model, dataset, batch_size=4, n=8 if quick else None), quick)
+    return Context(model, dataset, builtin_batches(model, dataset, batch_size=4, n=8 if quick else None), quick,
+                   out)
 
 
-def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print,
-              out: Optional[Path] = None) -> list[Section]:
+def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print) -> list[Section]:
     """Run ``steps`` (default all, in order) and return every section they made."""
     names = list(STEPS) if steps is None else steps
     sections: list[Section] = []
     for i, name in enumerate(names, 1):
         log(f"[{i}/{len(names)}] {name}")
         t0 = time.time()
-        made = ablation_step(ctx, out) if name == "ablation" else STEPS[name](ctx)
+        made = STEPS[name](ctx)
         for section in made:
             section.seconds = round(time.time() - t0, 1)
         sections += made

@@ -13,8 +13,8 @@ from interp.report import write_report
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline")
-    ctx = make_context(interp.load_model("digits-vit", device="cpu"), "digits", quick=True)
-    sections = run_steps(ctx, out=out, log=lambda _: None)
+    ctx = make_context(interp.load_model("digits-vit", device="cpu"), "digits", quick=True, out=out)
+    sections = run_steps(ctx, log=lambda _: None)
     report = write_report(sections, dict(model="digits-vit", dataset="digits"), out)
     return out, sections, report
 
