@@ -14,8 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from interp.io import OutputError, atomic_path, write_table
-from interp.models.zoo import sha256_file
+from interp.io import OutputError, atomic_path, sha256_file, write_table
 from interp.pipeline import Section
 from interp.plots import save_figure
 

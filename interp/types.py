@@ -1,17 +1,6 @@
 """Names for the choices the API takes, and the tensor shapes that cross functions.
 
-Shape glossary (TransformerLens' axis names, used in the jaxtyping annotations)::
-
-    batch        sequences or images in a batch
-    pos          token positions (LMs) or prefix tokens + patches (ViTs)
-    query_pos    positions that attend (rows of a pattern)
-    key_pos      positions attended to (columns of a pattern)
-    head_index   attention heads of a kind (kv heads for k and v under grouped-query attention)
-    d_head       dimension of one head's q/k/v vector
-    d_model      width of the residual stream
-
-``hook_q|hook_k|hook_v`` are ``[batch pos head_index d_head]``;
-``hook_attn_scores|hook_pattern`` are ``[batch head_index query_pos key_pos]``.
+The shape glossary (TransformerLens' axis names) opens the package docstring, ``interp.__doc__``.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def test_ablation_section_refuses_nothing_and_names_its_metric(written):
 
 
 def test_manifest_is_written_last_and_lists_every_file(written):
-    from interp.models.zoo import sha256_file
+    from interp.io import sha256_file
 
     out, sections, report = written
     manifest = json.loads((out / "manifest.json").read_text())

@@ -20,7 +20,8 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from interp.errors import MissingWeightsError
-from interp.models.zoo import CACHE_VERSION, ZOO, cache_dir, sha256_file
+from interp.io import sha256_file
+from interp.models.zoo import CACHE_VERSION, ZOO, cache_dir
 
 
 def _verified(wheel: Path, sha256: str) -> Path:

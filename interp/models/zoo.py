@@ -7,7 +7,6 @@ or ship inside this package (``interp/models/shipped/``: our own small ViTs).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Optional
 import pandas as pd
 
 from interp.errors import MissingWeightsError
+from interp.io import sha256_file
 
 CACHE_VERSION = 3  # 3: interp_cache.json records the sha256 of every converted weight file
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
@@ -101,14 +101,6 @@ ZOO: dict[str, ZooEntry] = {
                  sha256="e782191a2fa7d38cf62af01a2a777198acdec2ce66998eb7130780500c0fbd0c"),
     ]
 }
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def list_models() -> pd.DataFrame:

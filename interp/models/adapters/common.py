@@ -7,6 +7,7 @@ from typing import Any, Optional
 import torch
 from transformer_lens.model_bridge.generalized_components import (
     AttentionBridge,
+    BlockBridge,
     LinearBridge,
     MLPBridge,
     NormalizationBridge,
@@ -63,3 +64,15 @@ def prefix(hf_model: Any, attr: str) -> str:
 
 
 MLP_HOOK_ALIASES = {"hook_mlp_out": "mlp.out.hook_out", "hook_mlp_in": "mlp.in.hook_in"}
+
+
+def vit_mapping(cfg: Any, prefix: str, layers: str, ln1: str, ln2: str) -> dict[str, Any]:
+    """Patch embeddings and pre-LN blocks (``ln1``, attention, ``ln2``, MLP) of an HF ViT-like encoder."""
+    return {
+        "embed": PatchEmbeddingsBridge(name=f"{prefix}embeddings"),
+        "blocks": BlockBridge(
+            name=f"{prefix}{layers}",
+            hook_alias_overrides=dict(MLP_HOOK_ALIASES),
+            submodules={"ln1": norm(ln1, cfg), "ln2": norm(ln2, cfg), "attn": attention(cfg), "mlp": mlp(cfg)},
+        ),
+    }

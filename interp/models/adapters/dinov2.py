@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer_lens.model_bridge.generalized_components import BlockBridge
 from transformer_lens.model_bridge.generalized_components.vision_classifier_head import (
     VisionClassifierHeadBridge,
 )
 from transformer_lens.model_bridge.supported_architectures.vit import ViTArchitectureAdapter
 
-from interp.models.adapters.common import MLP_HOOK_ALIASES, PatchEmbeddingsBridge, attention, mlp, norm
+from interp.models.adapters.common import norm, vit_mapping
 from interp.models.adapters.common import prefix as backbone_prefix
 
 
@@ -23,21 +22,8 @@ class Dinov2ArchitectureAdapter(ViTArchitectureAdapter):
     """
 
     def _build_component_mapping(self, prefix: str, with_classifier: bool) -> dict[str, Any]:
-        p = prefix
-        mapping: dict[str, Any] = {
-            "embed": PatchEmbeddingsBridge(name=f"{p}embeddings"),
-            "blocks": BlockBridge(
-                name=f"{p}encoder.layer",
-                hook_alias_overrides=dict(MLP_HOOK_ALIASES),
-                submodules={
-                    "ln1": norm("norm1", self.cfg),
-                    "ln2": norm("norm2", self.cfg),
-                    "attn": attention(self.cfg),
-                    "mlp": mlp(self.cfg),
-                },
-            ),
-            "ln_final": norm(f"{p}layernorm", self.cfg),
-        }
+        mapping = vit_mapping(self.cfg, prefix, "encoder.layer", "norm1", "norm2")
+        mapping["ln_final"] = norm(f"{prefix}layernorm", self.cfg)
         if with_classifier:
             mapping["unembed"] = VisionClassifierHeadBridge(name="classifier")
         return mapping
