@@ -125,6 +125,10 @@ def origin_step(ctx: Context) -> list[Section]:
 
 
 def scores_step(ctx: Context) -> list[Section]:
+    family = ctx.model.interp.spec
+    if family.score_refusal:  # said in the report, not skipped silently
+        return [Section("key_prior", "Key prior", f"Not computed for {family.label}: {family.score_refusal}.",
+                        dict(refused=family.score_refusal))]
     dec = score_decomposition(ctx.model, ctx.first(2))
     shares = dec.groupby("term").share.mean()
     numbers = dict(mean_share={t: float(v) for t, v in shares.items()})

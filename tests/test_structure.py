@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 LAYERS = [
     ["interp._version", "interp.errors", "interp.types"],
     ["interp.io", "interp.models.builders", "interp.models.adapters.common"],
-    ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.plots"],
+    ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip", "interp.plots"],
     ["interp.models.adapters"],
     ["interp.models.families"],
     ["interp.models.info", "interp.models.zoo"],

@@ -23,7 +23,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.data import Batch, iter_batches, model_inputs
-from interp.errors import InputError
+from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
 from interp.patching import bias_patch_hooks
 from interp.models.bridge import InterpBridge, require_bridge
@@ -60,9 +60,16 @@ def _key_mask(model: InterpBridge, batch: Batch, n_pos: int, device: Any) -> Boo
 ScoreTerm = Float[Tensor, "batch head_index query_pos key_pos"]
 
 
+def _require_bilinear_scores(info: Any) -> None:
+    if info.spec.score_refusal:
+        raise UnsupportedModelError(f"the score decomposition does not apply to {info.name} ({info.spec.label}): "
+                                    f"{info.spec.score_refusal}")
+
+
 def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreTerm]:
     """The four score terms of ``layer`` from a cache holding hook_q/hook_k (and cos/sin under rotary)."""
     info = model.interp
+    _require_bilinear_scores(info)
     w = attention_weights(model, layer)
     q = cache[f"blocks.{layer}.attn.hook_q"]
     k = cache[f"blocks.{layer}.attn.hook_k"]
@@ -102,9 +109,13 @@ def score_decomposition(
 
     Columns: layer, head, term, variance, share (of the summed term variances),
     total_variance (of the real scores), kl_without_key_prior (mean over rows of
-    KL(P || P without the key_prior term), nats), rotary.
+    KL(P || P without the key_prior term), nats), rotary, terms_complete (False where the
+    family adds a content-free score term the four leave out: ALiBi, BEiT's relative
+    position bias). Refused (``UnsupportedModelError``, with the reason) where the score is
+    not bilinear in content + bias: qk-norm, Gemma 2's soft-capping.
     """
     info = require_bridge(model, "score_decomposition").interp
+    _require_bilinear_scores(info)
     names = lambda n: n.endswith(("attn.hook_q", "attn.hook_k", "attn.hook_cos", "attn.hook_sin"))  # noqa: E731
     acc: dict[tuple[int, str], Tensor] = {}
     kl_acc: dict[int, Tensor] = {}
@@ -146,7 +157,7 @@ def score_decomposition(
                     layer=layer, head=h, term=t, variance=float(term_var[i, h]),
                     share=float(term_var[i, h] / denom[h]), total_variance=float(total_var[h]),
                     kl_without_key_prior=float(kl[h]), rotary=info.rotary,
-                    terms_complete=info.family != "beit",  # BEiT adds a relative position bias
+                    terms_complete=not info.spec.extra_score_term,  # ALiBi, BEiT's relative position bias
                 ))
     return pd.DataFrame(out)
 

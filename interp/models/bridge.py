@@ -53,6 +53,10 @@ class InterpBridge(TransformerBridge):
                 "use the model load_model returned, or interp.clone_model"
             )
         family = family_of(hf_model)
+        if family.inferred:
+            warnings.warn(f"{type(hf_model).__name__} is not in interp's family registry; TransformerLens bridges it, "
+                          f"so it loads with inferred facts: {family.inferred}. No bias identity is assumed and "
+                          "score_decomposition refuses it; register a Family to describe it", UserWarning, stacklevel=2)
         hf_model, random_head = _promote(hf_model, family)
         info = model_info(hf_model, family, name or getattr(hf_model.config, "name_or_path", "")
                           or type(hf_model).__name__, random_head)
@@ -64,6 +68,7 @@ class InterpBridge(TransformerBridge):
         super().__init__(hf_model, adapter, tokenizer, driver=TransformersDriver(hf_model, adapter, tokenizer))
         self.interp = info
         self.processor = processor
+        _read_head_layout(self)
         if warn_zero_biases:
             _warn_if_biases_are_zero(self)
 
@@ -106,6 +111,26 @@ def _warn_if_biases_are_zero(model: InterpBridge) -> None:
                       "freshly initialised weights?); bias effects will all be zero", UserWarning, stacklevel=3)
 
 
+def _read_head_layout(model: InterpBridge) -> None:
+    """kv heads from the k projection's own size (configs disagree: Falcon's multi-query, MQA/GQA
+    fields under several names); a q projection that is not n_heads x d_head is refused."""
+    info = model.interp
+    attn = model.blocks[0].attn
+    q_out = _out_features(attn.q.original_component)
+    k_out = _out_features(attn.k.original_component)
+    if q_out != info.n_heads * info.d_head or k_out % info.d_head:
+        raise UnsupportedModelError(
+            f"{info.architecture}: q projection has {q_out} outputs and k {k_out}, which is not "
+            f"{info.n_heads} heads x d_head {info.d_head}; this head layout is not supported"
+        )
+    info.n_kv_heads = k_out // info.d_head
+
+
+def _out_features(module: nn.Module) -> int:
+    weight = module.weight
+    return int(weight.shape[1] if type(module).__name__ == "Conv1D" else weight.shape[0])
+
+
 def require_bridge(model: Any, what: str = "this analysis") -> InterpBridge:
     """``model`` if it is an ``InterpBridge``; else one clear error naming ``interp.load_model``."""
     if isinstance(model, InterpBridge):
@@ -135,11 +160,14 @@ def _promote(hf_model: nn.Module, family: Family) -> tuple[nn.Module, bool]:
 
 
 def _use_eager_attention(hf_model: nn.Module) -> None:
-    """Patterns and scores need the eager kernel (sdpa/flash never materialise them)."""
+    """Patterns and scores need the eager kernel (sdpa/flash never materialise them); the eager
+    mixture-of-experts kernel also runs in float64, which the grouped-matmul one does not."""
     for sub in hf_model.modules():
         sub_cfg = getattr(sub, "config", None)
         if sub_cfg is not None and hasattr(sub_cfg, "_attn_implementation"):
             sub_cfg._attn_implementation = "eager"
+        if sub_cfg is not None and getattr(sub_cfg, "_experts_implementation", None) not in (None, "eager"):
+            sub_cfg._experts_implementation = "eager"
 
 
 def _adapter(hf_model: nn.Module, info: ModelInfo) -> Any:

@@ -85,3 +85,93 @@ def beit(s: TinySize) -> nn.Module:
     return tf.BeitModel(tf.BeitConfig(
         intermediate_size=2 * s.d_model, use_relative_position_bias=True, use_mean_pooling=False,
         layer_scale_init_value=0.5, **_vision(s)), add_pooling_layer=False)
+
+
+def _lm(s: TinySize, **extra) -> dict:
+    return dict(intermediate_size=2 * s.d_model, num_key_value_heads=s.n_kv_heads, **_text(s), **extra)
+
+
+def gptj(s: TinySize) -> nn.Module:
+    return tf.GPTJForCausalLM(tf.GPTJConfig(
+        n_layer=s.n_layers, n_head=s.n_heads, n_embd=s.d_model, n_positions=MAX_POSITIONS, vocab_size=VOCAB,
+        rotary_dim=s.d_head // 2, attn_implementation="eager"))
+
+
+def bloom(s: TinySize) -> nn.Module:
+    return tf.BloomForCausalLM(tf.BloomConfig(
+        hidden_size=s.d_model, n_layer=s.n_layers, n_head=s.n_heads, vocab_size=VOCAB, attn_implementation="eager"))
+
+
+def falcon(s: TinySize) -> nn.Module:
+    """Falcon-7B style: rotary, multi-query (one kv head), no biases."""
+    return tf.FalconForCausalLM(tf.FalconConfig(**_text(s), multi_query=True, alibi=False, bias=False))
+
+
+def falcon_rw(s: TinySize) -> nn.Module:
+    """Falcon-RW style: ALiBi, one kv head per query head, q/k/v/o biases."""
+    return tf.FalconForCausalLM(tf.FalconConfig(**_text(s), multi_query=False, alibi=True, bias=True))
+
+
+def mistral(s: TinySize) -> nn.Module:
+    return tf.MistralForCausalLM(tf.MistralConfig(**_lm(s), sliding_window=None))
+
+
+def mixtral(s: TinySize) -> nn.Module:
+    return tf.MixtralForCausalLM(tf.MixtralConfig(**_lm(s), num_local_experts=2, num_experts_per_tok=1))
+
+
+def phi(s: TinySize) -> nn.Module:
+    return tf.PhiForCausalLM(tf.PhiConfig(**_lm(s), partial_rotary_factor=0.5))
+
+
+def phi3(s: TinySize) -> nn.Module:
+    return tf.Phi3ForCausalLM(tf.Phi3Config(**_lm(s), pad_token_id=0))
+
+
+def gemma(s: TinySize) -> nn.Module:
+    return tf.GemmaForCausalLM(tf.GemmaConfig(**_lm(s), head_dim=s.d_head))
+
+
+def gemma2(s: TinySize) -> nn.Module:
+    return tf.Gemma2ForCausalLM(tf.Gemma2Config(**_lm(s), head_dim=s.d_head, sliding_window=MAX_POSITIONS))
+
+
+def qwen2_moe(s: TinySize) -> nn.Module:
+    return tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
+        **_lm(s), moe_intermediate_size=s.d_model, shared_expert_intermediate_size=s.d_model, num_experts=2,
+        num_experts_per_tok=1))
+
+
+def qwen3(s: TinySize) -> nn.Module:
+    return tf.Qwen3ForCausalLM(tf.Qwen3Config(**_lm(s), head_dim=s.d_head))
+
+
+def olmo(s: TinySize) -> nn.Module:
+    return tf.OlmoForCausalLM(tf.OlmoConfig(**_lm(s), pad_token_id=0))
+
+
+def olmo2(s: TinySize) -> nn.Module:
+    return tf.Olmo2ForCausalLM(tf.Olmo2Config(**_lm(s), pad_token_id=0))
+
+
+def stablelm(s: TinySize) -> nn.Module:
+    """StableLM 2 1.6B style: q/k/v biases, rotary on a quarter of each head."""
+    return tf.StableLmForCausalLM(tf.StableLmConfig(**_lm(s), use_qkv_bias=True, partial_rotary_factor=0.25))
+
+
+def roberta(s: TinySize) -> nn.Module:
+    return tf.RobertaForMaskedLM(tf.RobertaConfig(
+        intermediate_size=2 * s.d_model, **{**_text(s), "max_position_embeddings": MAX_POSITIONS + 2}, pad_token_id=1))
+
+
+def dinov2_registers(s: TinySize) -> nn.Module:
+    return tf.Dinov2WithRegistersModel(tf.Dinov2WithRegistersConfig(
+        mlp_ratio=2, layerscale_value=0.5, qkv_bias=True, num_register_tokens=2, **_vision(s)))
+
+
+def clip_vision(s: TinySize) -> nn.Module:
+    return tf.CLIPVisionModel(tf.CLIPVisionConfig(intermediate_size=2 * s.d_model, **_vision(s)))
+
+
+def siglip_vision(s: TinySize) -> nn.Module:
+    return tf.SiglipVisionModel(tf.SiglipVisionConfig(intermediate_size=2 * s.d_model, **_vision(s)))

@@ -22,30 +22,42 @@ from torch import nn
 
 from interp.errors import RegistryError
 import interp.models.builders as builders
-from interp.models.adapters import BeitArchitectureAdapter, Dinov2ArchitectureAdapter
+from interp.models.adapters import (
+    BeitArchitectureAdapter,
+    ClipVisionArchitectureAdapter,
+    Dinov2ArchitectureAdapter,
+    Dinov2RegistersArchitectureAdapter,
+    SiglipVisionArchitectureAdapter,
+)
 from interp.types import Attention, Modality, Positions
 
 
 @dataclass(frozen=True)
 class Family:
-    """What the library knows about one architecture family."""
+    """What the library knows about one architecture family (or one variant of it)."""
 
     name: str
     label: str  # for people: "GPT-NeoX / Pythia"
-    model_types: tuple[str, ...]  # HF config.model_type values it covers
+    model_types: tuple[str, ...]  # HF config.model_type values it covers ("timm:Eva" for timm classes)
     hf_classes: tuple[str, ...]  # HF classes the bridge wraps
     modality: Modality
     attention: Attention
     positions: Positions
     bias: str  # the attention biases the architecture has, for people ("q, v, o (no k bias)")
-    default_biases: str  # the same as kinds, e.g. "qvo": what a default config of the family builds
+    default_biases: str  # the same as kinds, e.g. "qvo": what the family's tiny model (and usual checkpoint) builds
     tiny: Callable[[builders.TinySize], nn.Module]
     default_metric: str  # the ablation metric when none is asked for
-    qk_norm: bool = False
+    qk_norm: bool = False  # q and k are normalised after the projection (the bias enters before the norm)
     softmax_float32: bool = False  # HF's eager attention softmaxes in float32 even for a float64 model
     prefix_tokens: int = 0  # CLS (+ distillation) tokens before the patch grid
+    register_tokens_field: str = ""  # config field whose count of register tokens adds to prefix_tokens
     adapter: Optional[type] = None  # our TransformerLens adapter; None: TransformerLens' own
     promote: dict[str, str] = field(default_factory=dict)  # bare class -> head class TL wraps
+    extra_score_term: str = ""  # a content-free additive score term the four terms leave out ("ALiBi")
+    score_refusal: str = ""  # why score_decomposition refuses the family (the four terms do not make the score)
+    variant_of: str = ""  # a variant shares its base's model_types and is told apart by ``matches``
+    matches: Optional[Callable[[Any], bool]] = None  # config -> whether this variant describes it
+    inferred: str = ""  # not registered: what was inferred, and from what
     note: str = ""
 
     @property
@@ -54,8 +66,20 @@ class Family:
 
     @property
     def k_bias_inert(self) -> bool:
-        """Whether b_k provably cannot change the attention pattern (softmax cancels it)."""
-        return self.positions != "rotary"
+        """Whether b_k provably cannot change the attention pattern (softmax cancels it).
+
+        True under learned, ALiBi, relative and no positions, whose extra score terms do not
+        involve the key's content; false under rotary (b_k rotates with the key) and
+        qk-norm (the bias is normalised with the key); never claimed for an inferred family.
+        """
+        return self.positions != "rotary" and not self.qk_norm and not self.inferred
+
+    @property
+    def score_status(self) -> str:
+        """What ``score_decomposition`` gives: "exact", "exact + <term> left out" or "refused: <reason>"."""
+        if self.score_refusal:
+            return f"refused: {self.score_refusal}"
+        return f"four terms exact; {self.extra_score_term} left out" if self.extra_score_term else "exact"
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -65,12 +89,17 @@ _REGISTRY: dict[str, Family] = {}
 
 
 def register_family(family: Family) -> Family:
-    """Add ``family`` to the registry; a second family with its name or model_type fails."""
+    """Add ``family`` to the registry; a second family with its name or model_type fails.
+
+    A variant (``variant_of`` its base, with ``matches``) may share its base's model_types.
+    """
     if family.name in _REGISTRY:
         raise RegistryError(f"model family {family.name!r} is already registered")
+    if family.variant_of and (family.variant_of not in _REGISTRY or family.matches is None):
+        raise RegistryError(f"variant {family.name!r} needs a registered base {family.variant_of!r} and `matches`")
     for other in _REGISTRY.values():
         clash = set(other.model_types) & set(family.model_types)
-        if clash:
+        if clash and not (family.variant_of and family.variant_of in (other.name, other.variant_of)):
             raise RegistryError(
                 f"model_type {sorted(clash)} of family {family.name!r} is already covered by {other.name!r}"
             )
@@ -84,12 +113,13 @@ def get_family(name: str) -> Family:
     return _REGISTRY[name]
 
 
-def family_for_model_type(model_type: Optional[str]) -> Optional[Family]:
-    """The family covering an HF ``config.model_type``, or None."""
-    for family in _REGISTRY.values():
-        if model_type in family.model_types:
+def family_for_model_type(model_type: Optional[str], config: Any = None) -> Optional[Family]:
+    """The family covering an HF ``config.model_type`` (the variant ``config`` matches), or None."""
+    covering = [f for f in _REGISTRY.values() if model_type in f.model_types]
+    for family in covering:
+        if family.matches is not None and config is not None and family.matches(config):
             return family
-    return None
+    return next((f for f in covering if not f.variant_of), None)
 
 
 def list_families(**filters: Any) -> list[Family]:
@@ -98,7 +128,7 @@ def list_families(**filters: Any) -> list[Family]:
     ``list_families(modality="vision")``, ``list_families(positions="rotary")``,
     ``list_families(k_bias_inert=True)``.
     """
-    known = {f.name for f in fields(Family)} | {"rotary", "k_bias_inert"}
+    known = {f.name for f in fields(Family)} | {"rotary", "k_bias_inert", "score_status"}
     unknown = set(filters) - known
     if unknown:
         raise RegistryError(f"cannot filter families by {sorted(unknown)}; fields: {sorted(known)}")
@@ -111,26 +141,68 @@ def adapters() -> dict[str, type]:
 
 
 _TEXT_CAUSAL = dict(modality="text", attention="causal", default_metric="next_token_ce")
+_ENCODER = dict(modality="text", attention="bidirectional", default_metric="embedding_cosine")
 _VISION = dict(modality="vision", attention="bidirectional", default_metric="feature_cosine")
 _ALL = dict(default_biases="qkvo", bias="q, k, v, o")
+_QKV = dict(default_biases="qkv", bias="q, k, v (no o)")
+_NONE = dict(default_biases="", bias="none")
+_QK_NORM = "qk-norm: q and k are normalised after the bias is added, so the score is not bilinear in content + bias"
+_ALIBI = "the ALiBi term"
 
-register_family(Family("gpt2", "GPT-2", ("gpt2",), ("GPT2LMHeadModel",), positions="learned",
-                       tiny=builders.gpt2, **_ALL, **_TEXT_CAUSAL))
-register_family(Family("neox", "GPT-NeoX / Pythia", ("gpt_neox",), ("GPTNeoXForCausalLM",), positions="rotary",
-                       softmax_float32=True, tiny=builders.neox, **_ALL, **_TEXT_CAUSAL))
-register_family(Family("opt", "OPT", ("opt",), ("OPTForCausalLM",), positions="learned",
-                       softmax_float32=True, tiny=builders.opt, **_ALL, **_TEXT_CAUSAL))
-register_family(Family("qwen2", "Qwen2", ("qwen2",), ("Qwen2ForCausalLM",), positions="rotary",
-                       default_biases="qkv", bias="q, k, v (no o); GQA", softmax_float32=True,
-                       tiny=builders.qwen2, **_TEXT_CAUSAL))
-register_family(Family("llama", "LLaMA / SmolLM2", ("llama",), ("LlamaForCausalLM",), positions="rotary",
-                       default_biases="", bias="none (unless `attention_bias`)", softmax_float32=True,
-                       tiny=builders.llama, **_TEXT_CAUSAL))
+
+def _lm(name: str, label: str, model_type: str, cls: str, positions: str, biases: dict, **extra: Any) -> Family:
+    """A causal LM family; most HF LMs softmax in float32 whatever the model's dtype (say so where not)."""
+    return register_family(Family(name, label, (model_type,), (cls,), positions=positions,
+                                  tiny=getattr(builders, name.replace("-", "_")), **biases,
+                                  **{**_TEXT_CAUSAL, "softmax_float32": True, **extra}))
+
+
+_lm("gpt2", "GPT-2", "gpt2", "GPT2LMHeadModel", "learned", _ALL, softmax_float32=False)
+_lm("neox", "GPT-NeoX / Pythia", "gpt_neox", "GPTNeoXForCausalLM", "rotary", _ALL)
+_lm("opt", "OPT", "opt", "OPTForCausalLM", "learned", _ALL)
+_lm("qwen2", "Qwen2 / Qwen2.5", "qwen2", "Qwen2ForCausalLM", "rotary",
+    dict(default_biases="qkv", bias="q, k, v (no o); GQA"))
+_lm("llama", "LLaMA / SmolLM2", "llama", "LlamaForCausalLM", "rotary",
+    dict(default_biases="", bias="none (unless `attention_bias`)"))
+_lm("gptj", "GPT-J", "gptj", "GPTJForCausalLM", "rotary", _NONE,
+    score_refusal="GPT-J rotates interleaved pairs of a partial head inside HF's attention and exposes no "
+                  "cos/sin hooks", note="rotary on `rotary_dim` of each head, interleaved")
+_lm("bloom", "BLOOM", "bloom", "BloomForCausalLM", "alibi", _ALL, extra_score_term=_ALIBI,
+    note="fused query_key_value, split per head")
+_lm("falcon", "Falcon (7B/40B style)", "falcon", "FalconForCausalLM", "rotary",
+    dict(default_biases="", bias="none (unless `bias`)"), softmax_float32=False,
+    note="multi-query: one kv head")
 register_family(Family(
-    "bert", "BERT / MiniLM", ("bert",), ("BertForMaskedLM", "BertModel"), modality="text",
-    attention="bidirectional", positions="learned", tiny=builders.bert, default_metric="embedding_cosine",
-    promote={"BertModel": "BertForMaskedLM"}, **_ALL,
+    "falcon-rw", "Falcon-RW (ALiBi)", ("falcon",), ("FalconForCausalLM",), positions="alibi", tiny=builders.falcon_rw,
+    extra_score_term=_ALIBI, variant_of="falcon", matches=lambda cfg: bool(getattr(cfg, "alibi", False)),
+    softmax_float32=True,  # TransformerLens' ALiBi kernel upcasts
+    note="a Falcon config with `alibi=True`", **_ALL, **_TEXT_CAUSAL))
+_lm("mistral", "Mistral", "mistral", "MistralForCausalLM", "rotary", _NONE, note="GQA")
+_lm("mixtral", "Mixtral (MoE)", "mixtral", "MixtralForCausalLM", "rotary", _NONE, note="GQA; mixture-of-experts MLP")
+_lm("phi", "Phi-1/1.5/2", "phi", "PhiForCausalLM", "rotary", _ALL, note="partial rotary")
+_lm("phi3", "Phi-3", "phi3", "Phi3ForCausalLM", "rotary", _NONE, note="fused qkv_proj, split per head")
+_lm("gemma", "Gemma", "gemma", "GemmaForCausalLM", "rotary", _NONE)
+_lm("gemma2", "Gemma 2", "gemma2", "Gemma2ForCausalLM", "rotary", _NONE,
+    score_refusal="Gemma 2 soft-caps the score with tanh and scales by `query_pre_attn_scalar`",
+    note="attention-logit soft-capping")
+_lm("qwen2-moe", "Qwen2-MoE", "qwen2_moe", "Qwen2MoeForCausalLM", "rotary", _QKV, note="GQA; mixture-of-experts MLP")
+_lm("qwen3", "Qwen3", "qwen3", "Qwen3ForCausalLM", "rotary",
+    dict(default_biases="", bias="none (unless `attention_bias`)"),
+    qk_norm=True, score_refusal=_QK_NORM, note="per-head RMS qk-norm")
+_lm("olmo", "OLMo", "olmo", "OlmoForCausalLM", "rotary", _NONE, note="non-parametric layer norm")
+_lm("olmo2", "OLMo 2", "olmo2", "Olmo2ForCausalLM", "rotary", _NONE, qk_norm=True, score_refusal=_QK_NORM,
+    note="RMS qk-norm over all heads")
+_lm("stablelm", "StableLM 2", "stablelm", "StableLmForCausalLM", "rotary", _QKV,
+    note="`use_qkv_bias` (on in StableLM 2 1.6B); rotary on a quarter of each head")
+register_family(Family(
+    "bert", "BERT / MiniLM", ("bert",), ("BertForMaskedLM", "BertModel"), positions="learned", tiny=builders.bert,
+    promote={"BertModel": "BertForMaskedLM"}, **_ALL, **_ENCODER,
     note="a bare `BertModel` is wrapped in `BertForMaskedLM` with a random head: read hidden states",
+))
+register_family(Family(
+    "roberta", "RoBERTa", ("roberta",), ("RobertaForMaskedLM", "RobertaModel"), positions="learned",
+    tiny=builders.roberta, promote={"RobertaModel": "RobertaForMaskedLM"}, **_ALL, **_ENCODER,
+    note="positions offset by the padding index",
 ))
 register_family(Family("vit", "ViT", ("vit",), ("ViTModel", "ViTForImageClassification"), positions="learned",
                        prefix_tokens=1, softmax_float32=True, tiny=builders.vit, **_ALL, **_VISION))
@@ -140,10 +212,25 @@ register_family(Family("deit", "DeiT", ("deit",), ("DeiTModel", "DeiTForImageCla
 register_family(Family("dinov2", "DINOv2", ("dinov2",), ("Dinov2Model", "Dinov2ForImageClassification"),
                        positions="learned", prefix_tokens=1, tiny=builders.dinov2, adapter=Dinov2ArchitectureAdapter,
                        note="layer-scale", **_ALL, **_VISION))
+register_family(Family(
+    "dinov2-registers", "DINOv2 with registers", ("dinov2_with_registers",),
+    ("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"), positions="learned", prefix_tokens=1,
+    register_tokens_field="num_register_tokens", tiny=builders.dinov2_registers,
+    adapter=Dinov2RegistersArchitectureAdapter, note="CLS + register tokens; layer-scale", **_ALL, **_VISION))
 register_family(Family("beit", "BEiT", ("beit",), ("BeitModel", "BeitForImageClassification"),
                        positions="relative", default_biases="qvo", bias="q, v, o (no k bias)", prefix_tokens=1,
                        softmax_float32=True, tiny=builders.beit, adapter=BeitArchitectureAdapter,
-                       note="relative position bias, layer-scale", **_VISION))
+                       extra_score_term="the relative position bias", note="relative position bias, layer-scale",
+                       **_VISION))
+register_family(Family(
+    "clip-vision", "CLIP vision tower", ("clip_vision_model",), ("CLIPVisionModel",), positions="learned",
+    prefix_tokens=1, softmax_float32=True, tiny=builders.clip_vision, adapter=ClipVisionArchitectureAdapter,
+    note="pre-LN before block 0",
+    **_ALL, **_VISION))
+register_family(Family(
+    "siglip-vision", "SigLIP vision tower", ("siglip_vision_model",), ("SiglipVisionModel",), positions="learned",
+    prefix_tokens=0, softmax_float32=True, tiny=builders.siglip_vision, adapter=SiglipVisionArchitectureAdapter,
+    note="no CLS token: every position is a patch", **_ALL, **_VISION))
 
 
 # ----- the README's family table, generated ----------------------------------------------
@@ -154,12 +241,14 @@ README_END = "<!-- families:end -->"
 
 def families_markdown() -> str:
     """The README's table of supported families, from the registry."""
-    lines = ["| family | HF classes | QKV bias (present) | positions | attention | adapter | notes |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| family | classes | QKV bias (present) | positions | b_k inert by identity | score decomposition "
+             "| adapter | notes |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for f in _REGISTRY.values():
         classes = ", ".join(f"`{c}`" for c in f.hf_classes)
         adapter = f"ours (`{f.adapter.__module__}`)" if f.adapter else "TransformerLens"
-        lines.append(f"| {f.label} | {classes} | {f.bias} | {f.positions} | {f.attention} | {adapter} | {f.note} |")
+        inert = "yes" if f.k_bias_inert else "no (" + ("qk-norm" if f.qk_norm else f.positions) + ")"
+        lines.append(f"| {f.label} | {classes} | {f.bias} | {f.positions} | {inert} | {f.score_status} "
+                     f"| {adapter} | {f.note} |")
     return "\n".join(lines)
 
 

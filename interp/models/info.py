@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from torch import nn
+from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
 
-from interp.errors import UnsupportedModelError
+from interp.errors import RegistryError, UnsupportedModelError
 from interp.models.families import Family, family_for_model_type, get_family, list_families
 from interp.types import Attention, Modality, Positions
 
@@ -35,11 +37,12 @@ class ModelInfo:
     vocab_size: Optional[int] = None
     random_head: bool = False  # True when the task head was freshly initialised by us
     notes: list[str] = field(default_factory=list)
+    inferred_family: Optional[Family] = None  # an architecture outside the registry: what was inferred
 
     @property
     def spec(self) -> Family:
-        """The registry entry of this model's family."""
-        return get_family(self.family)
+        """The registry entry of this model's family (or the family inferred for an unregistered one)."""
+        return self.inferred_family or get_family(self.family)
 
     @property
     def rotary(self) -> bool:
@@ -54,20 +57,81 @@ class ModelInfo:
         return self.n_kv_heads if kind in ("k", "v") else self.n_heads
 
 
-def require_family(model_type: Optional[str], architecture: str) -> Family:
-    """The registered family of an HF ``model_type``, or ``UnsupportedModelError`` naming the supported ones."""
-    family = family_for_model_type(model_type)
-    if family is None:
-        supported = ", ".join(sorted(t for f in list_families() for t in f.model_types))
-        raise UnsupportedModelError(
-            f"unsupported architecture {architecture} (model_type={model_type!r}); supported families: {supported}"
-        )
-    return family
+def require_family(model_type: Optional[str], architecture: str, config: Any = None) -> Family:
+    """The registered family of an HF ``model_type``, or ``UnsupportedModelError`` naming the nearest ones.
+
+    An architecture TransformerLens bridges but the registry does not describe passes here
+    (``family_of`` infers its facts once the model is built).
+    """
+    family = family_for_model_type(model_type, config)
+    if family is not None:
+        return family
+    if architecture in SUPPORTED_ARCHITECTURES:
+        return _UNDESCRIBED
+    known = {t: f.label for f in list_families() for t in (*f.model_types, f.name)}
+    near = difflib.get_close_matches(str(model_type).lower(), list(known), n=3, cutoff=0.4)
+    near += [a for a in difflib.get_close_matches(architecture, list(SUPPORTED_ARCHITECTURES), n=3, cutoff=0.6)]
+    raise UnsupportedModelError(
+        f"unsupported architecture {architecture} (model_type={model_type!r}): neither interp's family registry nor "
+        f"TransformerLens' bridge describes it. Nearest supported: {', '.join(dict.fromkeys(near)) or 'none close'}; "
+        "`interp families` lists all"
+    )
 
 
 def family_of(hf_model: nn.Module) -> Family:
-    """The registered family of an in-memory HF model (see ``require_family``)."""
-    return require_family(getattr(getattr(hf_model, "config", None), "model_type", None), type(hf_model).__name__)
+    """The family of an in-memory HF model: registered, or inferred for one TransformerLens bridges."""
+    config = getattr(hf_model, "config", None)
+    family = require_family(getattr(config, "model_type", None), type(hf_model).__name__, config)
+    return infer_family(hf_model) if family is _UNDESCRIBED else family
+
+
+def _no_tiny(size: Any) -> nn.Module:
+    raise RegistryError("an inferred family has no tiny builder: register a Family to get one")
+
+
+_UNDESCRIBED = Family("undescribed", "undescribed", (), (), modality="text", attention="causal", positions="none",
+                      bias="", default_biases="", tiny=_no_tiny, default_metric="", inferred="undescribed")
+_ROTARY_FIELDS = ("rope_theta", "rotary_dim", "rotary_pct", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+                  "rotary_emb_base")
+
+
+def _infer_positions(hf_model: nn.Module, cfg: Any) -> tuple[str, str]:
+    """(position scheme, what it was read from) for an architecture the registry does not describe."""
+    attn_config = getattr(cfg, "attn_config", None)
+    if getattr(cfg, "alibi", False) or getattr(attn_config, "alibi", False) or (
+            isinstance(attn_config, dict) and attn_config.get("alibi")):
+        return "alibi", "the config's `alibi`"
+    rotary = [f for f in _ROTARY_FIELDS if getattr(cfg, f, None) is not None]
+    rotary += [n for n, _ in hf_model.named_modules() if "rotary" in n.lower()][:1]
+    if rotary:
+        return "rotary", f"`{rotary[0]}`"
+    learned = [n for n, m in hf_model.named_modules() if isinstance(m, nn.Embedding)
+               and n.rsplit(".", 1)[-1] in ("wpe", "embed_positions", "position_embeddings")]
+    if learned:
+        return "learned", f"the embedding `{learned[0]}`"
+    return "none", "no position embedding, rotary or ALiBi field found"
+
+
+def infer_family(hf_model: nn.Module) -> Family:
+    """Facts for an architecture TransformerLens bridges but the registry does not describe, read
+    from its config and module names. No identity is claimed for it (``k_bias_inert`` is False)
+    and the score decomposition refuses it: its scale and extra score terms are not known."""
+    cfg, arch = hf_model.config, type(hf_model).__name__
+    positions, source = _infer_positions(hf_model, cfg)
+    causal = arch.endswith("ForCausalLM")
+    qk_norm = any(n.rsplit(".", 1)[-1] in ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
+                  for n, _ in hf_model.named_modules())
+    what = (f"positions={positions} (from {source}), attention={'causal' if causal else 'bidirectional'} "
+            f"(from the class name), qk-norm={'yes' if qk_norm else 'no'} (from module names); "
+            "bias presence is read from the modules")
+    return Family(
+        f"inferred:{cfg.model_type}", f"{arch} (inferred)", (cfg.model_type,), (arch,), modality="text",
+        attention="causal" if causal else "bidirectional", positions=positions, bias="read from the modules",
+        default_biases="", tiny=_no_tiny, default_metric="next_token_ce" if causal else "embedding_cosine",
+        qk_norm=qk_norm, inferred=what,
+        score_refusal="the registry does not describe this architecture, so its score scale and extra score "
+                      "terms (ALiBi, soft-capping, norms) are not known",
+    )
 
 
 def _first(cfg: Any, *names: str) -> Any:
@@ -92,10 +156,15 @@ def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool
     )
     if family.modality == "vision":
         info.image_size, info.patch_size = int(cfg.image_size), int(cfg.patch_size)
-        info.num_channels, info.n_prefix_tokens = int(cfg.num_channels), family.prefix_tokens
+        info.num_channels = int(cfg.num_channels)
+        registers = int(getattr(cfg, family.register_tokens_field, 0) or 0) if family.register_tokens_field else 0
+        info.n_prefix_tokens = family.prefix_tokens + registers
     else:
         info.max_positions = _first(cfg, "max_position_embeddings", "n_positions")
         info.vocab_size = _first(cfg, "vocab_size")
     if random_head:
         info.notes.append("task head freshly initialised: read hidden states, not logits")
+    if family.inferred:
+        info.inferred_family = family
+        info.notes.append(f"family inferred: {family.inferred}")
     return info

@@ -20,46 +20,34 @@ def hf_reference(hf, x):
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def hf_qkv(family, attn, x, n_heads, n_kv):
-    """Ground truth straight from the HF attention module: q, k, v [b, p, h, d] and biases."""
-    if family == "gpt2":
-        qkv = attn.c_attn(x)
-        q, k, v = qkv.split(qkv.shape[-1] // 3, dim=-1)
-        b = attn.c_attn.bias.split(qkv.shape[-1] // 3)
-        biases = dict(zip("qkv", b))
-    elif family == "neox":
-        qkv = rearrange(attn.query_key_value(x), "b p (h three d) -> three b p (h d)", three=3, h=n_heads)
-        q, k, v = qkv
-        bias = rearrange(attn.query_key_value.bias, "(h three d) -> three (h d)", three=3, h=n_heads)
-        biases = dict(zip("qkv", bias))
-    elif family == "bert":
-        s = attn.self
-        q, k, v = s.query(x), s.key(x), s.value(x)
-        biases = dict(q=s.query.bias, k=s.key.bias, v=s.value.bias)
-    else:
-        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-        biases = {kind: getattr(attn, f"{kind}_proj").bias for kind in "qkv"}
+# HF attention classes whose fused projection interleaves q, k, v per head: "(h three d)"
+INTERLEAVED = {"GPTNeoXAttention", "BloomAttention", "FalconAttention"}
+
+
+def hf_qkv(attn, x, n_heads, n_kv):
+    """Ground truth from the HF attention module's own weights: q, k, v [b, p, h, d] and biases."""
+    inner = getattr(attn, "self", attn)  # BERT and RoBERTa keep q, k, v one level down
+    names = next((n for n in (("q_proj", "k_proj", "v_proj"), ("query", "key", "value")) if hasattr(inner, n[0])), None)
     heads = dict(q=n_heads, k=n_kv, v=n_kv)
-    acts = {kind: rearrange(t, "b p (h d) -> b p h d", h=heads[kind]) for kind, t in zip("qkv", (q, k, v))}
+    if names is not None:
+        lins = dict(zip("qkv", (getattr(inner, n) for n in names)))
+        outs = {kind: lin(x) for kind, lin in lins.items()}
+        biases = {kind: lin.bias for kind, lin in lins.items()}
+    else:
+        fused = next(getattr(attn, n) for n in ("c_attn", "query_key_value", "qkv_proj") if hasattr(attn, n))
+        y, b = fused(x), fused.bias
+        if type(attn).__name__ in INTERLEAVED and n_kv == n_heads:
+            parts = rearrange(y, "b p (h three d) -> three b p (h d)", three=3, h=n_heads)
+            bias_parts = None if b is None else rearrange(b, "(h three d) -> three (h d)", three=3, h=n_heads)
+        else:  # [q | k | v], k and v with n_kv heads
+            d = y.shape[-1] // (n_heads + 2 * n_kv)
+            sizes = [n_heads * d, n_kv * d, n_kv * d]
+            parts = y.split(sizes, dim=-1)
+            bias_parts = None if b is None else b.split(sizes)
+        outs = dict(zip("qkv", parts))
+        biases = dict(zip("qkv", (None, None, None) if bias_parts is None else bias_parts))
+    acts = {kind: rearrange(t, "b p (h d) -> b p h d", h=heads[kind]) for kind, t in outs.items()}
     return acts, biases
-
-
-def hf_attention_modules(hf, family):
-    base = getattr(hf, {"gpt2": "transformer", "neox": "gpt_neox", "opt": "model", "qwen2": "model",
-                        "llama": "model", "bert": "bert"}.get(family, ""), hf) if family not in VISION else hf
-    if family == "gpt2":
-        return [blk.attn for blk in base.h]
-    if family == "neox":
-        return [blk.attention for blk in base.layers]
-    if family == "opt":
-        return [blk.self_attn for blk in base.decoder.layers]
-    if family in ("qwen2", "llama"):
-        return [blk.self_attn for blk in base.layers]
-    if family == "bert":
-        return [blk.attention for blk in base.encoder.layer]
-    if family == "dinov2":
-        return [blk.attention for blk in base.encoder.layer]
-    return [blk.attention for blk in base.layers]
 
 
 @pytest.fixture(scope="module", params=TINY_FAMILIES)
@@ -85,12 +73,13 @@ def test_hooks_and_biases_equal_hf_projections(loaded):
     info = model.interp
     with torch.no_grad():
         _, cache = model.run_with_cache(x)
-    attns = hf_attention_modules(hf, family)
-    assert len(attns) == info.n_layers
-    for layer, attn in enumerate(attns):
+    hf_modules = set(hf.modules())
+    for layer in range(info.n_layers):
+        attn = model.blocks[layer].attn.original_component  # HF's own attention module, unwrapped
+        assert attn in hf_modules
         xin = cache[f"blocks.{layer}.attn.q.hook_in"]
         with torch.no_grad():
-            acts, biases = hf_qkv(family, attn, xin, info.n_heads, info.n_kv_heads)
+            acts, biases = hf_qkv(attn, xin, info.n_heads, info.n_kv_heads)
         weights = interp.attention_weights(model, layer)
         for kind in "qkv":
             hooked = cache[f"blocks.{layer}.attn.hook_{kind}"]
@@ -182,10 +171,38 @@ def test_unknown_source():
         interp.load_model(42)
 
 
-def test_unsupported_architecture():
-    hf = tf.GPTJForCausalLM(tf.GPTJConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=50, rotary_dim=4))
-    with pytest.raises(UnsupportedModelError, match="unsupported architecture GPTJForCausalLM"):
+def test_unsupported_architecture_names_the_nearest_families():
+    hf = tf.ElectraForMaskedLM(tf.ElectraConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                intermediate_size=32, embedding_size=16, vocab_size=50))
+    with pytest.raises(UnsupportedModelError, match=r"unsupported architecture ElectraForMaskedLM.*Nearest supported: .*"
+                                                    r"BertForMaskedLM"):
         interp.load_model(hf)
+
+
+def test_a_bridged_but_undescribed_family_loads_with_one_warning_naming_what_was_inferred():
+    """GPT-Neo: TransformerLens bridges it, the registry does not describe it."""
+    import warnings
+
+    hf = tf.GPTNeoForCausalLM(tf.GPTNeoConfig(
+        hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], vocab_size=97,
+        max_position_embeddings=64, attn_implementation="eager")).eval()
+    ids = tiny_inputs("gpt2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = interp.load_model(hf, device="cpu")
+    said = [str(w.message) for w in caught if "not in interp's family registry" in str(w.message)]
+    assert len(said) == 1 and "positions=learned (from the embedding `transformer.wpe`)" in said[0]
+    info = model.interp
+    assert info.family == "inferred:gpt_neo" and not info.spec.k_bias_inert and info.positions == "learned"
+    assert any("family inferred" in n for n in info.notes)
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max() <= 1e-5
+    spec = interp.bias_spec(model)
+    assert not spec[spec.kind.isin(["q", "k", "v"])].present.any() and spec[spec.kind == "o"].present.all()
+    with pytest.raises(UnsupportedModelError, match="does not describe this architecture"):
+        interp.score_decomposition(model, [ids], progress=False)
+    stats = interp.record_qkv(model, [ids], progress=False)  # what needs no identity still runs
+    assert stats.count(0) == ids.numel()
 
 
 def test_hub_id_offline_fails_fast(monkeypatch):

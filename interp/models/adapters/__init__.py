@@ -8,6 +8,8 @@ registers them with TL's factory when it is built.
 """
 
 from interp.models.adapters.beit import BeitArchitectureAdapter
-from interp.models.adapters.dinov2 import Dinov2ArchitectureAdapter
+from interp.models.adapters.clip import ClipVisionArchitectureAdapter, SiglipVisionArchitectureAdapter
+from interp.models.adapters.dinov2 import Dinov2ArchitectureAdapter, Dinov2RegistersArchitectureAdapter
 
-__all__ = ["BeitArchitectureAdapter", "Dinov2ArchitectureAdapter"]
+__all__ = ["BeitArchitectureAdapter", "ClipVisionArchitectureAdapter", "Dinov2ArchitectureAdapter",
+           "Dinov2RegistersArchitectureAdapter", "SiglipVisionArchitectureAdapter"]

@@ -31,16 +31,20 @@ class PatchEmbeddingsBridge(GeneralizedComponent):
         return super().forward(pixel_values, bool_masked_pos=bool_masked_pos)
 
 
-def attention(cfg: Any) -> AttentionBridge:
-    """HF attention with separate ``q_proj/k_proj/v_proj/o_proj`` linears."""
+class EmbeddingsBridge(GeneralizedComponent):
+    """Embeddings called exactly as HF calls them (CLIP and SigLIP take ``interpolate_pos_encoding``)."""
+
+
+def attention(cfg: Any, name: str = "attention", out: str = "o_proj") -> AttentionBridge:
+    """HF attention with separate ``q_proj/k_proj/v_proj`` linears and the output linear ``out``."""
     return AttentionBridge(
-        name="attention",
+        name=name,
         config=cfg,
         submodules={
             "q": LinearBridge(name="q_proj"),
             "k": LinearBridge(name="k_proj"),
             "v": LinearBridge(name="v_proj"),
-            "o": LinearBridge(name="o_proj"),
+            "o": LinearBridge(name=out),
         },
     )
 
@@ -66,13 +70,15 @@ def prefix(hf_model: Any, attr: str) -> str:
 MLP_HOOK_ALIASES = {"hook_mlp_out": "mlp.out.hook_out", "hook_mlp_in": "mlp.in.hook_in"}
 
 
-def vit_mapping(cfg: Any, prefix: str, layers: str, ln1: str, ln2: str) -> dict[str, Any]:
-    """Patch embeddings and pre-LN blocks (``ln1``, attention, ``ln2``, MLP) of an HF ViT-like encoder."""
+def vit_mapping(cfg: Any, prefix: str, layers: str, ln1: str, ln2: str, *, attn: str = "attention",
+                out: str = "o_proj", embed: type = PatchEmbeddingsBridge) -> dict[str, Any]:
+    """Embeddings and pre-LN blocks (``ln1``, attention ``attn``, ``ln2``, MLP) of an HF ViT-like encoder."""
     return {
-        "embed": PatchEmbeddingsBridge(name=f"{prefix}embeddings"),
+        "embed": embed(name=f"{prefix}embeddings"),
         "blocks": BlockBridge(
             name=f"{prefix}{layers}",
             hook_alias_overrides=dict(MLP_HOOK_ALIASES),
-            submodules={"ln1": norm(ln1, cfg), "ln2": norm(ln2, cfg), "attn": attention(cfg), "mlp": mlp(cfg)},
+            submodules={"ln1": norm(ln1, cfg), "ln2": norm(ln2, cfg), "attn": attention(cfg, attn, out),
+                        "mlp": mlp(cfg)},
         ),
     }

@@ -36,3 +36,12 @@ class Dinov2ArchitectureAdapter(ViTArchitectureAdapter):
         self.component_mapping = self._build_component_mapping(
             backbone_prefix(hf_model, "dinov2"), with_classifier=hasattr(hf_model, "classifier")
         )
+
+
+class Dinov2RegistersArchitectureAdapter(Dinov2ArchitectureAdapter):
+    """DINOv2 with registers: the same blocks; CLS + ``num_register_tokens`` before the patches."""
+
+    def prepare_model(self, hf_model: Any) -> None:
+        self.component_mapping = self._build_component_mapping(
+            backbone_prefix(hf_model, "dinov2_with_registers"), with_classifier=hasattr(hf_model, "classifier")
+        )
