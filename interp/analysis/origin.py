@@ -41,9 +41,10 @@ def _cos(a: Tensor, b: Tensor) -> float:
 def _embedding_directions(model: InterpBridge) -> tuple[Optional[Tensor], Optional[Tensor]]:
     """(CLS token [d_model] or None, learned position embeddings [n_pos, d_model] or None).
 
-    Read from the HF modules' attributes (``cls_token`` / CLIP's ``class_embedding``,
-    ``position_embeddings``, ``position_embedding``, ``wpe``, ``embed_positions``), not from
-    parameter names, which the bridge rewrites.
+    Read from the modules' attributes (``cls_token`` / CLIP's ``class_embedding``;
+    ``position_embeddings``, ``position_embedding``, ``wpe``, ``embed_positions``, timm's
+    ``pos_embed``, open_clip's ``positional_embedding``), not from parameter names, which the
+    bridge rewrites.
     """
     cls, pos = None, None
     for module in model.hf_model.modules():
@@ -51,7 +52,8 @@ def _embedding_directions(model: InterpBridge) -> tuple[Optional[Tensor], Option
             token = getattr(module, attr, None)
             if isinstance(token, nn.Parameter) and cls is None:
                 cls = token.detach().reshape(-1).double()
-        for attr in ("position_embeddings", "position_embedding", "wpe", "embed_positions"):
+        for attr in ("position_embeddings", "position_embedding", "wpe", "embed_positions", "pos_embed",
+                     "positional_embedding"):  # HF, timm, open_clip
             table = getattr(module, attr, None)
             table = getattr(table, "original_component", table)  # the bridge wraps some embeddings
             if isinstance(table, nn.Embedding):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
@@ -44,8 +45,8 @@ class InterpBridge(TransformerBridge):
 
     def __init__(self, hf_model: nn.Module, *, name: Optional[str] = None, tokenizer: Any = None,
                  processor: Any = None, warn_zero_biases: bool = True) -> None:
-        if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
-            raise UnknownSourceError(f"expected a transformers PreTrainedModel, got {type(hf_model).__name__}")
+        if not isinstance(hf_model, nn.Module):
+            raise UnknownSourceError(f"expected a transformers, timm or open_clip model, got {type(hf_model).__name__}")
         wrapped = any(isinstance(m, GeneralizedComponent) for m in hf_model.modules())
         if isinstance(hf_model, TransformerBridge) or wrapped:
             raise InputError(
@@ -53,6 +54,8 @@ class InterpBridge(TransformerBridge):
                 "use the model load_model returned, or interp.clone_model"
             )
         family = family_of(hf_model)
+        if family.describe is not None:  # a timm / open_clip model: an HF config of its sizes, for TL and us
+            hf_model.config = family.describe(hf_model)
         if family.inferred:
             warnings.warn(f"{type(hf_model).__name__} is not in interp's family registry; TransformerLens bridges it, "
                           f"so it loads with inferred facts: {family.inferred}. No bias identity is assumed and "
@@ -65,7 +68,15 @@ class InterpBridge(TransformerBridge):
         adapter = _adapter(hf_model, info)
         adapter.prepare_model(hf_model)
         tokenizer = _configure_tokenizer(tokenizer, adapter.cfg)
-        super().__init__(hf_model, adapter, tokenizer, driver=TransformersDriver(hf_model, adapter, tokenizer))
+        driver_class = TransformersDriver if family.source == "transformers" else PositionalDriver
+        driver = driver_class(hf_model, adapter, tokenizer)
+        super().__init__(hf_model, adapter, tokenizer, driver=driver)
+        if hasattr(adapter, "finalize"):
+            adapter.finalize(hf_model)
+        if family.source != "transformers" and getattr(hf_model, "pos_embed", False) is None:
+            # TL's forward sets a batch size on any `pos_embed` it can reach, and reaches timm's
+            # attribute, None in models without absolute positions (BEiT): give it a slot of its own
+            self.pos_embed = SimpleNamespace()
         self.interp = info
         self.processor = processor
         _read_head_layout(self)
@@ -82,7 +93,9 @@ class InterpBridge(TransformerBridge):
         pixel_values = kwargs.get("pixel_values")
         if info.modality == "vision":
             check_pixel_values(pixel_values if pixel_values is not None else input, info)
-            if pixel_values is None and input is not None:
+            if info.spec.source != "transformers":  # timm / open_clip take the images positionally
+                input = kwargs.pop("pixel_values", input)
+            elif pixel_values is None and input is not None:
                 kwargs["pixel_values"], input = input, None
             return super().forward(input, *args, **kwargs)
         if pixel_values is not None:
@@ -99,6 +112,15 @@ class InterpBridge(TransformerBridge):
         if input is None and "pixel_values" in kwargs:
             input = kwargs.pop("pixel_values")
         return super().run_with_hooks(input, *args, **kwargs)
+
+
+class PositionalDriver(TransformersDriver):
+    """Runs a timm / open_clip model as ``model(images)``: they take no ``pixel_values`` keyword."""
+
+    def forward(self, input_ids: Any = None, **kwargs: Any) -> Any:
+        if "pixel_values" in kwargs:
+            input_ids = kwargs.pop("pixel_values")
+        return super().forward(input_ids, **kwargs)
 
 
 def _warn_if_biases_are_zero(model: InterpBridge) -> None:

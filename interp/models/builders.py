@@ -175,3 +175,57 @@ def clip_vision(s: TinySize) -> nn.Module:
 
 def siglip_vision(s: TinySize) -> nn.Module:
     return tf.SiglipVisionModel(tf.SiglipVisionConfig(intermediate_size=2 * s.d_model, **_vision(s)))
+
+
+# ----- timm and open_clip (imported when built: optional for users who never use them) ----
+
+
+def _timm_size(s: TinySize) -> dict:
+    return dict(img_size=IMAGE, patch_size=PATCH, embed_dim=s.d_model, depth=s.n_layers, num_heads=s.n_heads,
+                mlp_ratio=2.0, num_classes=0)
+
+
+def timm_vit(s: TinySize) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(**_timm_size(s), qkv_bias=True)
+
+
+def timm_vit_nobias(s: TinySize) -> nn.Module:
+    """timm ViT built with ``qkv_bias=False`` (as in some ViT-22B-style recipes): no q, k, v bias at all."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(**_timm_size(s), qkv_bias=False)
+
+
+def timm_vit_registers(s: TinySize) -> nn.Module:
+    """timm ViT without a class token, with 4 register tokens, average-pooled."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(**_timm_size(s), qkv_bias=True, class_token=False, reg_tokens=4, global_pool="avg")
+
+
+def timm_deit(s: TinySize) -> nn.Module:
+    from timm.models.deit import VisionTransformerDistilled
+
+    return VisionTransformerDistilled(**_timm_size(s), qkv_bias=True)
+
+
+def timm_eva(s: TinySize) -> nn.Module:
+    """EVA-02 style: q and v bias (no k bias), 2D rotary on the patches, SwiGLU-free MLP for size."""
+    from timm.models.eva import Eva
+
+    return Eva(**_timm_size(s), qkv_bias=True, use_rot_pos_emb=True, use_abs_pos_emb=True, ref_feat_shape=(4, 4))
+
+
+def timm_beit(s: TinySize) -> nn.Module:
+    from timm.models.beit import Beit
+
+    return Beit(**_timm_size(s), qkv_bias=True, use_rel_pos_bias=True, use_abs_pos_emb=False, init_values=0.5)
+
+
+def open_clip_vit(s: TinySize) -> nn.Module:
+    from open_clip.transformer import VisionTransformer
+
+    return VisionTransformer(image_size=IMAGE, patch_size=PATCH, width=s.d_model, layers=s.n_layers,
+                             heads=s.n_heads, mlp_ratio=2.0, output_dim=s.d_model)

@@ -27,7 +27,11 @@ from interp.models.adapters import (
     ClipVisionArchitectureAdapter,
     Dinov2ArchitectureAdapter,
     Dinov2RegistersArchitectureAdapter,
+    OpenClipVisionAdapter,
     SiglipVisionArchitectureAdapter,
+    TimmVisionTransformerAdapter,
+    describe_open_clip,
+    describe_timm,
 )
 from interp.types import Attention, Modality, Positions
 
@@ -50,7 +54,7 @@ class Family:
     qk_norm: bool = False  # q and k are normalised after the projection (the bias enters before the norm)
     softmax_float32: bool = False  # HF's eager attention softmaxes in float32 even for a float64 model
     prefix_tokens: int = 0  # CLS (+ distillation) tokens before the patch grid
-    register_tokens_field: str = ""  # config field whose count of register tokens adds to prefix_tokens
+    prefix_tokens_field: str = ""  # config field counting further prefix tokens (registers; all of timm's)
     adapter: Optional[type] = None  # our TransformerLens adapter; None: TransformerLens' own
     promote: dict[str, str] = field(default_factory=dict)  # bare class -> head class TL wraps
     extra_score_term: str = ""  # a content-free additive score term the four terms leave out ("ALiBi")
@@ -58,6 +62,8 @@ class Family:
     variant_of: str = ""  # a variant shares its base's model_types and is told apart by ``matches``
     matches: Optional[Callable[[Any], bool]] = None  # config -> whether this variant describes it
     inferred: str = ""  # not registered: what was inferred, and from what
+    source: str = "transformers"  # the library whose model classes the family covers (timm, open_clip)
+    describe: Optional[Callable[[nn.Module], Any]] = None  # non-HF model -> an HF config of its sizes
     note: str = ""
 
     @property
@@ -215,7 +221,7 @@ register_family(Family("dinov2", "DINOv2", ("dinov2",), ("Dinov2Model", "Dinov2F
 register_family(Family(
     "dinov2-registers", "DINOv2 with registers", ("dinov2_with_registers",),
     ("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"), positions="learned", prefix_tokens=1,
-    register_tokens_field="num_register_tokens", tiny=builders.dinov2_registers,
+    prefix_tokens_field="num_register_tokens", tiny=builders.dinov2_registers,
     adapter=Dinov2RegistersArchitectureAdapter, note="CLS + register tokens; layer-scale", **_ALL, **_VISION))
 register_family(Family("beit", "BEiT", ("beit",), ("BeitModel", "BeitForImageClassification"),
                        positions="relative", default_biases="qvo", bias="q, v, o (no k bias)", prefix_tokens=1,
@@ -231,6 +237,39 @@ register_family(Family(
     "siglip-vision", "SigLIP vision tower", ("siglip_vision_model",), ("SiglipVisionModel",), positions="learned",
     prefix_tokens=0, softmax_float32=True, tiny=builders.siglip_vision, adapter=SiglipVisionArchitectureAdapter,
     note="no CLS token: every position is a patch", **_ALL, **_VISION))
+
+
+_TIMM = dict(source="timm", adapter=TimmVisionTransformerAdapter, describe=describe_timm,
+             prefix_tokens_field="num_prefix_tokens", **_VISION)
+
+
+def _timm(name: str, label: str, cls: str, positions: str, biases: dict, **extra: Any) -> Family:
+    return register_family(Family(name, label, (f"timm:{cls}",), (f"timm:{cls}",), positions=positions,
+                                  tiny=getattr(builders, name.replace("-", "_")), **biases, **{**_TIMM, **extra}))
+
+
+_timm("timm-vit", "timm ViT", "VisionTransformer", "learned",
+      dict(default_biases="qkvo", bias="q, k, v (`qkv_bias`), o"),
+      note="fused `qkv`, split per head; prefix = class + register tokens, read from the model")
+_timm("timm-vit-nobias", "timm ViT, `qkv_bias=False`", "VisionTransformer", "learned",
+      dict(default_biases="o", bias="o only"), variant_of="timm-vit",
+      matches=lambda cfg: not cfg.qkv_bias, note="a timm ViT built without q, k, v bias")
+_timm("timm-vit-registers", "timm ViT, registers, no class token", "VisionTransformer", "learned",
+      dict(default_biases="qkvo", bias="q, k, v, o"), variant_of="timm-vit",
+      matches=lambda cfg: not cfg.class_token and cfg.num_prefix_tokens > 0,
+      note="`class_token=False, reg_tokens=n`: every prefix token is a register")
+_timm("timm-deit", "timm DeiT (distilled)", "VisionTransformerDistilled", "learned", _ALL,
+      note="class + distillation token")
+_timm("timm-eva", "timm EVA-02", "Eva", "rotary", dict(default_biases="qvo", bias="q, v, o (no k bias)"),
+      score_refusal="EVA's 2D rotary runs inside timm's attention, with no cos/sin hooks to rotate the terms",
+      note="2D rotary on the patches (not the prefix tokens)")
+_timm("timm-beit", "timm BEiT", "Beit", "relative", dict(default_biases="qvo", bias="q, v, o (no k bias)"),
+      extra_score_term="the relative position bias", note="relative position bias, layer-scale")
+register_family(Family(
+    "open-clip-vit", "open_clip vision tower", ("open_clip:VisionTransformer",), ("open_clip:VisionTransformer",),
+    positions="learned", tiny=builders.open_clip_vit, source="open_clip", adapter=OpenClipVisionAdapter,
+    describe=describe_open_clip, prefix_tokens_field="num_prefix_tokens", **_ALL, **_VISION,
+    note="`nn.MultiheadAttention` (fused `in_proj`), split per head; output = the projected pooled embedding"))
 
 
 # ----- the README's family table, generated ----------------------------------------------

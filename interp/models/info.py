@@ -6,10 +6,11 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import transformers
 from torch import nn
 from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
 
-from interp.errors import RegistryError, UnsupportedModelError
+from interp.errors import RegistryError, UnknownSourceError, UnsupportedModelError
 from interp.models.families import Family, family_for_model_type, get_family, list_families
 from interp.types import Attention, Modality, Positions
 
@@ -78,11 +79,28 @@ def require_family(model_type: Optional[str], architecture: str, config: Any = N
     )
 
 
+def source_key(model: nn.Module) -> tuple[str, str]:
+    """(model_type, architecture) naming ``model`` in the registry: the HF config's model_type and
+    class, or ``"<package>:<class>"`` for other libraries' models ("timm:Eva")."""
+    if isinstance(model, transformers.PreTrainedModel):
+        return str(getattr(model.config, "model_type", None)), type(model).__name__
+    package = type(model).__module__.split(".")[0]
+    if package not in {f.source for f in list_families()}:
+        raise UnknownSourceError(f"expected a transformers, timm or open_clip model, got {type(model).__name__} "
+                                 f"({type(model).__module__})")
+    key = f"{package}:{type(model).__name__}"
+    return key, key
+
+
 def family_of(hf_model: nn.Module) -> Family:
-    """The family of an in-memory HF model: registered, or inferred for one TransformerLens bridges."""
-    config = getattr(hf_model, "config", None)
-    family = require_family(getattr(config, "model_type", None), type(hf_model).__name__, config)
-    return infer_family(hf_model) if family is _UNDESCRIBED else family
+    """The family of an in-memory model: registered (with the variant its config matches), or
+    inferred for an HF architecture TransformerLens bridges."""
+    model_type, architecture = source_key(hf_model)
+    family = require_family(model_type, architecture)
+    if family is _UNDESCRIBED:
+        return infer_family(hf_model)
+    config = family.describe(hf_model) if family.describe is not None else getattr(hf_model, "config", None)
+    return family_for_model_type(model_type, config) or family
 
 
 def _no_tiny(size: Any) -> nn.Module:
@@ -146,9 +164,10 @@ def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool
     """Read sizes from the HF config; family facts from the registry."""
     cfg = hf_model.config
     d_model = int(_first(cfg, "hidden_size", "n_embd"))
+    architecture = source_key(hf_model)[1]
     n_heads = int(_first(cfg, "num_attention_heads", "n_head"))
     info = ModelInfo(
-        name=name, architecture=type(hf_model).__name__, family=family.name, modality=family.modality,
+        name=name, architecture=architecture, family=family.name, modality=family.modality,
         attention=family.attention, positions=family.positions,
         n_layers=int(_first(cfg, "num_hidden_layers", "n_layer")), n_heads=n_heads,
         n_kv_heads=int(_first(cfg, "num_key_value_heads") or n_heads),
@@ -157,7 +176,7 @@ def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool
     if family.modality == "vision":
         info.image_size, info.patch_size = int(cfg.image_size), int(cfg.patch_size)
         info.num_channels = int(cfg.num_channels)
-        registers = int(getattr(cfg, family.register_tokens_field, 0) or 0) if family.register_tokens_field else 0
+        registers = int(getattr(cfg, family.prefix_tokens_field, 0) or 0) if family.prefix_tokens_field else 0
         info.n_prefix_tokens = family.prefix_tokens + registers
     else:
         info.max_positions = _first(cfg, "max_position_embeddings", "n_positions")

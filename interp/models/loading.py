@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 import torch
 import transformers
 from torch import nn
+from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
 
 from interp.errors import InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError
 from interp.models.bridge import InterpBridge, require_bridge
@@ -35,7 +36,7 @@ def _hf_model_class(architecture: str) -> type:
 def from_hf(hf_model: nn.Module, *, name: Optional[str] = None, tokenizer: Any = None, processor: Any = None,
             device: Device = None, dtype: Optional[torch.dtype] = None) -> InterpBridge:
     """Move/cast an in-memory HF model, then wrap it in an ``InterpBridge`` (in place)."""
-    if isinstance(hf_model, nn.Module) and hasattr(hf_model, "config"):
+    if isinstance(hf_model, nn.Module):
         family_of(hf_model)  # refuse an unsupported model before moving it
         if dtype is not None:
             hf_model = hf_model.to(dtype=dtype)
@@ -157,6 +158,21 @@ def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] 
     return _load_hub(source, tokenizer, device, dtype)
 
 
+def unwrapped_copy(wrapped: nn.Module) -> nn.Module:
+    """A deep copy of a bridged timm / open_clip model with every bridge component replaced by the
+    module it wraps: the library's own model again, with the same weights."""
+    fresh = copy.deepcopy(wrapped)
+    for parent in list(fresh.modules()):
+        for name, child in list(parent.named_children()):
+            while isinstance(child, GeneralizedComponent):
+                child = child.original_component
+            if child is not getattr(parent, name):
+                setattr(parent, name, child)
+    if hasattr(fresh, "config"):
+        del fresh.config  # ours, set by the bridge: the copy is described afresh
+    return fresh
+
+
 def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> InterpBridge:
     """A fresh, independent copy of a loaded model (optionally cast), weights identical.
 
@@ -166,6 +182,11 @@ def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> Int
     """
     model = require_bridge(model, "clone_model")
     hf = model.hf_model
+    if model.interp.spec.source != "transformers":  # timm / open_clip: no config to rebuild from
+        fresh = unwrapped_copy(hf).to(dtype=dtype or next(hf.parameters()).dtype)
+        clone = InterpBridge(fresh, name=model.interp.name, processor=model.processor, warn_zero_biases=False)
+        clone.interp = copy.deepcopy(model.interp)
+        return clone
     # a promoted encoder (BertModel in BertForMaskedLM) is rebuilt bare and promoted again
     source = getattr(hf, hf.base_model_prefix) if model.interp.random_head else hf
     kwargs = {}

@@ -81,7 +81,7 @@ def test_loaded_model_carries_its_family_facts(name):
     assert (info.modality, info.attention, info.positions) == (family.modality, family.attention, family.positions)
     assert info.rotary == family.rotary
     if family.modality == "vision":
-        registers = getattr(model.hf_model.config, family.register_tokens_field, 0) if family.register_tokens_field else 0
+        registers = getattr(model.hf_model.config, family.prefix_tokens_field, 0) if family.prefix_tokens_field else 0
         assert info.n_prefix_tokens == family.prefix_tokens + registers
         with torch.no_grad():
             _, cache = model.run_with_cache(interp.tiny_inputs(name))

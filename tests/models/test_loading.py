@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers as tf
 from einops import rearrange
 
@@ -15,9 +16,29 @@ VISION = {f.name for f in interp.list_families(modality="vision")}
 
 
 def hf_reference(hf, x):
+    """The unwrapped model's own output: logits, last hidden state, or a timm / open_clip tensor."""
     with torch.no_grad():
-        out = hf(pixel_values=x) if x.is_floating_point() else hf(x)
+        out = hf(pixel_values=x) if x.is_floating_point() and isinstance(hf, tf.PreTrainedModel) else hf(x)
+    if isinstance(out, torch.Tensor):
+        return out
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def fused_projection(attn, x):
+    """(x W_qkv + b_qkv, b_qkv or None) of a fused projection, computed as its owner computes it."""
+    if hasattr(attn, "in_proj_weight"):  # nn.MultiheadAttention (open_clip)
+        return F.linear(x, attn.in_proj_weight, attn.in_proj_bias), attn.in_proj_bias
+    if hasattr(attn, "qkv") and getattr(attn, "q_bias", None) is not None:  # timm EVA / BEiT
+        full = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))  # k_bias: a zero buffer, not a parameter
+        return F.linear(x, attn.qkv.weight, full), full
+    fused = next(getattr(attn, n) for n in ("c_attn", "query_key_value", "qkv_proj", "qkv") if hasattr(attn, n))
+    return fused(x), fused.bias
+
+
+def absent_biases(attn):
+    """Kinds whose bias is a buffer or missing in a fused module (EVA / BEiT's k)."""
+    k_bias = getattr(attn, "k_bias", None)
+    return {"k"} if k_bias is not None and not isinstance(k_bias, torch.nn.Parameter) else set()
 
 
 # HF attention classes whose fused projection interleaves q, k, v per head: "(h three d)"
@@ -27,15 +48,15 @@ INTERLEAVED = {"GPTNeoXAttention", "BloomAttention", "FalconAttention"}
 def hf_qkv(attn, x, n_heads, n_kv):
     """Ground truth from the HF attention module's own weights: q, k, v [b, p, h, d] and biases."""
     inner = getattr(attn, "self", attn)  # BERT and RoBERTa keep q, k, v one level down
-    names = next((n for n in (("q_proj", "k_proj", "v_proj"), ("query", "key", "value")) if hasattr(inner, n[0])), None)
+    names = next((n for n in (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
+                  if getattr(inner, n[0], None) is not None), None)
     heads = dict(q=n_heads, k=n_kv, v=n_kv)
     if names is not None:
         lins = dict(zip("qkv", (getattr(inner, n) for n in names)))
         outs = {kind: lin(x) for kind, lin in lins.items()}
         biases = {kind: lin.bias for kind, lin in lins.items()}
     else:
-        fused = next(getattr(attn, n) for n in ("c_attn", "query_key_value", "qkv_proj") if hasattr(attn, n))
-        y, b = fused(x), fused.bias
+        y, b = fused_projection(attn, x)
         if type(attn).__name__ in INTERLEAVED and n_kv == n_heads:
             parts = rearrange(y, "b p (h three d) -> three b p (h d)", three=3, h=n_heads)
             bias_parts = None if b is None else rearrange(b, "(h three d) -> three (h d)", three=3, h=n_heads)
@@ -46,6 +67,7 @@ def hf_qkv(attn, x, n_heads, n_kv):
             bias_parts = None if b is None else b.split(sizes)
         outs = dict(zip("qkv", parts))
         biases = dict(zip("qkv", (None, None, None) if bias_parts is None else bias_parts))
+        biases.update({kind: None for kind in absent_biases(attn)})
     acts = {kind: rearrange(t, "b p (h d) -> b p h d", h=heads[kind]) for kind, t in outs.items()}
     return acts, biases
 

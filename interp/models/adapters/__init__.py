@@ -10,6 +10,9 @@ registers them with TL's factory when it is built.
 from interp.models.adapters.beit import BeitArchitectureAdapter
 from interp.models.adapters.clip import ClipVisionArchitectureAdapter, SiglipVisionArchitectureAdapter
 from interp.models.adapters.dinov2 import Dinov2ArchitectureAdapter, Dinov2RegistersArchitectureAdapter
+from interp.models.adapters.open_clip_vit import OpenClipVisionAdapter, describe_open_clip
+from interp.models.adapters.timm_vit import TimmVisionTransformerAdapter, describe_timm
 
 __all__ = ["BeitArchitectureAdapter", "ClipVisionArchitectureAdapter", "Dinov2ArchitectureAdapter",
-           "Dinov2RegistersArchitectureAdapter", "SiglipVisionArchitectureAdapter"]
+           "Dinov2RegistersArchitectureAdapter", "OpenClipVisionAdapter", "SiglipVisionArchitectureAdapter",
+           "TimmVisionTransformerAdapter", "describe_open_clip", "describe_timm"]

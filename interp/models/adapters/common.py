@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch import nn
 from transformer_lens.model_bridge.generalized_components import (
     AttentionBridge,
     BlockBridge,
@@ -82,3 +83,16 @@ def vit_mapping(cfg: Any, prefix: str, layers: str, ln1: str, ln2: str, *, attn:
                         "mlp": mlp(cfg)},
         ),
     }
+
+
+def split_linears(weight: torch.Tensor, biases: tuple) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+    """A fused [3 * out, in] weight (and per-part biases, None where absent) as three independent linears."""
+    linears = []
+    for part, bias in zip(weight.detach().chunk(3, dim=0), biases):
+        linear = nn.Linear(part.shape[1], part.shape[0], bias=bias is not None, device=part.device, dtype=part.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(part)
+            if bias is not None:
+                linear.bias.copy_(bias.detach())
+        linears.append(linear)
+    return linears[0], linears[1], linears[2]
