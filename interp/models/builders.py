@@ -191,6 +191,13 @@ def timm_vit(s: TinySize) -> nn.Module:
     return VisionTransformer(**_timm_size(s), qkv_bias=True)
 
 
+def timm_vit_qknorm(s: TinySize) -> nn.Module:
+    """timm ViT with ``qk_norm=True``: q and k pass a LayerNorm per head after the bias is added."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(**_timm_size(s), qkv_bias=True, qk_norm=True)
+
+
 def timm_vit_nobias(s: TinySize) -> nn.Module:
     """timm ViT built with ``qkv_bias=False`` (as in some ViT-22B-style recipes): no q, k, v bias at all."""
     from timm.models.vision_transformer import VisionTransformer

@@ -251,6 +251,9 @@ def _timm(name: str, label: str, cls: str, positions: str, biases: dict, **extra
 _timm("timm-vit", "timm ViT", "VisionTransformer", "learned",
       dict(default_biases="qkvo", bias="q, k, v (`qkv_bias`), o"),
       note="fused `qkv`, split per head; prefix = class + register tokens, read from the model")
+_timm("timm-vit-qknorm", "timm ViT, `qk_norm=True`", "VisionTransformer", "learned",
+      dict(default_biases="qkvo", bias="q, k, v, o"), variant_of="timm-vit", matches=lambda cfg: cfg.qk_norm,
+      qk_norm=True, score_refusal=_QK_NORM, note="LayerNorm on q and k per head: b_k is not inert without rotary")
 _timm("timm-vit-nobias", "timm ViT, `qkv_bias=False`", "VisionTransformer", "learned",
       dict(default_biases="o", bias="o only"), variant_of="timm-vit",
       matches=lambda cfg: not cfg.qkv_bias, note="a timm ViT built without q, k, v bias")

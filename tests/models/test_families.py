@@ -50,11 +50,14 @@ def test_registering_a_duplicate_fails_and_changes_nothing():
 
 
 def test_filters():
-    assert {"vit", "deit", "dinov2", "beit", "clip-vision", "siglip-vision"} <= {
+    assert {"vit", "deit", "dinov2", "beit", "clip-vision", "siglip-vision", "timm-vit", "open-clip-vit"} <= {
         f.name for f in list_families(modality="vision")}
+    assert {f.source for f in list_families()} == {"transformers", "timm", "open_clip"}
     rotary = {f.name for f in list_families(positions="rotary")}
     assert {"neox", "qwen2", "llama", "mistral", "qwen3"} <= rotary and "gpt2" not in rotary
-    assert {f.name for f in list_families(k_bias_inert=False)} == rotary  # qk-norm families are rotary too
+    qk_norm = {f.name for f in list_families(qk_norm=True)}
+    assert {"qwen3", "olmo2", "timm-vit-qknorm"} <= qk_norm
+    assert {f.name for f in list_families(k_bias_inert=False)} == rotary | qk_norm
     assert {f.name for f in list_families(positions="alibi")} == {"bloom", "falcon-rw"}
     assert {f.name for f in list_families(modality="text", attention="bidirectional")} == {"bert", "roberta"}
     with pytest.raises(RegistryError, match="cannot filter families by"):

@@ -144,5 +144,6 @@ def describe_timm(model: nn.Module) -> transformers.PretrainedConfig:
     config.head_dim = attn.qkv.weight.shape[0] // (3 * attn.num_heads)
     config.num_prefix_tokens = int(model.num_prefix_tokens)
     config.class_token = getattr(model, "cls_token", None) is not None
+    config.qk_norm = not isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity)
     config.name_or_path = f"{type(model).__module__}.{type(model).__name__}"
     return config
