@@ -49,12 +49,13 @@ from interp.models import (
 )
 from interp.patching import bias_patch_hooks
 from interp.record import record_qkv
+from interp.sources import DataSource, resolve_data
 from interp.stats import QKVStats
 
 __all__ = [
-    "Batch", "Family", "InterpBridge", "InterpError", "ModelInfo", "QKVStats", "__version__", "ablate_bias",
-    "attention_weights", "bias_invariances", "bias_patch_hooks", "bias_spec", "builtin_batches", "clone_model",
-    "cluster_heads", "errors", "frequency_profile", "frequency_shift_under_ablation", "iter_batches", "kv_group",
-    "list_families", "list_models", "load_model", "origin_shift", "plots", "record_qkv", "require_bridge",
-    "score_decomposition", "tiny_hf_model", "tiny_inputs",
+    "__version__", "ablate_bias", "attention_weights", "Batch", "bias_invariances", "bias_patch_hooks",
+    "bias_spec", "builtin_batches", "clone_model", "cluster_heads", "DataSource", "errors", "Family",
+    "frequency_profile", "frequency_shift_under_ablation", "InterpBridge", "InterpError", "iter_batches",
+    "kv_group", "list_families", "list_models", "load_model", "ModelInfo", "origin_shift", "plots", "QKVStats",
+    "record_qkv", "require_bridge", "resolve_data", "score_decomposition", "tiny_hf_model", "tiny_inputs",
 ]

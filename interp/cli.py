@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -61,12 +61,45 @@ def _cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_record(args: argparse.Namespace) -> int:
-    """Record Q/K/V statistics; under torchrun every rank takes a shard, rank 0 writes."""
+def _record_batches(model: Any, args: argparse.Namespace, rank: int, world: int) -> tuple[Iterable, Any]:
+    """This process's batches, produced lazily, and the ``DataSource`` behind them (None for a built-in set)."""
+    import itertools
+
+    from interp.data import BUILTIN, iter_batches
+    from interp.sources import resolve_data
+
+    if args.data in BUILTIN:  # small, in memory: shard the batches
+        return itertools.islice(iter_batches(model, args.data, max_batches=args.max_batches), rank, None, world), None
+    source = resolve_data(model, args.data, text_column=args.text_column, image_column=args.image_column,
+                          batch_size=args.batch_size, seq_len=args.seq_len, max_items=args.max_items,
+                          max_tokens=args.max_tokens, normalize=args.normalize, rank=rank, world=world,
+                          strict=args.strict)
+    if rank == 0:
+        print(f"data: {source.description}", flush=True)
+    return (source if args.max_batches is None else itertools.islice(source, args.max_batches)), source
+
+
+def _gather_counts(source: Any, world: int) -> tuple[int, list[float]]:
+    """(items skipped on all ranks, each rank's peak resident memory in MB)."""
+    import resource
+
     import torch
     import torch.distributed as dist
 
-    from interp.data import iter_batches
+    skipped = torch.tensor([0 if source is None else source.skipped])
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+    peaks = [peak.clone() for _ in range(world)]
+    if world > 1:
+        dist.all_reduce(skipped)
+        dist.all_gather(peaks, peak)
+    return int(skipped), [round(float(p), 1) for p in peaks]
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    """Record Q/K/V statistics, streaming; under torchrun every rank reads its own share, rank 0 writes."""
+    import torch
+    import torch.distributed as dist
+
     from interp.models.loading import load_model
     from interp.pipeline import summarise_recording
     from interp.record import record_qkv
@@ -82,8 +115,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
             torch.cuda.set_device(local)
             device = device or f"cuda:{local}"
     model = load_model(args.model, device=device)
-    batches = list(iter_batches(model, args.data, max_batches=args.max_batches))
-    stats = record_qkv(model, batches[rank::world], progress=rank == 0)
+    batches, source = _record_batches(model, args, rank, world)
+    stats = record_qkv(model, batches, progress=rank == 0)
+    skipped, peak_rss_mb = _gather_counts(source, world)
     if world > 1:
         stats.all_reduce()
     if rank == 0:
@@ -91,8 +125,13 @@ def _cmd_record(args: argparse.Namespace) -> int:
         begin_outputs(out)
         write_section(summarise_recording(stats, args.data), out)
         write_manifest(out, dict(command="record", model=args.model, data=args.data, max_batches=args.max_batches,
+                                 data_description=None if source is None else source.description,
+                                 skipped_items=skipped, skipped_examples=[] if source is None else source.skipped_items,
+                                 peak_rss_mb_per_rank=peak_rss_mb,
                                  model_fingerprint=stats.model_fingerprint, data_fingerprint=stats.data_fingerprint))
         print(f"recorded {stats.count(stats.layers[0])} tokens on {world} process(es) -> {out}")
+        if skipped:
+            print(f"skipped {skipped} unreadable item(s) (counted in {out / 'manifest.json'})")
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -138,6 +177,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+DATA_HELP = ("a built-in data set (photos, digits, python-docs); a folder of images (PNG/JPEG/WebP, recursive, "
+             "class subfolders as labels); an image; a .txt file (tokenised into --seq-len windows); a "
+             ".jsonl/.csv/.parquet table (--text-column, or --image-column of image paths)")
+
+
+def _add_data_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text-column", default=None, help="table column holding text (default: text)")
+    p.add_argument("--image-column", default=None, help="table column holding image paths (default: image)")
+    p.add_argument("--batch-size", type=int, default=8, help="items per batch (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per text window (default: 128, or the model's positions when fewer)")
+    p.add_argument("--max-items", type=int, default=None, help="at most this many images, rows or text windows")
+    p.add_argument("--max-tokens", type=int, default=None, help="stop once this many real tokens were read")
+    p.add_argument("--normalize", default="model", choices=["model", "imagenet", "none"],
+                   help="image mean/std: the model's (processor or timm config), ImageNet's, or none "
+                        "(default: %(default)s)")
+    p.add_argument("--strict", action="store_true", help="an unreadable image is an error instead of a counted skip")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="interp", description="Mechanistic interpretability of the QKV bias in attention."
@@ -162,12 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/inventory")
     p.set_defaults(func=_cmd_inventory)
 
-    p = sub.add_parser("record", help="record per-head Q/K/V statistics (torchrun-aware)")
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True, help="built-in dataset: photos, digits, python-docs")
-    p.add_argument("--out", default="out/record")
-    p.add_argument("--max-batches", type=int, default=None)
-    p.add_argument("--device", default=None)
+    p = sub.add_parser("record", help="record per-head Q/K/V statistics, streaming (torchrun-aware)",
+                       description="Record per-head Q/K/V statistics over a data set, streaming: batches are read "
+                                   "lazily and, under torchrun, each rank reads only its own items.")
+    p.add_argument("--model", required=True, help="zoo name, local HF folder or hub id")
+    p.add_argument("--data", required=True, help=DATA_HELP)
+    p.add_argument("--out", default="out/record", help="output folder (default: %(default)s)")
+    p.add_argument("--max-batches", type=int, default=None, help="at most this many batches per process")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    _add_data_options(p)
     p.set_defaults(func=_cmd_record)
 
     p = sub.add_parser("ablate", help="patch biases out per head and measure the task metric")

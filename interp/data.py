@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass
+import os
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
@@ -20,13 +21,14 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.checks import check_max_batches, check_model_input
+from interp.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, image_norm, normalise, square_resize
+from interp.checks import check_max_batches
 from interp.errors import InputError
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.models.info import ModelInfo
+from interp.sources import DataSource, resolve_data
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+__all__ = ["BUILTIN", "Batch", "builtin_batches", "digits", "iter_batches", "model_inputs", "photos",
+           "python_docs", "python_docs_text"]
 
 PHOTO_NAMES = (
     "astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field",
@@ -40,48 +42,6 @@ DOC_MODULES = (
     "decimal", "logging", "unittest", "difflib", "inspect", "abc", "copy", "pprint",
 )
 BUILTIN = ("photos", "digits", "python-docs")
-
-
-@dataclass
-class Batch:
-    inputs: Tensor
-    attention_mask: Optional[Int[Tensor, "batch pos"]] = None
-    labels: Optional[Tensor] = None
-
-    def check(self, info: ModelInfo) -> None:
-        """Reject NaN/inf inputs and malformed shapes before they reach the model."""
-        check_model_input(self.inputs, self.attention_mask, info)
-
-    def to(self, device: Any) -> "Batch":
-        return Batch(
-            self.inputs.to(device),
-            None if self.attention_mask is None else self.attention_mask.to(device),
-            None if self.labels is None else self.labels.to(device),
-        )
-
-
-def _square_resize(img: np.ndarray, size: int) -> Tensor:
-    """Centre-crop to a square and resize to ``size`` (bilinear, antialiased)."""
-    if img.ndim == 2:
-        img = np.stack([img] * 3, axis=-1)
-    img = img[..., :3]
-    if img.dtype == np.uint8:
-        img = img.astype(np.float32) / 255.0
-    else:
-        img = img.astype(np.float32)
-        lo, hi = float(img.min()), float(img.max())
-        img = (img - lo) / (hi - lo + 1e-12) if (lo < 0 or hi > 1) else img
-    h, w = img.shape[:2]
-    s = min(h, w)
-    top, left = (h - s) // 2, (w - s) // 2
-    t = torch.from_numpy(np.ascontiguousarray(img[top : top + s, left : left + s])).permute(2, 0, 1)
-    return F.interpolate(t[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
-
-
-def _normalise(x: Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> Tensor:
-    m = torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype).view(-1, 1, 1)
-    return (x - m) / s
 
 
 def photos(
@@ -99,7 +59,7 @@ def photos(
             img = fn()
         except Exception:  # some images need optional downloads: skip them
             continue
-        out.append(_normalise(_square_resize(np.asarray(img), image_size), mean, std))
+        out.append(normalise(square_resize(np.asarray(img), image_size), mean, std))
     return torch.stack(out)
 
 
@@ -175,14 +135,6 @@ def python_docs(
     return torch.tensor(ids_out), torch.tensor(mask_out)
 
 
-def _image_norm(model: InterpBridge) -> tuple[tuple, tuple]:
-    """The model's own normalisation (its image processor), else ImageNet's."""
-    proc = model.processor
-    if proc is not None and getattr(proc, "image_mean", None) is not None:
-        return tuple(proc.image_mean), tuple(proc.image_std)
-    return IMAGENET_MEAN, IMAGENET_STD
-
-
 def builtin_batches(
     model: InterpBridge, name: str, *, batch_size: int = 8, n: Optional[int] = None, seq_len: int = 64
 ) -> list[Batch]:
@@ -195,7 +147,7 @@ def builtin_batches(
     if name == "python-docs" and info.modality != "text":
         raise InputError(f"dataset 'python-docs' holds text but {info.name} is a vision model")
     if name == "photos":
-        mean, std = _image_norm(model)
+        mean, std = image_norm(model)
         x = photos(info.image_size, n=n, mean=mean, std=std)
         return [Batch(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
     if name == "digits":
@@ -243,14 +195,26 @@ def _to_batch(model: InterpBridge, item: Any) -> Batch:
 
 
 def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
-    """Normalise ``data`` (name | Tensor | Batch | dict | text | (ids, mask) | iterable of those) to batches.
+    """Normalise ``data`` to batches: a built-in name, a path (folder of images, image, .txt,
+    .jsonl/.csv/.parquet; see ``interp.sources``), a ``DataSource``, a numpy array, a
+    ``datasets.Dataset``, a Tensor | Batch | dict | text | (ids, mask), or an iterable of those
+    (a torch ``DataLoader`` included).
 
     The arguments are checked at once; the batches are produced lazily.
     """
     model = require_bridge(model)
     max_batches = check_max_batches(max_batches)
-    if isinstance(data, str):
+    if isinstance(data, str) and data in BUILTIN:
         items: Iterable[Any] = builtin_batches(model, data)
+    elif isinstance(data, (str, os.PathLike)):
+        if not Path(data).expanduser().exists():
+            raise InputError(f"unknown dataset or path {str(data)!r}: built-in datasets are {', '.join(BUILTIN)}; "
+                             "or pass a folder of images, an image, a .txt file or a .jsonl/.csv/.parquet table")
+        items = resolve_data(model, data)
+    elif isinstance(data, DataSource):
+        items = data
+    elif isinstance(data, np.ndarray) or (hasattr(data, "column_names") and hasattr(data, "features")):
+        items = resolve_data(model, data)  # a numpy array, a datasets.Dataset
     elif isinstance(data, (Tensor, Batch, dict)):
         items = [data]
     elif isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):

@@ -212,3 +212,41 @@ def test_interp_record_under_torchrun_equals_one_process(tmp_path):
         for kind in "qkv":
             torch.testing.assert_close(two.mean(layer, kind), one.mean(layer, kind), rtol=1e-10, atol=1e-13)
             torch.testing.assert_close(two.cov(layer, kind), one.cov(layer, kind), rtol=1e-10, atol=1e-13)
+
+
+def test_interp_record_on_an_image_folder_under_torchrun_equals_one_process(tmp_path):
+    """Each rank reads its own batches of the folder (nothing listed twice); the merge equals one process."""
+    import shutil
+    import subprocess
+    import sys
+
+    import numpy as np
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    for i in range(21):
+        sub = folder / ("a" if i % 2 else "b")
+        sub.mkdir(parents=True, exist_ok=True)
+        pixels = np.random.default_rng(i).integers(0, 256, (12 + i, 10 + 2 * i, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(sub / f"{i:02d}.png")
+    (folder / "b" / "broken.png").write_bytes(b"\x89PNG truncated")
+    args = ["-m", "interp.cli", "record", "--model", "digits-vit", "--data", str(folder), "--batch-size", "4"]
+    r1 = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True,
+                        timeout=600)
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    r2 = subprocess.run([torchrun, "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
+                        capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert "skipped 1 unreadable item(s)" in r1.stdout and "skipped 1 unreadable item(s)" in r2.stdout
+    one = QKVStats.load(tmp_path / "one" / "qkv_stats.safetensors")
+    two = QKVStats.load(tmp_path / "two" / "qkv_stats.safetensors")
+    assert one.count(0) == two.count(0) == 21 * 17
+    for layer in one.layers:
+        for kind in "qkv":
+            torch.testing.assert_close(two.mean(layer, kind), one.mean(layer, kind), rtol=1e-10, atol=1e-13)
+            torch.testing.assert_close(two.cov(layer, kind), one.cov(layer, kind), rtol=1e-10, atol=1e-13)
+    import json
+
+    meta = json.loads((tmp_path / "two" / "manifest.json").read_text())["meta"]
+    assert meta["skipped_items"] == 1 and len(meta["peak_rss_mb_per_rank"]) == 2

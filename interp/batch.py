@@ -1,0 +1,83 @@
+"""``Batch``, the unit every analysis consumes, and the image preprocessing shared by the
+built-in photos and a researcher's own images.
+
+A ``Batch`` holds ``inputs`` (token ids ``[batch, pos]`` or pixel values ``[batch, C, H, W]``),
+``attention_mask`` (``[batch, pos]``, 1 = real token; None for images) and optional ``labels``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.checks import check_model_input
+from interp.models.bridge import InterpBridge
+from interp.models.info import ModelInfo
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class Batch:
+    inputs: Tensor
+    attention_mask: Optional[Int[Tensor, "batch pos"]] = None
+    labels: Optional[Tensor] = None
+
+    def check(self, info: ModelInfo) -> None:
+        """Reject NaN/inf inputs and malformed shapes before they reach the model."""
+        check_model_input(self.inputs, self.attention_mask, info)
+
+    def to(self, device: Any) -> "Batch":
+        return Batch(
+            self.inputs.to(device),
+            None if self.attention_mask is None else self.attention_mask.to(device),
+            None if self.labels is None else self.labels.to(device),
+        )
+
+
+def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:
+    """Centre-crop to a square and resize to ``size`` (bilinear, antialiased); pixels in [0, 1].
+
+    Grayscale becomes 3 channels; a 4th (alpha) channel is dropped.
+    """
+    if img.ndim == 2:
+        img = np.stack([img] * 3, axis=-1)
+    img = img[..., :3]
+    if img.dtype == np.uint8:
+        img = img.astype(np.float32) / 255.0
+    else:
+        img = img.astype(np.float32)
+        lo, hi = float(img.min()), float(img.max())
+        img = (img - lo) / (hi - lo + 1e-12) if (lo < 0 or hi > 1) else img
+    h, w = img.shape[:2]
+    s = min(h, w)
+    top, left = (h - s) // 2, (w - s) // 2
+    t = torch.from_numpy(np.ascontiguousarray(img[top : top + s, left : left + s])).permute(2, 0, 1)
+    return F.interpolate(t[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+
+
+def normalise(x: Tensor, mean: tuple = IMAGENET_MEAN, std: tuple = IMAGENET_STD) -> Tensor:
+    m = torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(-1, 1, 1)
+    return (x - m) / s
+
+
+def image_norm(model: InterpBridge, normalize: str = "model") -> tuple[Optional[tuple], Optional[tuple]]:
+    """(mean, std) for ``model``: its image processor's, else timm's ``pretrained_cfg``, else ImageNet's;
+    ``normalize="imagenet"`` forces ImageNet's, ``"none"`` gives (None, None)."""
+    if normalize == "none":
+        return None, None
+    proc = model.processor
+    if normalize == "model" and proc is not None and getattr(proc, "image_mean", None) is not None:
+        return tuple(proc.image_mean), tuple(proc.image_std)
+    timm_cfg = getattr(model.hf_model, "pretrained_cfg", None)
+    if normalize == "model" and isinstance(timm_cfg, dict) and timm_cfg.get("mean") is not None:
+        return tuple(timm_cfg["mean"]), tuple(timm_cfg["std"])
+    return IMAGENET_MEAN, IMAGENET_STD

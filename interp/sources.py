@@ -1,0 +1,408 @@
+"""Bring your own data: image folders, text files, JSONL / CSV / Parquet tables, HF
+``datasets``, numpy arrays and torch ``DataLoader``s, resolved for one model into batches
+produced lazily (nothing is held in a list).
+
+``resolve_data(model, data, ...)`` returns a ``DataSource``: iterate it for ``Batch``es;
+``description`` says in one line what was understood ("412 images from photos/, ...");
+``skipped`` counts items that could not be read (a corrupt or truncated image), which are
+warned about and never dropped silently (``strict=True`` makes the first one an error).
+
+Preprocessing comes from the model: images are converted to RGB (grayscale and RGBA
+too), centre-cropped to a square, resized to the model's image size (bilinear,
+antialiased) and normalised with the mean / std of the model's image processor, else
+timm's ``pretrained_cfg``, else ImageNet's (``normalize="imagenet"`` or ``"none"``
+overrides). Text is tokenised with the model's tokenizer into windows of ``seq_len``
+tokens, right-padded with a correct attention mask (statistics exclude padding); a text
+longer than a window is chunked into several windows, a ``seq_len`` longer than the
+model's positions is refused.
+
+Under torchrun, ``rank`` / ``world`` make each process read only the items whose index
+is congruent to its rank (images, rows, text windows), never the others' pixels.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from interp.batch import Batch, image_norm, normalise, square_resize
+from interp.errors import InputError
+from interp.models.bridge import InterpBridge
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+TABLE_SUFFIXES = (".jsonl", ".csv", ".parquet")
+TEXT_SUFFIXES = (".txt",)
+NORMALIZE = ("model", "imagenet", "none")
+DEFAULT_SEQ_LEN = 128
+
+
+@dataclass
+class DataSource:
+    """Batches for one model, produced lazily; what was understood and what could not be read."""
+
+    description: str
+    items: Callable[[], Iterator[Any]]  # this rank's items: image tensors [C, H, W] or token-id windows
+    collate: Callable[[list], Batch]
+    batch_size: int
+    skipped: int = 0
+    skipped_items: list[str] = field(default_factory=list)  # the first few, named
+    max_tokens: Optional[int] = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        tokens = 0
+        items = self.items()
+        while True:
+            chunk = list(itertools.islice(items, self.batch_size))
+            if not chunk:
+                break
+            batch = self.collate(chunk)
+            yield batch
+            tokens += int(batch.attention_mask.sum()) if batch.attention_mask is not None else 0
+            if self.max_tokens is not None and tokens >= self.max_tokens:
+                break
+        if self.skipped:
+            warnings.warn(f"{self.skipped} item(s) could not be read and were skipped: "
+                          f"{', '.join(self.skipped_items)}{' ...' if self.skipped > len(self.skipped_items) else ''}",
+                          UserWarning, stacklevel=2)
+
+    def skip(self, name: str, why: str, strict: bool) -> None:
+        if strict:
+            raise InputError(f"could not read {name}: {why} (strict: pass strict=False / drop --strict to skip it)")
+        self.skipped += 1
+        if len(self.skipped_items) < 10:
+            self.skipped_items.append(f"{name} ({why})")
+
+
+def _shard(items: Iterable[Any], opts: "Options") -> Iterator[Any]:
+    """This rank's items, at most ``max_items`` in all ranks together.
+
+    Items are dealt out a batch at a time (item i goes to rank (i // batch_size) mod world), so
+    the ranks' batches are exactly one process's batches and merged statistics equal its own.
+    """
+    for index, item in enumerate(items):
+        if opts.max_items is not None and index >= opts.max_items:
+            return
+        if (index // opts.batch_size) % opts.world == opts.rank:
+            yield item
+
+
+# ----- images -------------------------------------------------------------------------
+
+
+def _image_files(root: Path) -> list[Path]:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise InputError(f"no images ({'/'.join(s[1:] for s in IMAGE_SUFFIXES)}) in {root} (searched recursively)")
+    return files
+
+
+def _class_labels(root: Path, files: list[Path]) -> Optional[dict[Path, int]]:
+    """Class subfolders as labels (sorted names -> 0, 1, ...) when every image sits in one."""
+    parents = {f.parent for f in files}
+    if any(f.parent == root for f in files) or any(p.parent != root for p in parents) or len(parents) < 2:
+        return None
+    index = {p: i for i, p in enumerate(sorted(parents))}
+    return {f: index[f.parent] for f in files}
+
+
+def _image_reader(model: InterpBridge, normalize: str) -> Callable[[Any], Tensor]:
+    from PIL import Image
+
+    info = model.interp
+    mean, std = image_norm(model, normalize)
+
+    def read(source: Any) -> Tensor:
+        if isinstance(source, np.ndarray):  # uint8 [H, W] or [H, W, C]
+            pixels = source
+        else:
+            img = source if isinstance(source, Image.Image) else Image.open(source)
+            img.load()  # a truncated file fails here, not later
+            pixels = np.asarray(img.convert("RGB"))
+        x = square_resize(pixels, info.image_size)
+        return x if mean is None else normalise(x, mean, std)
+    return read
+
+
+def _image_items(src: DataSource, paths: Iterable[tuple[Any, Any]], read: Callable, strict: bool) -> Iterator:
+    """(image, label) pairs for readable images; the rest skipped and counted."""
+    for source, label in paths:
+        try:
+            yield read(source), label
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL: unidentified, truncated, decompression bomb
+            src.skip(str(source), type(exc).__name__, strict)
+
+
+def _collate_images(chunk: list) -> Batch:
+    labels = [label for _, label in chunk]
+    y = torch.tensor(labels) if all(label is not None for label in labels) else None
+    return Batch(torch.stack([x for x, _ in chunk]), labels=y)
+
+
+# ----- text ---------------------------------------------------------------------------
+
+
+def _windows(token_lists: Iterable[list[int]], seq_len: int) -> Iterator[list[int]]:
+    """Each text's tokens cut into windows of ``seq_len`` (a long text becomes several)."""
+    for ids in token_lists:
+        for start in range(0, len(ids), seq_len):
+            window = ids[start : start + seq_len]
+            if window:
+                yield window
+
+
+def _collate_text(pad_id: int) -> Callable[[list], Batch]:
+    def collate(chunk: list) -> Batch:
+        width = max(len(w) for w in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, window in enumerate(chunk):
+            ids[row, : len(window)] = torch.tensor(window)
+            mask[row, : len(window)] = 1
+        return Batch(ids, mask)
+    return collate
+
+
+def _tokenise(model: InterpBridge, texts: Iterable[str]) -> Iterator[list[int]]:
+    if model.tokenizer is None:
+        raise InputError(f"{model.interp.name} has no tokenizer, so text cannot be tokenised: load it with "
+                         "interp.load_model(model, tokenizer=AutoTokenizer.from_pretrained(...))")
+    for text in texts:
+        if text and text.strip():
+            yield model.tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def _text_file(path: Path) -> Iterator[str]:
+    """Paragraphs (blank-line separated) of a UTF-8 text file, read as a stream."""
+    paragraph: list[str] = []
+    with open(path, encoding="utf-8", errors="strict") as fh:
+        try:
+            for line in fh:
+                if line.strip():
+                    paragraph.append(line)
+                elif paragraph:
+                    yield "".join(paragraph)
+                    paragraph = []
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start} of a chunk): "
+                             "re-encode it as UTF-8") from None
+    if paragraph:
+        yield "".join(paragraph)
+
+
+# ----- tables ---------------------------------------------------------------------------
+
+
+def _missing_column(path: Path, column: Optional[str], columns: list[str], what: str) -> InputError:
+    hint = f"--{what}-column / {what}_column="
+    return InputError(f"{path} has no column {column!r}; its columns: {', '.join(map(str, columns))} "
+                      f"(name one with {hint})")
+
+
+def _table_rows(path: Path, column: Optional[str], what: str) -> Iterator[Any]:
+    """The values of one column, row by row, without loading the table."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        if column not in names:
+            raise _missing_column(path, column, names, what)
+        for record_batch in pf.iter_batches(columns=[column], batch_size=256):
+            yield from record_batch.column(0).to_pylist()
+    elif suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            if column not in (reader.fieldnames or []):
+                raise _missing_column(path, column, list(reader.fieldnames or []), what)
+            for row in reader:
+                yield row[column]
+    else:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{path} line {number} is not JSON ({exc.msg})") from None
+                if column not in row:
+                    raise _missing_column(path, column, list(row), what)
+                yield row[column]
+
+
+# ----- resolving ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to read data for one model (the CLI flags of the same names)."""
+
+    text_column: Optional[str] = None  # default "text"
+    image_column: Optional[str] = None  # default "image"
+    batch_size: int = 8
+    seq_len: Optional[int] = None  # default: 128, or the model's positions when fewer
+    max_items: Optional[int] = None  # images, rows or text windows, over all ranks
+    max_tokens: Optional[int] = None  # stop once this many real tokens were produced (this rank)
+    normalize: str = "model"  # "model" | "imagenet" | "none"
+    rank: int = 0
+    world: int = 1
+    strict: bool = False  # an unreadable item is an error, not a skip
+
+
+def _check_options(model: InterpBridge, opts: Options) -> None:
+    info = model.interp
+    for name in ("batch_size", "seq_len", "world"):
+        if getattr(opts, name) is not None and getattr(opts, name) < 1:
+            raise InputError(f"{name} must be >= 1, got {getattr(opts, name)}")
+    for name in ("max_items", "max_tokens"):
+        if getattr(opts, name) is not None and getattr(opts, name) < 1:
+            raise InputError(f"{name} must be >= 1 (or None for no limit), got {getattr(opts, name)}")
+    if not 0 <= opts.rank < opts.world:
+        raise InputError(f"rank {opts.rank} is not in 0..{opts.world - 1}")
+    if opts.normalize not in NORMALIZE:
+        raise InputError(f"normalize must be one of {', '.join(NORMALIZE)}, got {opts.normalize!r}")
+    if info.modality == "text" and None not in (info.max_positions, opts.seq_len) and opts.seq_len > info.max_positions:
+        raise InputError(f"seq_len {opts.seq_len} is longer than {info.name}'s {info.max_positions} positions: "
+                         f"pass --seq-len {info.max_positions} or less (longer texts are chunked into windows)")
+
+
+def _need(model: InterpBridge, modality: str, what: str) -> None:
+    info = model.interp
+    if info.modality != modality:
+        kind = "language" if info.modality == "text" else "vision"
+        raise InputError(f"{what} holds {'images' if modality == 'vision' else 'text'}, but {info.name} is a "
+                         f"{kind} model")
+
+
+def _rank_note(opts: Options) -> str:
+    return "" if opts.world == 1 else (f"; this process (rank {opts.rank} of {opts.world}) reads every "
+                                       f"{opts.world}th batch of them")
+
+
+def _image_source(model: InterpBridge, pairs: Callable[[], Iterable], count: Optional[int], where: str,
+                  opts: Options) -> DataSource:
+    _need(model, "vision", where)
+    read = _image_reader(model, opts.normalize)
+    norm = {"model": "the model's mean/std", "imagenet": "ImageNet's mean/std", "none": "no normalisation"}
+    n = "" if count is None else f"{min(count, opts.max_items or count)} "
+    text = (f"{n}images from {where}, converted to RGB, centre-cropped and resized to {model.interp.image_size} "
+            f"px, normalised with {norm[opts.normalize]}{_rank_note(opts)}")
+    src = DataSource(text, lambda: iter(()), _collate_images, opts.batch_size)
+    src.items = lambda: _image_items(src, _shard(pairs(), opts), read, opts.strict)
+    return src
+
+
+def _text_source(model: InterpBridge, texts: Callable[[], Iterable[str]], where: str, opts: Options) -> DataSource:
+    _need(model, "text", where)
+    tok = model.tokenizer
+    pad = 0 if tok is None else (tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id or 0)
+    text = (f"text from {where}, tokenised with the model's tokenizer into windows of {opts.seq_len} tokens "
+            f"(longer texts chunked), right-padded with attention masks{_rank_note(opts)}")
+    items = lambda: _shard(_windows(_tokenise(model, texts()), opts.seq_len), opts)  # noqa: E731
+    return DataSource(text, items, _collate_text(pad), opts.batch_size, max_tokens=opts.max_tokens)
+
+
+def _folder(model: InterpBridge, root: Path, opts: Options) -> DataSource:
+    files = _image_files(root)
+    labels = _class_labels(root, files)
+    where = f"{root}/" + (f" ({len(set(labels.values()))} classes from subfolders)" if labels else "")
+    return _image_source(model, lambda: ((f, None if labels is None else labels[f]) for f in files), len(files),
+                         where, opts)
+
+
+def _table(model: InterpBridge, path: Path, opts: Options) -> DataSource:
+    if model.interp.modality == "vision":
+        column = opts.image_column or "image"
+        rows = lambda: ((path.parent / str(value), None) for value in _table_rows(path, column, "image"))  # noqa: E731
+        next(iter(_table_rows(path, column, "image")), None)  # a missing column fails now, not mid-run
+        return _image_source(model, rows, None, f"column {column!r} of {path} (paths)", opts)
+    column = opts.text_column or "text"
+    next(iter(_table_rows(path, column, "text")), None)
+    return _text_source(model, lambda: (str(v) for v in _table_rows(path, column, "text") if v is not None),
+                        f"column {column!r} of {path}", opts)
+
+
+def _path_source(model: InterpBridge, path: Path, opts: Options) -> DataSource:
+    if path.is_dir():
+        return _folder(model, path, opts)
+    suffix = path.suffix.lower()
+    if path.stat().st_size == 0:
+        raise InputError(f"{path} is empty")
+    if suffix in TEXT_SUFFIXES:
+        return _text_source(model, lambda: _text_file(path), str(path), opts)
+    if suffix in TABLE_SUFFIXES:
+        return _table(model, path, opts)
+    if suffix in IMAGE_SUFFIXES:
+        return _image_source(model, lambda: iter([(path, None)]), 1, str(path), opts)
+    raise InputError(f"cannot read {path}: expected a folder of images, an image, a .txt file, or a "
+                     f".jsonl/.csv/.parquet table")
+
+
+def _dataset_source(model: InterpBridge, ds: Any, opts: Options) -> DataSource:
+    """An in-memory HF ``datasets.Dataset``, read row by row (this rank's rows only)."""
+    vision = model.interp.modality == "vision"
+    column = (opts.image_column or "image") if vision else (opts.text_column or "text")
+    if column not in ds.column_names:
+        raise InputError(f"the dataset has no column {column!r}; its columns: {', '.join(ds.column_names)}")
+    n = len(ds) if opts.max_items is None else min(len(ds), opts.max_items)
+    mine = [i for i in range(n) if (i // opts.batch_size) % opts.world == opts.rank]  # read only these rows
+    rows = lambda: (ds[i][column] for i in mine)  # noqa: E731
+    if vision:
+        shard = Options(**{**opts.__dict__, "rank": 0, "world": 1, "max_items": None})  # rows are already this rank's
+        return _image_source(model, lambda: ((img, None) for img in rows()), n, f"a datasets.Dataset ({column!r})",
+                             shard)
+    shard = Options(**{**opts.__dict__, "rank": 0, "world": 1, "max_items": None})
+    return _text_source(model, rows, f"a datasets.Dataset ({column!r}, {n} rows)", shard)
+
+
+def _array_source(model: InterpBridge, array: np.ndarray, opts: Options) -> DataSource:
+    """uint8 images [N, H, W(, C)], float pixel values [N, C, H, W], or integer token ids [N, pos]."""
+    if model.interp.modality == "text":
+        if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
+            raise InputError(f"a numpy array for a language model must be integer token ids [N, pos]; got "
+                             f"{array.dtype} {array.shape}")
+        rows = lambda: _shard(iter(array.tolist()), opts)  # noqa: E731
+        return DataSource(f"a numpy array of {len(array)} token-id rows", rows, _collate_text(0), opts.batch_size,
+                          max_tokens=opts.max_tokens)
+    if array.dtype == np.uint8 and array.ndim in (3, 4):
+        return _image_source(model, lambda: ((img, None) for img in array), len(array),
+                             f"a numpy uint8 array {array.shape}", opts)
+    if array.ndim == 4 and np.issubdtype(array.dtype, np.floating):
+        rows = lambda: ((torch.from_numpy(x), None) for x in  # noqa: E731
+                        _shard(iter(array), opts))
+        return DataSource(f"a numpy float array {array.shape}, taken as pixel values as they are", rows,
+                          _collate_images, opts.batch_size)
+    raise InputError(f"a numpy array for a vision model must be uint8 images [N, H, W(, C)] or float pixel "
+                     f"values [N, C, H, W]; got {array.dtype} {array.shape}")
+
+
+def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
+    """A folder of images, an image, a .txt file, a .jsonl/.csv/.parquet table, a ``datasets.Dataset``
+    or a numpy array, resolved for ``model`` (see the module doc; ``options``: ``Options`` fields)."""
+    unknown = set(options) - set(Options.__dataclass_fields__)
+    if unknown:
+        raise InputError(f"unknown data option(s) {sorted(unknown)}; known: {', '.join(Options.__dataclass_fields__)}")
+    opts = Options(**options)
+    _check_options(model, opts)
+    if opts.seq_len is None:
+        opts = replace(opts, seq_len=min(DEFAULT_SEQ_LEN, model.interp.max_positions or DEFAULT_SEQ_LEN))
+    if isinstance(data, (str, Path)):
+        path = Path(data).expanduser()
+        if not path.exists():
+            raise InputError(f"no such file or folder: {data}")
+        return _path_source(model, path, opts)
+    if isinstance(data, np.ndarray):
+        return _array_source(model, data, opts)
+    if hasattr(data, "column_names") and hasattr(data, "features"):
+        return _dataset_source(model, data, opts)
+    raise InputError(f"cannot resolve {type(data).__name__} as data")

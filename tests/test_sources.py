@@ -1,0 +1,190 @@
+"""Bring your own data: one test per format (files generated in a temp folder), the bad ones
+included, streaming and per-rank reads."""
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+import interp
+from interp.errors import InputError
+from interp.models import tiny_hf_model
+from interp.sources import resolve_data
+
+
+@pytest.fixture(scope="module")
+def vit():
+    return interp.load_model(tiny_hf_model("vit"), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from transformers import AutoTokenizer
+
+    from interp.models.zoo import ZOO
+
+    tokenizer = AutoTokenizer.from_pretrained(ZOO["smollm2-135m"].folder())
+    hf = tiny_hf_model("gpt2")
+    hf.resize_token_embeddings(len(tokenizer))
+    hf.config.n_positions = 64
+    return interp.load_model(hf, device="cpu", tokenizer=tokenizer)
+
+
+def write_images(folder, n, size=(40, 30), mode="RGB", fmt="PNG", classes=None, seed=0):
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(n):
+        sub = folder / (classes[i % len(classes)] if classes else "")
+        sub.mkdir(parents=True, exist_ok=True)
+        channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+        pixels = rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
+        img = Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode)
+        path = sub / f"img{i:03d}.{fmt.lower()}"
+        img.save(path, fmt)
+        paths.append(path)
+    return paths
+
+
+def batches_of(source):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return list(source)
+
+
+def test_image_folder_sorted_recursive_with_class_labels(vit, tmp_path):
+    write_images(tmp_path, 6, classes=["cat", "dog"])
+    source = resolve_data(vit, tmp_path, batch_size=4)
+    assert source.description.startswith(f"6 images from {tmp_path}/ (2 classes from subfolders)")
+    batches = batches_of(source)
+    assert [b.inputs.shape for b in batches] == [(4, 3, 32, 32), (2, 3, 32, 32)]
+    # sorted: cat/img000, cat/img002, cat/img004, dog/img001, ... -> labels 0, 0, 0, 1, 1, 1
+    assert torch.cat([b.labels for b in batches]).tolist() == [0, 0, 0, 1, 1, 1]
+    stats = interp.record_qkv(vit, resolve_data(vit, tmp_path, batch_size=4), progress=False)
+    assert stats.count(0) == 6 * 17
+
+
+def test_images_match_the_preprocessing_by_hand(vit, tmp_path):
+    [path] = write_images(tmp_path, 1, size=(50, 40))
+    x = batches_of(resolve_data(vit, path))[0].inputs[0]
+    img = np.asarray(Image.open(path).convert("RGB"))[:, 5:45]  # centre square crop of 40 x 50
+    ref = torch.nn.functional.interpolate(torch.tensor(img / 255.0, dtype=torch.float32).permute(2, 0, 1)[None],
+                                          size=(32, 32), mode="bilinear", antialias=True, align_corners=False)[0]
+    mean, std = torch.tensor(interp.batch.IMAGENET_MEAN), torch.tensor(interp.batch.IMAGENET_STD)
+    torch.testing.assert_close(x, (ref - mean[:, None, None]) / std[:, None, None], rtol=0, atol=1e-6)
+
+
+def test_jpeg_webp_grayscale_rgba_and_mixed_sizes(vit, tmp_path):
+    write_images(tmp_path / "a", 2, size=(64, 64), mode="L", fmt="JPEG")
+    write_images(tmp_path / "b", 2, size=(20, 90), mode="RGBA", fmt="PNG")
+    write_images(tmp_path / "c", 2, size=(33, 33), fmt="WEBP")
+    batches = batches_of(resolve_data(vit, tmp_path, batch_size=8))
+    assert batches[0].inputs.shape == (6, 3, 32, 32) and torch.isfinite(batches[0].inputs).all()
+
+
+def test_corrupt_and_truncated_images_are_skipped_counted_and_named(vit, tmp_path):
+    paths = write_images(tmp_path, 4)
+    paths[1].write_bytes(b"not an image")
+    paths[2].write_bytes(paths[2].read_bytes()[:60])  # truncated PNG
+    source = resolve_data(vit, tmp_path)
+    with pytest.warns(UserWarning, match=r"2 item\(s\) could not be read.*img001.*img002"):
+        batches = list(source)
+    assert source.skipped == 2 and batches[0].inputs.shape[0] == 2
+    with pytest.raises(InputError, match=r"could not read .*img001\.png"):
+        list(resolve_data(vit, tmp_path, strict=True))
+
+
+def test_empty_folder_and_empty_file(vit, lm, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.md").write_text("no images here")
+    with pytest.raises(InputError, match="no images .* in .*empty"):
+        resolve_data(vit, tmp_path / "empty")
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(InputError, match="empty.txt is empty"):
+        resolve_data(lm, tmp_path / "empty.txt")
+
+
+def test_text_file_windows_padding_and_chunking(lm, tmp_path):
+    long_paragraph = " ".join(f"word{i}" for i in range(200))
+    (tmp_path / "corpus.txt").write_text(f"A short first paragraph.\n\n{long_paragraph}\n\nThe end.\n")
+    source = resolve_data(lm, tmp_path / "corpus.txt", seq_len=32, batch_size=64)
+    [batch] = batches_of(source)
+    tok = lm.tokenizer
+    expected = [tok(p, add_special_tokens=True)["input_ids"] for p in
+                ("A short first paragraph.\n", long_paragraph + "\n", "The end.\n")]
+    windows = [ids[i : i + 32] for ids in expected for i in range(0, len(ids), 32)]
+    assert batch.inputs.shape == (len(windows), 32) and len(windows) > 3  # the long paragraph was chunked
+    for row, window in enumerate(windows):
+        assert batch.attention_mask[row].sum() == len(window)
+        assert batch.inputs[row, : len(window)].tolist() == window
+    stats = interp.record_qkv(lm, resolve_data(lm, tmp_path / "corpus.txt", seq_len=32), progress=False)
+    assert stats.count(0) == sum(len(w) for w in windows)  # padding excluded
+
+
+def test_non_utf8_text_and_too_long_seq_len(lm, tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    with pytest.raises(InputError, match="latin1.txt is not UTF-8"):
+        batches_of(resolve_data(lm, tmp_path / "latin1.txt"))
+    (tmp_path / "ok.txt").write_text("hello")
+    with pytest.raises(InputError, match="seq_len 100 is longer than .* 64 positions"):
+        resolve_data(lm, tmp_path / "ok.txt", seq_len=100)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_tables_with_a_named_text_column(lm, tmp_path, fmt):
+    rows = pd.DataFrame({"id": [1, 2, 3], "body": ["first text", "second, longer text", "third"]})
+    path = tmp_path / f"corpus.{fmt}"
+    {"jsonl": lambda: path.write_text("\n".join(json.dumps(r) for r in rows.to_dict("records"))),
+     "csv": lambda: rows.to_csv(path, index=False), "parquet": lambda: rows.to_parquet(path)}[fmt]()
+    [batch] = batches_of(resolve_data(lm, path, text_column="body", batch_size=8))
+    assert batch.inputs.shape[0] == 3
+    assert int(batch.attention_mask.sum()) == sum(len(lm.tokenizer(t)["input_ids"]) for t in rows.body)
+    with pytest.raises(InputError, match="has no column 'text'; its columns: id, body"):
+        resolve_data(lm, path)
+
+
+def test_table_with_an_image_path_column(vit, tmp_path):
+    paths = write_images(tmp_path / "imgs", 3)
+    pd.DataFrame({"file": [str(p.relative_to(tmp_path)) for p in paths]}).to_csv(tmp_path / "t.csv", index=False)
+    [batch] = batches_of(resolve_data(vit, tmp_path / "t.csv", image_column="file"))
+    assert batch.inputs.shape == (3, 3, 32, 32)
+
+
+def test_hf_dataset_numpy_and_dataloader(vit, lm):
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"text": ["one text", "another text here"]})
+    [batch] = batches_of(resolve_data(lm, ds))
+    assert batch.inputs.shape[0] == 2
+    images = np.random.default_rng(0).integers(0, 256, (5, 40, 40, 3), dtype=np.uint8)
+    assert interp.record_qkv(vit, images, progress=False).count(0) == 5 * 17
+    loader = torch.utils.data.DataLoader(torch.randn(6, 3, 32, 32), batch_size=4)
+    assert interp.record_qkv(vit, loader, progress=False).count(0) == 6 * 17
+
+
+def test_modality_mismatch_and_unknown_paths(vit, lm, tmp_path):
+    write_images(tmp_path, 1)
+    with pytest.raises(InputError, match="holds images, but .* is a language model"):
+        resolve_data(lm, tmp_path)
+    with pytest.raises(InputError, match="unknown dataset or path 'nope'"):
+        interp.record_qkv(vit, "nope", progress=False)
+
+
+def test_each_rank_reads_only_its_items_and_the_shards_add_up(vit, tmp_path, monkeypatch):
+    write_images(tmp_path, 7)
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda p, *a, **k: (opened.append(p.name), real_open(p, *a, **k))[1])
+    whole = interp.record_qkv(vit, resolve_data(vit, tmp_path, batch_size=3), progress=False)
+    opened.clear()
+    shards = [interp.record_qkv(vit, resolve_data(vit, tmp_path, batch_size=3, rank=r, world=2), progress=False)
+              for r in range(2)]
+    # a batch (3 images) at a time: rank 0 reads batches 0 and 2, rank 1 batch 1; nothing twice
+    assert opened == [f"img{i:03d}.png" for i in (0, 1, 2, 6, 3, 4, 5)]
+    merged = shards[0].merge(shards[1])
+    for kind in "qkv":
+        torch.testing.assert_close(merged.mean(1, kind), whole.mean(1, kind), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(merged.cov(1, kind), whole.cov(1, kind), rtol=1e-10, atol=1e-12)
