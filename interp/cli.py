@@ -66,17 +66,27 @@ def _record_batches(model: Any, args: argparse.Namespace, rank: int, world: int)
     import itertools
 
     from interp.data import BUILTIN, iter_batches
-    from interp.sources import resolve_data
 
     if args.data in BUILTIN:  # small, in memory: shard the batches
         return itertools.islice(iter_batches(model, args.data, max_batches=args.max_batches), rank, None, world), None
+    source = _data_source(model, args, rank, world)
+    return (source if args.max_batches is None else itertools.islice(source, args.max_batches)), source
+
+
+def _data_source(model: Any, args: argparse.Namespace, rank: int = 0, world: int = 1) -> Any:
+    """``--data`` and the data flags as a ``DataSource`` (a built-in name stays a name); says what it read."""
+    from interp.data import BUILTIN
+    from interp.sources import resolve_data
+
+    if args.data in BUILTIN:
+        return args.data
     source = resolve_data(model, args.data, text_column=args.text_column, image_column=args.image_column,
                           batch_size=args.batch_size, seq_len=args.seq_len, max_items=args.max_items,
                           max_tokens=args.max_tokens, normalize=args.normalize, rank=rank, world=world,
                           strict=args.strict)
     if rank == 0:
         print(f"data: {source.description}", flush=True)
-    return (source if args.max_batches is None else itertools.islice(source, args.max_batches)), source
+    return source
 
 
 def _gather_counts(source: Any, world: int) -> tuple[int, list[float]]:
@@ -150,10 +160,11 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     # attribution first: it refuses an unfit metric at once, before a long exact sweep
     estimates = ["attribution", "exact"] if args.estimate == "both" else [args.estimate]
     model = load_model(args.model, device=args.device)
+    data = _data_source(model, args)
     out = Path(args.out)
     begin_outputs(out)
     frames = [
-        ablate_bias(model, args.data, kinds=kinds, scope=args.scope, method=args.method,
+        ablate_bias(model, data, kinds=kinds, scope=args.scope, method=args.method,
                     metric=args.metric, estimate=est, out=out, overwrite=args.overwrite and i == 0,
                     max_batches=args.max_batches)
         for i, est in enumerate(estimates)
@@ -188,7 +199,8 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="items per batch (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per text window (default: 128, or the model's positions when fewer)")
-    p.add_argument("--max-items", type=int, default=None, help="at most this many images, rows or text windows")
+    p.add_argument("--max-items", "--max-images", dest="max_items", type=int, default=None,
+                   help="at most this many images, rows or text windows (all ranks together)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop once this many real tokens were read")
     p.add_argument("--normalize", default="model", choices=["model", "imagenet", "none"],
                    help="image mean/std: the model's (processor or timm config), ImageNet's, or none "
@@ -233,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ablate", help="patch biases out per head and measure the task metric")
     p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--kinds", default="q,k,v")
     p.add_argument("--scope", default="head", choices=["head", "layer", "all"])
     p.add_argument("--method", default="zero", choices=["zero", "mean", "fold"])
@@ -244,11 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/ablate")
     p.add_argument("--overwrite", action="store_true",
                    help="start a new sweep log in --out even if it holds results of another run")
+    _add_data_options(p)
     p.set_defaults(func=_cmd_ablate)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
     p.add_argument("--model", default=None, help="zoo name (default dinov2-s14)")
-    p.add_argument("--data", default=None, help="built-in dataset name")
+    p.add_argument("--data", default=None, help="built-in dataset name, or your own: " + DATA_HELP.split("; ", 1)[1])
     p.add_argument("--out", default="out/demo")
     p.add_argument("--quick", action="store_true", help="fewer images and batches (CI)")
     p.set_defaults(func=_cmd_demo)

@@ -21,7 +21,8 @@ from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
-from interp.data import Batch, builtin_batches
+from interp.data import BUILTIN, Batch, builtin_batches
+from interp.sources import resolve_data
 from interp.heads import bias_spec
 from interp.models.bridge import InterpBridge
 from interp.record import record_qkv
@@ -249,10 +250,14 @@ STEPS: dict[str, Step] = {
 
 def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False,
                  out: Optional[Path] = None) -> Context:
-    """The shared context for ``model`` on a built-in dataset (its modality's default when None)."""
+    """The shared context for ``model`` on a built-in dataset (its modality's default when None) or a
+    researcher's own (a path ``resolve_data`` reads: the first 8 items in quick mode, else 32)."""
     dataset = dataset or ("photos" if model.interp.modality == "vision" else "python-docs")
-    return Context(model, dataset, builtin_batches(model, dataset, batch_size=4, n=8 if quick else None), quick,
-                   out)
+    if dataset in BUILTIN:
+        batches = builtin_batches(model, dataset, batch_size=4, n=8 if quick else None)
+    else:
+        batches = list(resolve_data(model, dataset, batch_size=4, max_items=8 if quick else 32))
+    return Context(model, str(dataset), batches, quick, out)
 
 
 def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print) -> list[Section]:

@@ -58,7 +58,7 @@ class DataSource:
     max_tokens: Optional[int] = None
 
     def __iter__(self) -> Iterator[Batch]:
-        tokens = 0
+        tokens, self.skipped, self.skipped_items = 0, 0, []  # counted afresh on every pass
         items = self.items()
         while True:
             chunk = list(itertools.islice(items, self.batch_size))

@@ -188,3 +188,17 @@ def test_each_rank_reads_only_its_items_and_the_shards_add_up(vit, tmp_path, mon
     for kind in "qkv":
         torch.testing.assert_close(merged.mean(1, kind), whole.mean(1, kind), rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(merged.cov(1, kind), whole.cov(1, kind), rtol=1e-10, atol=1e-12)
+
+
+def test_the_pipeline_and_the_cli_take_a_folder(vit, tmp_path):
+    from interp.cli import main as cli_main
+    from interp.pipeline import make_context
+
+    write_images(tmp_path / "imgs", 10)
+    ctx = make_context(vit, str(tmp_path / "imgs"), quick=True)
+    assert [b.inputs.shape[0] for b in ctx.batches] == [4, 4]  # the first 8 items in quick mode
+    assert cli_main(["record", "--model", "digits-vit", "--data", str(tmp_path / "imgs"), "--max-images", "6",
+                     "--out", str(tmp_path / "out")]) == 0
+    meta = json.loads((tmp_path / "out" / "manifest.json").read_text())["meta"]
+    assert meta["data_description"].startswith("6 images from") and meta["skipped_items"] == 0
+    assert interp.QKVStats.load(tmp_path / "out" / "qkv_stats.safetensors").count(0) == 6 * 17

@@ -94,21 +94,39 @@ def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreT
     }
 
 
-def _row_variance(t: Tensor, allowed: Tensor) -> Tensor:
-    """Variance across allowed keys within each row -> [b, h, q]."""
-    m = allowed.to(t.dtype)
+def _row_covariance(a: Tensor, b: Tensor, allowed: Tensor) -> Tensor:
+    """Covariance of a and b across allowed keys within each row -> [b, h, q] (a is b: the variance)."""
+    m = allowed.to(a.dtype)
     n = m.sum(-1).clamp(min=1)
-    mean = (t * m).sum(-1) / n
-    return ((t - mean[..., None]) ** 2 * m).sum(-1) / n
+    a_c = a - (a * m).sum(-1, keepdim=True) / n[..., None]
+    b_c = b - (b * m).sum(-1, keepdim=True) / n[..., None]
+    return (a_c * b_c * m).sum(-1) / n
+
+
+def _accumulate_terms(terms: dict[str, Tensor], allowed: Tensor, valid_rows: Tensor, acc: dict, layer: int) -> Tensor:
+    """Add each term's row variance and row covariance with the score to ``acc``; return the score."""
+    total = sum(terms.values()).double()
+    for name, t in list(terms.items()) + [("total", total)]:
+        t = t.double()
+        for stat, other in (("var", t), ("cov", total)):
+            v = (_row_covariance(t, other, allowed) * valid_rows).sum((0, 2))  # [h]
+            acc[(layer, name, stat)] = acc.get((layer, name, stat), 0) + v
+    return total
 
 
 def score_decomposition(
     model: InterpBridge, data: Any, *, max_batches: Optional[int] = None, progress: bool = True
 ) -> pd.DataFrame:
-    """Per layer x head x term: variance across keys (within a query row, averaged) and share.
+    """Per layer x head x term: how much of the score's variance across keys each term carries.
 
-    Columns: layer, head, term, variance, share (of the summed term variances),
-    total_variance (of the real scores), kl_without_key_prior (mean over rows of
+    Within a query row, across its allowed keys, the score s = sum_t t splits its variance
+    exactly: Var(s) = sum_t Cov(t, s). ``share`` = Cov(t, s) / Var(s) (rows averaged in
+    numerator and denominator), so the four shares sum to 1 by construction; a term that
+    works against the others has a negative share. ``variance`` is the term's own Var(t)
+    (the terms covary, so these do not add up to Var(s)).
+
+    Columns: layer, head, term, variance, share, total_variance (Var(s) of the four terms'
+    sum, the score without ALiBi / relative terms), kl_without_key_prior (mean over rows of
     KL(P || P without the key_prior term), nats), rotary, terms_complete (False where the
     family adds a content-free score term the four leave out: ALiBi, BEiT's relative
     position bias). Refused (``UnsupportedModelError``, with the reason) where the score is
@@ -132,13 +150,10 @@ def score_decomposition(
             n_rows = valid_rows.sum()
             for layer in range(info.n_layers):
                 terms = score_terms(model, cache, layer)
-                total = sum(terms.values())
-                for name, t in list(terms.items()) + [("total", total)]:
-                    v = (_row_variance(t.double(), allowed) * valid_rows).sum((0, 2))  # [h]
-                    acc[(layer, name)] = acc.get((layer, name), 0) + v
+                total = _accumulate_terms(terms, allowed, valid_rows, acc, layer)
                 neg = torch.finfo(torch.float64).min
                 s = total.double().masked_fill(~allowed, neg)
-                s_wo = (total - terms["key_prior"]).double().masked_fill(~allowed, neg)
+                s_wo = (total - terms["key_prior"].double()).masked_fill(~allowed, neg)
                 logp, logq = s.log_softmax(-1), s_wo.log_softmax(-1)
                 kl = (logp.exp() * (logp - logq)).masked_fill(~allowed, 0).sum(-1)
                 kl_acc[layer] = kl_acc.get(layer, 0) + (kl * valid_rows).sum((0, 2))
@@ -147,15 +162,16 @@ def score_decomposition(
         raise InputError("data is empty: no query rows to decompose")
     out = []
     for layer in range(info.n_layers):
-        term_var = torch.stack([acc[(layer, t)] for t in TERMS]) / rows_acc  # [4, h]
-        denom = term_var.sum(0).clamp(min=1e-300)
-        total_var = acc[(layer, "total")] / rows_acc
+        term_var = torch.stack([acc[(layer, t, "var")] for t in TERMS]) / rows_acc  # [4, h]
+        term_cov = torch.stack([acc[(layer, t, "cov")] for t in TERMS]) / rows_acc  # Cov(term, score)
+        total_var = acc[(layer, "total", "var")] / rows_acc
+        denom = total_var.clamp(min=1e-300)
         kl = kl_acc[layer] / rows_acc
         for h in range(info.n_heads):
             for i, t in enumerate(TERMS):
                 out.append(dict(
                     layer=layer, head=h, term=t, variance=float(term_var[i, h]),
-                    share=float(term_var[i, h] / denom[h]), total_variance=float(total_var[h]),
+                    share=float(term_cov[i, h] / denom[h]), total_variance=float(total_var[h]),
                     kl_without_key_prior=float(kl[h]), rotary=info.rotary,
                     terms_complete=not info.spec.extra_score_term,  # ALiBi, BEiT's relative position bias
                 ))

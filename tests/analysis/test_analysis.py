@@ -1,5 +1,6 @@
 """Analyzers: the exact identities of docs/mathematics.md, on random models of several families."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -172,3 +173,30 @@ def test_key_prior_cosine_with_learned_positions_is_filled(family):
     assert q.max_abs_cos_key_prior_pos.between(0, 1).all(), family
     has_cls = any(n.endswith(("cls_token", "class_embedding")) for n, _ in hf.named_parameters())  # not SigLIP
     assert q.cos_key_prior_cls.notna().all() == has_cls
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2", "vit"])
+def test_score_shares_are_cov_over_var_sum_to_one_and_equal_brute_force(family):
+    """share_t = mean_rows Cov_j(term_t, s) / mean_rows Var_j(s): exact, so it sums to 1."""
+    from interp.analysis.scores import _key_mask, score_terms
+
+    model = interp.load_model(tiny_hf_model(family, bias_scale=2.0).double(), device="cpu")
+    x = tiny_inputs(family, batch=2)
+    x = x.double() if x.is_floating_point() else x
+    dec = interp.score_decomposition(model, [x], progress=False)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(x)
+    allowed = _key_mask(model, Batch(x), cache["blocks.0.attn.hook_q"].shape[1], "cpu")
+    for layer in range(model.interp.n_layers):
+        terms = score_terms(model, cache, layer)
+        s = sum(terms.values())
+        for head in range(model.interp.n_heads):
+            rows = [(b, i) for b in range(x.shape[0]) for i in range(s.shape[-1]) if allowed[b, 0, i].any()]
+            keys = [allowed[b, 0, i].numpy() for b, i in rows]
+            var_s = np.mean([np.var(s[b, head, i].numpy()[k]) for (b, i), k in zip(rows, keys)])
+            for name, t in terms.items():
+                cov = np.mean([np.cov(t[b, head, i].numpy()[k], s[b, head, i].numpy()[k], bias=True)[0, 1]
+                               for (b, i), k in zip(rows, keys)])
+                got = dec[(dec.layer == layer) & (dec.head == head) & (dec.term == name)].share.item()
+                assert got == pytest.approx(cov / var_s, rel=1e-9, abs=1e-12)
+    assert ((dec.groupby(["layer", "head"]).share.sum() - 1).abs() <= 1e-9).all()
