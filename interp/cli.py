@@ -75,9 +75,10 @@ def _record_batches(model: Any, args: argparse.Namespace, rank: int, world: int)
 
 def _data_source(model: Any, args: argparse.Namespace, rank: int = 0, world: int = 1) -> Any:
     """``--data`` and the data flags as a ``DataSource`` (a built-in name stays a name); says what it read."""
-    from interp.data import BUILTIN
+    from interp.data import BUILTIN, check_data_name
     from interp.sources import resolve_data
 
+    check_data_name(args.data)
     if args.data in BUILTIN:
         return args.data
     source = resolve_data(model, args.data, text_column=args.text_column, image_column=args.image_column,

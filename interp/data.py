@@ -194,6 +194,13 @@ def _to_batch(model: InterpBridge, item: Any) -> Batch:
     )
 
 
+def check_data_name(data: Any) -> None:
+    """A built-in data set name or an existing path; else one error naming both kinds."""
+    if isinstance(data, (str, os.PathLike)) and data not in BUILTIN and not Path(data).expanduser().exists():
+        raise InputError(f"unknown dataset or path {str(data)!r}: built-in datasets are {', '.join(BUILTIN)}; "
+                         "or pass a folder of images, an image, a .txt file or a .jsonl/.csv/.parquet table")
+
+
 def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
     """Normalise ``data`` to batches: a built-in name, a path (folder of images, image, .txt,
     .jsonl/.csv/.parquet; see ``interp.sources``), a ``DataSource``, a numpy array, a
@@ -207,9 +214,7 @@ def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = No
     if isinstance(data, str) and data in BUILTIN:
         items: Iterable[Any] = builtin_batches(model, data)
     elif isinstance(data, (str, os.PathLike)):
-        if not Path(data).expanduser().exists():
-            raise InputError(f"unknown dataset or path {str(data)!r}: built-in datasets are {', '.join(BUILTIN)}; "
-                             "or pass a folder of images, an image, a .txt file or a .jsonl/.csv/.parquet table")
+        check_data_name(data)
         items = resolve_data(model, data)
     elif isinstance(data, DataSource):
         items = data

@@ -201,7 +201,7 @@ CASES = [
     ("record text to ViT", lambda c: interp.record_qkv(c.vit, "python-docs", progress=False), InputError,
      "holds text"),
     ("record unknown dataset", lambda c: interp.record_qkv(c.vit, "imagenet", progress=False), InputError,
-     "unknown dataset 'imagenet'"),
+     "unknown dataset or path 'imagenet'"),
     ("builtin_batches raw HF", lambda c: interp.builtin_batches(tiny_hf_model("vit"), "photos"), InputError,
      "interp.load_model"),
     ("builtin_batches unknown", lambda c: interp.builtin_batches(c.vit, "cifar"), InputError, "unknown dataset"),

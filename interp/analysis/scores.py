@@ -105,9 +105,9 @@ def _row_covariance(a: Tensor, b: Tensor, allowed: Tensor) -> Tensor:
 
 def _accumulate_terms(terms: dict[str, Tensor], allowed: Tensor, valid_rows: Tensor, acc: dict, layer: int) -> Tensor:
     """Add each term's row variance and row covariance with the score to ``acc``; return the score."""
-    total = sum(terms.values()).double()
+    terms = {name: t.double() for name, t in terms.items()}
+    total = sum(terms.values())  # in float64, so that sum_t Cov(t, s) = Var(s) to rounding
     for name, t in list(terms.items()) + [("total", total)]:
-        t = t.double()
         for stat, other in (("var", t), ("cov", total)):
             v = (_row_covariance(t, other, allowed) * valid_rows).sum((0, 2))  # [h]
             acc[(layer, name, stat)] = acc.get((layer, name, stat), 0) + v
@@ -160,6 +160,11 @@ def score_decomposition(
             rows_acc += float(n_rows)
     if rows_acc == 0:
         raise InputError("data is empty: no query rows to decompose")
+    return _decomposition_table(info, acc, kl_acc, rows_acc)
+
+
+def _decomposition_table(info: Any, acc: dict, kl_acc: dict, rows_acc: float) -> pd.DataFrame:
+    """The long table of ``score_decomposition`` from its row-summed accumulators."""
     out = []
     for layer in range(info.n_layers):
         term_var = torch.stack([acc[(layer, t, "var")] for t in TERMS]) / rows_acc  # [4, h]

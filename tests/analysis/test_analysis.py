@@ -197,6 +197,6 @@ def test_score_shares_are_cov_over_var_sum_to_one_and_equal_brute_force(family):
             for name, t in terms.items():
                 cov = np.mean([np.cov(t[b, head, i].numpy()[k], s[b, head, i].numpy()[k], bias=True)[0, 1]
                                for (b, i), k in zip(rows, keys)])
-                got = dec[(dec.layer == layer) & (dec.head == head) & (dec.term == name)].share.item()
+                got = dec[(dec.layer == layer) & (dec["head"] == head) & (dec.term == name)].share.item()
                 assert got == pytest.approx(cov / var_s, rel=1e-9, abs=1e-12)
     assert ((dec.groupby(["layer", "head"]).share.sum() - 1).abs() <= 1e-9).all()
