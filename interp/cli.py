@@ -167,7 +167,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     frames = [
         ablate_bias(model, data, kinds=kinds, scope=args.scope, method=args.method,
                     metric=args.metric, estimate=est, out=out, overwrite=args.overwrite and i == 0,
-                    max_batches=args.max_batches)
+                    max_batches=args.max_batches, force_exact=args.force_exact)
         for i, est in enumerate(estimates)
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
@@ -257,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/ablate")
     p.add_argument("--overwrite", action="store_true",
                    help="start a new sweep log in --out even if it holds results of another run")
+    p.add_argument("--force-exact", action="store_true",
+                   help="run forwards even for variants an identity answers (b_k under non-rotary positions, "
+                        "absent biases, b_v folded); by default their rows say why and skip the forward")
     _add_data_options(p)
     p.set_defaults(func=_cmd_ablate)
 

@@ -26,6 +26,7 @@ from interp._version import __version__
 from interp.data import Batch, iter_batches
 from interp.errors import InputError
 from interp.fingerprint import callable_identity, data_fingerprint, model_fingerprint
+from interp.heads import bias_present
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.patching import Target, check_method, repeat_batch, stacked_patch_hooks
@@ -34,7 +35,7 @@ from interp.stats import QKVStats
 from interp.types import ESTIMATES, Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
-           "kl", "n_targets", "model_fingerprint", "data_fingerprint"]
+           "kl", "n_targets", "identity", "model_fingerprint", "data_fingerprint"]
 
 
 @dataclass
@@ -92,11 +93,33 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     return run
 
 
-def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float) -> dict:
+def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float,
+         identity: str = "") -> dict:
     return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
                 estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
-                delta=ablated - run.baseline, kl=kl, n_targets=len(var.targets),
+                delta=ablated - run.baseline, kl=kl, n_targets=len(var.targets), identity=identity,
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
+
+
+def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
+    """Why ``var`` provably changes nothing, so that no forward is needed; "" when it must run.
+
+    * every target's bias is absent and the method only removes (zero, fold): nothing to remove;
+    * only b_k, and the registry says b_k cancels in the softmax (learned, ALiBi, relative or no
+      positions; not rotary or qk-norm): zero and mean both shift k by a per-head constant,
+      which adds the same amount to every score of a query row;
+    * only b_v, folded into b_O: attention rows sum to 1, so the fold is exact.
+    """
+    kinds = {kind for _, _, kind in var.targets}
+    present = {layer: bias_present(model, layer) for layer in {layer for layer, _, _ in var.targets}}
+    if method in ("zero", "fold") and not any(present[layer][kind] for layer, _, kind in var.targets):
+        return "absent bias: nothing to remove"
+    spec = model.interp.spec
+    if kinds == {"k"} and spec.k_bias_inert:
+        return f"b_k cancels in the softmax under {spec.positions} positions"
+    if kinds == {"v"} and method == "fold":
+        return "b_v folds exactly into b_O (attention rows sum to 1)"
+    return ""
 
 
 def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Optional[QKVStats],
@@ -136,6 +159,7 @@ def ablate_bias(
     overwrite: bool = False,
     max_batches: Optional[int] = None,
     stack: int = 8,
+    force_exact: bool = False,
     progress: bool = True,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant.
@@ -150,6 +174,11 @@ def ablate_bias(
     rerun resumes; a log written by another run (other weights, data, max_batches, metric
     or library version) is refused, or replaced when ``overwrite=True``. Every row carries
     the model's and the data's fingerprints.
+
+    A variant the mathematics answers (``identity_reason``: b_k under positions that cancel
+    it, an absent bias, b_v folded) is not run: its row says ablated = baseline, delta = kl =
+    0 and, in ``identity``, why; ``force_exact=True`` runs those forwards too (their deltas
+    are then float rounding).
     """
     model = require_bridge(model, "ablate_bias")
     variants = make_variants(model.interp, kinds, scope)
@@ -159,7 +188,11 @@ def ablate_bias(
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, overwrite)
     keys = {v: v.key(method, estimate, run.metric_name) for v in variants}
-    todo = [v for v in variants if keys[v] not in log.rows]
+    todo = [v for v in variants if keys[v] not in log.rows or (force_exact and log.rows[keys[v]].get("identity"))]
+    reasons = {} if force_exact else {v: identity_reason(model, v, method) for v in todo}
+    for var in [v for v in todo if reasons.get(v)]:
+        log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var]))
+    todo = [v for v in todo if not reasons.get(v)]
     if estimate == "exact":
         _exact(run, todo, keys, method, stats, stack, log, progress)
     elif todo:
@@ -167,7 +200,7 @@ def ablate_bias(
                                     run.need_hidden)
         for var, d in zip(todo, deltas):
             log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
-    df = pd.DataFrame([{c: log.rows[keys[v]][c] for c in COLUMNS} for v in variants], columns=COLUMNS)
+    df = pd.DataFrame([{c: log.rows[keys[v]].get(c, "") for c in COLUMNS} for v in variants], columns=COLUMNS)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     if out is not None:
         write_table(df, Path(out) / f"ablation_{method}_{estimate}")

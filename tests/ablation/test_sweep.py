@@ -143,3 +143,33 @@ def test_stacked_variants_equal_one_forward_each(family):
     fold1 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=1, progress=False)
     fold3 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=3, progress=False)
     assert (fold1.delta - fold3.delta).abs().max() <= 1e-6
+
+
+def test_identities_answer_without_forwards_and_agree_with_forced_forwards(monkeypatch):
+    """b_k under learned positions is answered by the identity (no forward); --force-exact agrees."""
+    import interp.ablation.metrics as metrics
+
+    model = interp.load_model(interp.tiny_hf_model("vit", bias_scale=2.0), device="cpu")
+    x = interp.tiny_inputs("vit")
+    calls = []
+    real = metrics.run_forward
+    monkeypatch.setattr(metrics, "run_forward", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    fast = interp.ablate_bias(model, [x], kinds=("q", "k", "v"), stack=1, progress=False)
+    k = fast[fast.kind == "k"]
+    assert (k.identity == "b_k cancels in the softmax under learned positions").all()
+    assert (k.delta == 0).all() and (k.kl == 0).all()
+    assert (fast[fast.kind != "k"].identity == "").all()
+    assert len(calls) == 1 + 2 * 4 * 2  # the intact run + one forward per q and v head, none for k
+    forced = interp.ablate_bias(model, [x], kinds=("k",), stack=1, force_exact=True, progress=False)
+    assert (forced.identity == "").all() and forced.delta.abs().max() <= 1e-5  # float32 rounding only
+
+
+def test_no_identity_is_claimed_under_rotary_and_absent_biases_are_said():
+    qwen = interp.load_model(interp.tiny_hf_model("qwen2", bias_scale=2.0), device="cpu")
+    table = interp.ablate_bias(qwen, [interp.tiny_inputs("qwen2")], kinds=("k",), progress=False)
+    assert (table.identity == "").all() and (table.delta.abs() > 0).any()
+    beit = interp.load_model(interp.tiny_hf_model("beit"), device="cpu")
+    table = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), progress=False)
+    assert (table.identity == "absent bias: nothing to remove").all() and (table.delta == 0).all()
+    mean = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), method="mean", progress=False)
+    assert (mean.identity == "b_k cancels in the softmax under relative positions").all()
