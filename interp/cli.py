@@ -2,9 +2,11 @@
 
 Subcommands: ``models`` (the offline zoo), ``families`` (the family registry), ``fetch``
 (download and convert the zoo), ``inventory`` (bias inventory of a model), ``record``
-(per-head Q/K/V statistics, torchrun-aware), ``ablate`` (bias ablations), ``demo`` (the
-main job: every analysis, report.html and summary.json). Each writes CSV/Parquet tables
-and PNG figures into ``--out``.
+(per-head Q/K/V statistics, torchrun-aware), ``origin`` (origin shift), ``scores`` (score
+decomposition and the float64 invariances), ``frequency`` (frequency profiles and head
+families), ``ablate`` (bias ablations), ``demo`` (the main job: every analysis,
+report.html and summary.json). Each writes CSV/Parquet tables and PNG figures into
+``--out``. ``--debug`` (anywhere on the line) shows tracebacks; ``--version`` the version.
 """
 
 from __future__ import annotations
@@ -182,6 +184,33 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
+# the analysis subcommands: which pipeline steps each runs (the steps the demo runs, one at a time)
+ANALYSES = {
+    "origin": (["recording", "origin"], "how each head's bias shifts its origin (origin_shift), with figures"),
+    "scores": (["scores", "invariances"], "score decomposition (key-prior share) and the float64 bias identities"),
+    "frequency": (["frequency"], "frequency profiles, head families and the q-bias frequency shift"),
+}
+
+
+def _cmd_analysis(args: argparse.Namespace) -> int:
+    """One analysis of the demo on any model and data, into ``--out`` (tables, figures, manifest)."""
+    from interp.models.loading import load_model
+    from interp.pipeline import make_context, run_steps
+    from interp.report import begin_outputs, write_manifest, write_section
+
+    model = load_model(args.model, device=args.device)
+    out = Path(args.out or f"out/{args.command}")
+    ctx = make_context(model, args.data, args.quick, out)
+    begin_outputs(out)
+    for section in run_steps(ctx, ANALYSES[args.command][0]):
+        write_section(section, out)
+        print(section.text)
+    write_manifest(out, dict(command=args.command, model=args.model, data=ctx.dataset, quick=args.quick,
+                             batches=len(ctx.batches)))
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from interp.demo import run_demo
 
@@ -210,11 +239,16 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from interp._version import __version__
+
+    common = argparse.ArgumentParser(add_help=False)  # accepted before or after the subcommand
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error instead of one line")
     parser = argparse.ArgumentParser(
-        prog="interp", description="Mechanistic interpretability of the QKV bias in attention."
+        prog="interp", description="Mechanistic interpretability of the QKV bias in attention.", parents=[common],
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on error")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"interp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_subparser_class(common))
 
     p = sub.add_parser("models", help="list the zoo and what is available offline")
     p.set_defaults(func=_cmd_models)
@@ -229,8 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fetch)
 
     p = sub.add_parser("inventory", help="write the bias inventory of a model")
-    p.add_argument("--model", required=True)
-    p.add_argument("--out", default="out/inventory")
+    p.add_argument("--model", required=True, help="zoo name (interp models), local HF folder or hub id")
+    p.add_argument("--out", default="out/inventory", help="output folder (default: %(default)s)")
     p.set_defaults(func=_cmd_inventory)
 
     p = sub.add_parser("record", help="record per-head Q/K/V statistics, streaming (torchrun-aware)",
@@ -244,17 +278,40 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(p)
     p.set_defaults(func=_cmd_record)
 
+    _add_analysis_parsers(sub)
+
+    _add_ablate_parser(sub)
+
+    p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
+    p.add_argument("--model", default=None, help="zoo name (default dinov2-s14)")
+    p.add_argument("--data", default=None, help="built-in dataset name, or your own: " + DATA_HELP.split("; ", 1)[1])
+    p.add_argument("--out", default="out/demo", help="output folder (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="fewer images and batches (CI)")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def _add_ablate_parser(sub: Any) -> None:
     p = sub.add_parser("ablate", help="patch biases out per head and measure the task metric")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="zoo name (interp models), local HF folder or hub id")
     p.add_argument("--data", required=True, help=DATA_HELP)
-    p.add_argument("--kinds", default="q,k,v")
-    p.add_argument("--scope", default="head", choices=["head", "layer", "all"])
-    p.add_argument("--method", default="zero", choices=["zero", "mean", "fold"])
-    p.add_argument("--metric", default="auto")
-    p.add_argument("--estimate", default="exact", choices=["exact", "attribution", "both"])
-    p.add_argument("--max-batches", type=int, default=None)
-    p.add_argument("--device", default=None)
-    p.add_argument("--out", default="out/ablate")
+    p.add_argument("--kinds", default="q,k,v", help="comma-separated biases to ablate, of q, k, v, o "
+                   "(default: %(default)s)")
+    p.add_argument("--scope", default="head", choices=["head", "layer", "all"],
+                   help="patch one head, every head of a layer, or every head of a kind at a time "
+                        "(default: %(default)s)")
+    p.add_argument("--method", default="zero", choices=["zero", "mean", "fold"],
+                   help="zero: b -> 0; mean: b -> E[XW] (the data-induced origin); fold: b_v into b_O, exact "
+                        "(default: %(default)s)")
+    p.add_argument("--metric", default="auto",
+                   help="auto (the family's default), next_token_ce, cross_entropy, embedding_cosine or "
+                        "feature_cosine (default: %(default)s)")
+    p.add_argument("--estimate", default="exact", choices=["exact", "attribution", "both"],
+                   help="exact forwards, a first-order estimate from one backward, or both (default: %(default)s)")
+    p.add_argument("--max-batches", type=int, default=None, help="at most this many batches (default: all)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--out", default="out/ablate", help="output folder, and its resumable sweep log "
+                   "(default: %(default)s)")
     p.add_argument("--overwrite", action="store_true",
                    help="start a new sweep log in --out even if it holds results of another run")
     p.add_argument("--force-exact", action="store_true",
@@ -263,13 +320,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(p)
     p.set_defaults(func=_cmd_ablate)
 
-    p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
-    p.add_argument("--model", default=None, help="zoo name (default dinov2-s14)")
-    p.add_argument("--data", default=None, help="built-in dataset name, or your own: " + DATA_HELP.split("; ", 1)[1])
-    p.add_argument("--out", default="out/demo")
-    p.add_argument("--quick", action="store_true", help="fewer images and batches (CI)")
-    p.set_defaults(func=_cmd_demo)
-    return parser
+
+def _add_analysis_parsers(sub: Any) -> None:
+    for name, (_, what) in ANALYSES.items():
+        p = sub.add_parser(name, help=what, description=f"{what[0].upper()}{what[1:]}; the demo's step, alone.")
+        p.add_argument("--model", required=True, help="zoo name (interp models), local HF folder or hub id")
+        p.add_argument("--data", default=None, help="default: photos (vision) or python-docs (text); "
+                       + DATA_HELP.split("; ", 1)[1])
+        p.add_argument("--out", default=None, help=f"output folder (default: out/{name})")
+        p.add_argument("--quick", action="store_true", help="8 items and 1 batch per expensive step")
+        p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+        p.set_defaults(func=_cmd_analysis)
+
+
+def _subparser_class(common: argparse.ArgumentParser) -> type:
+    class SubParser(argparse.ArgumentParser):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["parents"] = [*kwargs.get("parents", []), common]
+            super().__init__(*args, **kwargs)
+    return SubParser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -284,10 +353,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as exc:  # one clear line, no traceback, unless --debug
         from interp.errors import InterpError
 
-        if args.debug:
+        if getattr(args, "debug", False):
             raise
         kind = "error" if isinstance(exc, InterpError) else f"error ({type(exc).__name__})"
-        print(f"interp {args.command}: {kind}: {exc}", file=sys.stderr)
+        sys.stdout.flush()  # a progress bar's line ends before the error starts its own
+        print(f"\ninterp {args.command}: {kind}: {exc}", file=sys.stderr)
         return 1
 
 

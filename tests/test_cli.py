@@ -50,3 +50,26 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
     assert len(abl) == 12 * 6 * 3 and (abl[abl.kind == "k"].delta.abs() < 1e-4).all()  # b_k inert
     inv = pd.read_csv(tmp_path / "bias_invariances.csv")
     assert (inv.max_abs_diff < 1e-9).all()  # float64: DINOv2's b_k (norm up to ~150) is inert
+
+
+@pytest.mark.parametrize("command", ["origin", "scores", "frequency"])
+def test_analysis_subcommands_list_their_options_and_write_their_tables(command, tmp_path):
+    from interp.cli import main as cli_main
+
+    help_text = run(command, "--help").stdout
+    for option in ("--model", "--data", "--out", "--quick", "--device", "--debug"):
+        assert option in help_text, (command, option)
+    assert cli_main([command, "--model", "digits-vit", "--data", "digits", "--quick", "--out", str(tmp_path)]) == 0
+    written = {p.name for p in tmp_path.iterdir()}
+    expected = {"origin": "origin_shift.csv", "scores": "score_decomposition.csv", "frequency": "frequency_profile.csv"}
+    assert expected[command] in written and "manifest.json" in written
+
+
+def test_version_and_debug_anywhere():
+    from interp import __version__
+
+    assert run("--version").stdout.strip() == f"interp {__version__}"
+    for argv in (("--debug", "inventory", "--model", "no-such-model"), ("inventory", "--model", "no-such-model",
+                                                                       "--debug")):
+        r = run(*argv)
+        assert r.returncode != 0 and "Traceback" in r.stderr  # --debug shows it, before or after the subcommand
