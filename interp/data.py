@@ -183,8 +183,11 @@ def _to_batch(model: InterpBridge, item: Any) -> Batch:
     if isinstance(item, Tensor):
         return Batch(item)
     if isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], str)):
+        if info.modality != "text":
+            raise InputError(f"{info.name} is a vision model: text cannot be its data")
         if model.tokenizer is None:
-            raise InputError(f"{info.name} has no tokenizer: pass token ids instead of text")
+            raise InputError(f"{info.name} has no tokenizer, so text cannot be tokenised: pass token ids, or load it "
+                             "with interp.load_model(model, tokenizer=AutoTokenizer.from_pretrained(...))")
         texts = [item] if isinstance(item, str) else item
         enc = model.tokenizer(texts, return_tensors="pt", padding=True)
         return Batch(enc["input_ids"], enc["attention_mask"])
@@ -192,6 +195,12 @@ def _to_batch(model: InterpBridge, item: Any) -> Batch:
         f"cannot make a batch from {type(item).__name__}: expected a tensor, a dict with "
         "input_ids/pixel_values, text, or a built-in dataset name"
     )
+
+
+def _is_text(model: InterpBridge, data: str) -> bool:
+    """A string with a space, for a language model, that names no data set or file: text itself."""
+    return (model.interp.modality == "text" and any(c.isspace() for c in data.strip())
+            and data not in BUILTIN and not Path(data).expanduser().exists())
 
 
 def check_data_name(data: Any) -> None:
@@ -213,6 +222,8 @@ def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = No
     max_batches = check_max_batches(max_batches)
     if isinstance(data, str) and data in BUILTIN:
         items: Iterable[Any] = builtin_batches(model, data)
+    elif isinstance(data, str) and _is_text(model, data):
+        items = [[data]]  # a sentence for a language model: one batch of one text
     elif isinstance(data, (str, os.PathLike)):
         check_data_name(data)
         items = resolve_data(model, data)

@@ -202,3 +202,14 @@ def test_the_pipeline_and_the_cli_take_a_folder(vit, tmp_path):
     meta = json.loads((tmp_path / "out" / "manifest.json").read_text())["meta"]
     assert meta["data_description"].startswith("6 images from") and meta["skipped_items"] == 0
     assert interp.QKVStats.load(tmp_path / "out" / "qkv_stats.safetensors").count(0) == 6 * 17
+
+
+def test_a_sentence_is_data_for_a_language_model_with_a_tokenizer(vit, lm):
+    sentence = "The quick brown fox jumps over the lazy dog."
+    stats = interp.record_qkv(lm, sentence, progress=False)
+    assert stats.count(0) == len(lm.tokenizer(sentence)["input_ids"])
+    bare = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
+    with pytest.raises(InputError, match=r"no tokenizer.*interp\.load_model\(model, tokenizer="):
+        interp.record_qkv(bare, sentence, progress=False)
+    with pytest.raises(InputError, match="unknown dataset or path"):
+        interp.record_qkv(vit, sentence, progress=False)  # a vision model never reads a string as text
