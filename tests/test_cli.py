@@ -53,10 +53,12 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["origin", "scores", "frequency"])
-def test_analysis_subcommands_list_their_options_and_write_their_tables(command, tmp_path):
+def test_analysis_subcommands_list_their_options_and_write_their_tables(command, tmp_path, capsys):
     from interp.cli import main as cli_main
 
-    help_text = run(command, "--help").stdout
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    help_text = capsys.readouterr().out
     for option in ("--model", "--data", "--out", "--quick", "--device", "--debug"):
         assert option in help_text, (command, option)
     assert cli_main([command, "--model", "digits-vit", "--data", "digits", "--quick", "--out", str(tmp_path)]) == 0
