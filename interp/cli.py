@@ -306,8 +306,10 @@ def _add_ablate_parser(sub: Any) -> None:
     p.add_argument("--metric", default="auto",
                    help="auto (the family's default), next_token_ce, cross_entropy, embedding_cosine or "
                         "feature_cosine (default: %(default)s)")
-    p.add_argument("--estimate", default="exact", choices=["exact", "attribution", "both"],
-                   help="exact forwards, a first-order estimate from one backward, or both (default: %(default)s)")
+    p.add_argument("--estimate", default="exact", choices=["exact", "attribution", "atp", "both"],
+                   help="exact forwards; a first-order estimate from one backward (attribution); AtP*: the "
+                        "patched head's pattern exact, linear after it (atp); or attribution and exact "
+                        "(both) (default: %(default)s)")
     p.add_argument("--max-batches", type=int, default=None, help="at most this many batches (default: all)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--out", default="out/ablate", help="output folder, and its resumable sweep log "

@@ -2,7 +2,9 @@
 
 ``estimate="exact"`` runs one patched forward per variant (``stack`` variants at a time,
 stacked on the batch axis). ``estimate="attribution"`` estimates every variant to first
-order from one forward and one backward per batch (``interp.ablation.attribution``).
+order from one forward and one backward per batch, ``estimate="atp"`` (AtP*) recomputes
+the patched head's pattern exactly for q and k and linearises only after it
+(``interp.ablation.attribution``).
 With ``out``, each finished variant is appended to ``out/ablation.jsonl`` at once; a
 rerun skips finished variants.
 """
@@ -19,7 +21,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 import interp.ablation.metrics as metrics
-from interp.ablation.attribution import attribution_deltas
+from interp.ablation.attribution import atp_star_deltas, attribution_deltas
 from interp.ablation.log import ResultLog
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
@@ -71,9 +73,9 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     name = metrics.metric_name(model, metric, batches[0])
     if name == "cross_entropy" and any(b.labels is None for b in batches):
         raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
-    if estimate == "attribution" and name in metrics.DISTANCE_METRICS:
+    if estimate in ("attribution", "atp") and name in metrics.DISTANCE_METRICS:
         raise InputError(
-            f"estimate='attribution' cannot estimate the distance metric {name!r}: its gradient "
+            f"estimate={estimate!r} cannot estimate the distance metric {name!r}: its gradient "
             "at the intact model is zero, so a first-order estimate is meaningless; use a task metric "
             "(next_token_ce, cross_entropy, a logit difference) or estimate='exact'"
         )
@@ -145,6 +147,15 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Op
     bar.close()
 
 
+def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, method: Method, estimate: str,
+                        log: ResultLog) -> list[Variant]:
+    """Log the rows an identity answers (no forward); return the variants left to run."""
+    reasons = {v: identity_reason(run.model, v, method) for v in todo}
+    for var in [v for v in todo if reasons[v]]:
+        log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var]))
+    return [v for v in todo if not reasons[v]]
+
+
 def ablate_bias(
     model: InterpBridge,
     data: Any,
@@ -189,15 +200,13 @@ def ablate_bias(
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, overwrite)
     keys = {v: v.key(method, estimate, run.metric_name) for v in variants}
     todo = [v for v in variants if keys[v] not in log.rows or (force_exact and log.rows[keys[v]].get("identity"))]
-    reasons = {} if force_exact else {v: identity_reason(model, v, method) for v in todo}
-    for var in [v for v in todo if reasons.get(v)]:
-        log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var]))
-    todo = [v for v in todo if not reasons.get(v)]
+    todo = todo if force_exact else _answer_by_identity(run, todo, keys, method, estimate, log)
     if estimate == "exact":
         _exact(run, todo, keys, method, stats, stack, log, progress)
     elif todo:
-        deltas = attribution_deltas(model, run.batches, run.weights, todo, method, stats, run.value, run.refs,
-                                    run.need_hidden)
+        estimator = atp_star_deltas if estimate == "atp" else attribution_deltas
+        deltas = estimator(model, run.batches, run.weights, todo, method, stats, run.value, run.refs,
+                           run.need_hidden)
         for var, d in zip(todo, deltas):
             log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
     df = pd.DataFrame([{c: log.rows[keys[v]].get(c, "") for c in COLUMNS} for v in variants], columns=COLUMNS)

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import spearmanr
@@ -173,3 +174,27 @@ def test_no_identity_is_claimed_under_rotary_and_absent_biases_are_said():
     assert (table.identity == "absent bias: nothing to remove").all() and (table.delta == 0).all()
     mean = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), method="mean", progress=False)
     assert (mean.identity == "b_k cancels in the softmax under relative positions").all()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "neox"])
+def test_atp_star_recomputes_the_pattern_and_beats_plain_attribution_where_the_softmax_bends(family):
+    """Large biases (N(0, 2^2)): AtP* (exact pattern, linear after z) against the exact deltas."""
+
+    model = interp.load_model(interp.tiny_hf_model(family, bias_scale=2.0), device="cpu")
+    data = [interp.tiny_inputs(family, batch=4, pos=12, seed=s) for s in range(2)]
+    kw = dict(kinds=("q", "k"), force_exact=True, progress=False)
+    exact = interp.ablate_bias(model, data, **kw)
+    plain = interp.ablate_bias(model, data, estimate="attribution", **kw)
+    atp = interp.ablate_bias(model, data, estimate="atp", **kw)
+    assert (atp.estimate == "atp").all()
+    for kind in "qk":
+        e, p, a = (t[t.kind == kind].delta.to_numpy() for t in (exact, plain, atp))
+        assert np.abs(a - e).max() <= 0.1 * np.abs(p - e).max(), kind  # an order of magnitude closer
+        assert spearmanr(e, a)[0] >= 0.9, kind
+
+
+def test_atp_star_refuses_scores_that_are_not_bilinear():
+    model = interp.load_model(interp.tiny_hf_model("timm-vit-qknorm"), device="cpu")
+    with pytest.raises(InputError, match="estimate='atp' recomputes attention scores.*qk-norm"):
+        interp.ablate_bias(model, [interp.tiny_inputs("timm-vit-qknorm")], kinds=("q",), estimate="atp",
+                           metric=lambda out, batch: out.sum(), progress=False)
