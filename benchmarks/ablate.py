@@ -26,6 +26,7 @@ from interp.models import tiny_hf_model
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--d-head", type=int, default=16)
+    ap.add_argument("--n-layers", type=int, default=12)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--pos", type=int, default=32)
     ap.add_argument("--attn-scale", type=float, default=10.0)
@@ -33,7 +34,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     # float64 so that the small per-head deltas of a random model are not rounding noise
-    hf = tiny_hf_model("gpt2", n_layers=12, n_heads=12, d_head=args.d_head, bias_scale=args.bias_scale).double()
+    hf = tiny_hf_model("gpt2", n_layers=args.n_layers, n_heads=12, d_head=args.d_head, bias_scale=args.bias_scale).double()
     # GPT-2's init (std 0.02) gives near-uniform attention, where no bias matters; scale the
     # attention weights so that patterns are peaked, as in a trained model
     with torch.no_grad():
