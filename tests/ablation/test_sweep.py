@@ -198,3 +198,17 @@ def test_atp_star_refuses_scores_that_are_not_bilinear():
     with pytest.raises(InputError, match="estimate='atp' recomputes attention scores.*qk-norm"):
         interp.ablate_bias(model, [interp.tiny_inputs("timm-vit-qknorm")], kinds=("q",), estimate="atp",
                            metric=lambda out, batch: out.sum(), progress=False)
+
+
+@pytest.mark.parametrize("family", ["beit", "bloom", "falcon-rw"])
+def test_the_identity_claim_holds_under_relative_and_alibi_positions(family):
+    """'mean' moves b_k by a nonzero E[XW] even where k has no bias (BEiT): relative position
+    bias and ALiBi are content-free, so the forced forwards must agree with the identity's 0."""
+    model = interp.load_model(interp.tiny_hf_model(family, bias_scale=2.0).double(), device="cpu")
+    x = interp.tiny_inputs(family)
+    x = x.double() if x.is_floating_point() else x
+    kw = dict(kinds=("k",), method="mean", metric=lambda out, batch: out.double().pow(2).mean(), progress=False)
+    claimed = interp.ablate_bias(model, [x], **kw)
+    forced = interp.ablate_bias(model, [x], force_exact=True, **kw)
+    assert claimed.identity.str.startswith("b_k cancels").all() and (claimed.delta == 0).all()
+    assert forced.delta.abs().max() <= 1e-6 * forced.baseline.abs().max()  # float32 softmax rounding at most
