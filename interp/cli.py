@@ -300,9 +300,10 @@ def _add_ablate_parser(sub: Any) -> None:
     p.add_argument("--scope", default="head", choices=["head", "layer", "all"],
                    help="patch one head, every head of a layer, or every head of a kind at a time "
                         "(default: %(default)s)")
-    p.add_argument("--method", default="zero", choices=["zero", "mean", "fold"],
-                   help="zero: b -> 0; mean: b -> E[XW] (the data-induced origin); fold: b_v into b_O, exact "
-                        "(default: %(default)s)")
+    p.add_argument("--method", default="zero", choices=["zero", "mean", "layer_mean", "fold"],
+                   help="zero: b -> 0; mean: b -> E[XW] (the data-induced origin, so the head's origin moves to "
+                        "2 E[XW]); layer_mean: b -> the layer's mean bias over heads (does each head need its own?); "
+                        "fold: b_v into b_O, exact (default: %(default)s)")
     p.add_argument("--metric", default="auto",
                    help="auto (the family's default), next_token_ce, cross_entropy, embedding_cosine or "
                         "feature_cosine (default: %(default)s)")

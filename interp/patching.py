@@ -6,6 +6,8 @@ activation a = XW + b of that head:
 * ``method="zero"``: a' = a - b = XW (the head's origin falls back to E[X]W).
 * ``method="mean"``: a' = a - b + E[XW], i.e. the learned bias b is replaced by the
   data-induced origin E[XW] (the content mean from ``record_qkv`` on the same data).
+* ``method="layer_mean"``: a' = a - b_h + mean over the layer's heads of b (kv heads for k
+  and v): does each head need its *own* bias, or would the layer's average do?
 * ``method="fold"`` (v only): a' = a - b_v, and sum_h b_v[h] W_O[h] (``v_fold_vector``)
   is added to the attention output; exact, so its effect is rounding only.
 """
@@ -39,10 +41,12 @@ def check_method(method: str, targets: Sequence[Target], stats: Optional[QKVStat
 
 def bias_shift(model: InterpBridge, layer: int, kind: str, method: Method,
                stats: Optional[QKVStats] = None) -> Tensor:
-    """a' - a for every head of (layer, kind): [head_index, d_head] (-b, or E[XW] - b)."""
+    """a' - a for every head of (layer, kind): [head_index, d_head] (-b, E[XW] - b, or mean_h b - b)."""
     shift = -attention_weights(model, layer).bias(kind).clone()
     if method == "mean":
         shift = shift + stats.mean(layer, kind, "content").to(shift.device, shift.dtype)
+    elif method == "layer_mean":
+        shift = shift - shift.mean(dim=0, keepdim=True)  # -b_h + mean_h b
     return shift
 
 

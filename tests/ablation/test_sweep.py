@@ -212,3 +212,21 @@ def test_the_identity_claim_holds_under_relative_and_alibi_positions(family):
     forced = interp.ablate_bias(model, [x], force_exact=True, **kw)
     assert claimed.identity.str.startswith("b_k cancels").all() and (claimed.delta == 0).all()
     assert forced.delta.abs().max() <= 1e-6 * forced.baseline.abs().max()  # float32 softmax rounding at most
+
+
+def test_layer_mean_replaces_each_head_bias_by_the_layer_average():
+    """The patched q of head h is x W_q[h] + mean over heads of b_q: checked against the hook by hand."""
+    model = interp.load_model(interp.tiny_hf_model("vit", bias_scale=2.0), device="cpu")
+    x = interp.tiny_inputs("vit")
+    b_q = interp.attention_weights(model, 0).b_q
+    store = {}
+    hooks = bias_patch_hooks(model, [(0, h, "q") for h in range(4)], "layer_mean")
+    grab = ("blocks.0.attn.hook_q", lambda t, hook: store.__setitem__("q", t.detach()))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(x)
+        model.run_with_hooks(x, fwd_hooks=hooks + [grab])
+    expected = cache["blocks.0.attn.hook_q"] - b_q + b_q.mean(0)
+    torch.testing.assert_close(store["q"], expected)
+    table = interp.ablate_bias(model, [x], kinds=("q", "k"), method="layer_mean",
+                               metric=lambda out, batch: out.pow(2).mean(), progress=False)
+    assert (table[table.kind == "k"].identity != "").all() and (table[table.kind == "q"].delta != 0).any()
