@@ -46,7 +46,7 @@ def test_degenerate_choices_are_refused(lm):
         ablate_bias(lm, data(), kinds=(), progress=False)
     with pytest.raises(InputError, match="empty list of targets"):
         ablate_bias(lm, data(), scope=[], progress=False)
-    with pytest.raises(InputError, match="method must be one of zero, mean, fold"):
+    with pytest.raises(InputError, match="method must be one of zero, mean, layer_mean, fold"):
         ablate_bias(lm, data(), method="bogus", estimate="attribution", progress=False)
 
 
