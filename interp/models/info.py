@@ -127,6 +127,10 @@ def _infer_positions(hf_model: nn.Module, cfg: Any) -> tuple[str, str]:
                and n.rsplit(".", 1)[-1] in ("wpe", "embed_positions", "position_embeddings")]
     if learned:
         return "learned", f"the embedding `{learned[0]}`"
+    absolute = [(n, type(m).__name__) for n, m in hf_model.named_modules()
+                if n.rsplit(".", 1)[-1] in ("wpe", "embed_positions", "position_embeddings")]
+    if absolute:  # e.g. sinusoidal: added to the input like a learned table
+        return "learned", f"the absolute position module `{absolute[0][0]}` ({absolute[0][1]})"
     return "none", "no position embedding, rotary or ALiBi field found"
 
 

@@ -249,3 +249,16 @@ def test_lm_given_pixels():
         model(torch.randn(2, 3, 32, 32))
     with pytest.raises(InputError, match="exceeds the model's context of 64"):
         model(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_sinusoidal_positions_are_inferred_as_absolute():
+    """XGLM (bridged by TransformerLens, not in the registry) adds sinusoidal positions to its input."""
+    import warnings
+
+    hf = tf.XGLMForCausalLM(tf.XGLMConfig(d_model=32, num_layers=1, attention_heads=4, ffn_dim=64,
+                                          max_position_embeddings=64, vocab_size=97))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = interp.load_model(hf, device="cpu")
+    assert model.interp.positions == "learned"
+    assert any("absolute position module `model.embed_positions`" in str(w.message) for w in caught)
