@@ -1,10 +1,12 @@
 """Exact per-head bias sweeps and their estimates on a 12-layer x 12-head model, side by side.
 
-Prints, in one run: the exact sweep with every forward (``force_exact``, the old way) and
-with the identities answering b_k (the new default; the deltas of the rows it still runs
-must be identical); the attribution and AtP* estimates: times, speed-ups and the Spearman
-correlation of the deltas with the forced exact ones per kind (goals: estimates >= 15x
-faster than exact; AtP* rho >= 0.9 on q where plain attribution falls, --bias-scale 2).
+Prints, in one run: the exact sweep the old way (every forward, every layer: ``force_exact``,
+``reuse_prefix=False``), with the identities answering b_k, and the new default (identities
+plus prefix reuse: layers below a patch replayed from the intact run); the deltas of the
+rows the new ways still run must equal the old ones (goal: new >= 2x faster); then the
+attribution and AtP* estimates: times, speed-ups and the Spearman correlation of the deltas
+with the old exact ones per kind (goals: estimates >= 15x faster than exact; AtP* rho >= 0.9
+on q where plain attribution falls, --bias-scale 2).
 Random GPT-2-shaped model
 (12 x 12 heads, d_head 16, float64) with random nonzero biases and attention weights
 scaled 10x (peaked patterns), next-token cross-entropy.
@@ -43,19 +45,20 @@ def main() -> None:
     model = interp.load_model(hf, device=args.device)
     data = [torch.randint(0, 97, (args.batch, args.pos))]
     runs, seconds = {}, {}
-    for name, kw in (("exact, every forward", dict(force_exact=True)), ("exact, identities", {}),
+    for name, kw in (("exact, every forward", dict(force_exact=True, reuse_prefix=False)),
+                     ("exact, identities", dict(reuse_prefix=False)), ("exact, identities+prefix", {}),
                      ("attribution", dict(estimate="attribution")), ("atp", dict(estimate="atp"))):
         t = time.perf_counter()
         runs[name] = ablate_bias(model, data, kinds=("q", "k", "v"), progress=False, **kw)
         seconds[name] = time.perf_counter() - t
     forced = runs["exact, every forward"]
-    new = runs["exact, identities"]
+    new = runs["exact, identities+prefix"]
     ran = new.identity == ""
     print(f"device={args.device} bias_scale={args.bias_scale} variants={len(forced)}")
     for name, s in seconds.items():
-        print(f"  {name:22s} {s:7.2f} s   ({seconds['exact, every forward'] / s:5.1f}x the forced exact sweep)")
-    print(f"  identities answered {int((~ran).sum())} variants; max |delta difference| on the rest "
-          f"{(new.delta[ran] - forced.delta[ran]).abs().max():.1e}; forced deltas of the answered ones "
+        print(f"  {name:26s} {s:7.2f} s   ({seconds['exact, every forward'] / s:5.1f}x the old exact sweep)")
+    print(f"  identities answered {int((~ran).sum())} variants; max |delta difference| new vs old on the rest "
+          f"{(new.delta[ran] - forced.delta[ran]).abs().max():.1e}; old deltas of the answered ones "
           f"<= {forced.delta[~ran].abs().max():.1e}")
     for kind in "qkv":
         e = forced[forced.kind == kind].delta

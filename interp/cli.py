@@ -169,7 +169,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     frames = [
         ablate_bias(model, data, kinds=kinds, scope=args.scope, method=args.method,
                     metric=args.metric, estimate=est, out=out, overwrite=args.overwrite and i == 0,
-                    max_batches=args.max_batches, force_exact=args.force_exact)
+                    max_batches=args.max_batches, force_exact=args.force_exact, top_k=args.top_k)
         for i, est in enumerate(estimates)
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
@@ -214,7 +214,8 @@ def _cmd_analysis(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from interp.demo import run_demo
 
-    run_demo(model=args.model, data=args.data, out=Path(args.out), quick=args.quick)
+    run_demo(model=args.model, data=args.data, out=Path(args.out), quick=args.quick,
+             ablation_estimate=args.ablation_estimate, top_k=args.top_k)
     return 0
 
 
@@ -287,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="built-in dataset name, or your own: " + DATA_HELP.split("; ", 1)[1])
     p.add_argument("--out", default="out/demo", help="output folder (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="fewer images and batches (CI)")
+    p.add_argument("--ablation-estimate", default="auto", choices=["auto", "exact"],
+                   help="auto: every head estimated in one pass (AtP*), the top --top-k per kind run exactly; "
+                        "exact: every head run exactly (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under auto (default: %(default)s)")
     p.set_defaults(func=_cmd_demo)
     return parser
 
@@ -307,10 +312,15 @@ def _add_ablate_parser(sub: Any) -> None:
     p.add_argument("--metric", default="auto",
                    help="auto (the family's default), next_token_ce, cross_entropy, embedding_cosine or "
                         "feature_cosine (default: %(default)s)")
-    p.add_argument("--estimate", default="exact", choices=["exact", "attribution", "atp", "both"],
+    p.add_argument("--estimate", default="exact",
+                   choices=["exact", "attribution", "atp", "atp_distance", "auto", "both"],
                    help="exact forwards; a first-order estimate from one backward (attribution); AtP*: the "
-                        "patched head's pattern exact, linear after it (atp); or attribution and exact "
+                        "patched head's pattern exact, linear after it (atp); a second-order estimate for "
+                        "distance metrics through random projections (atp_distance); auto: the one-pass "
+                        "estimate for every head, then exact for the --top-k per kind; or attribution and exact "
                         "(both) (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under --estimate auto "
+                   "(default: %(default)s)")
     p.add_argument("--max-batches", type=int, default=None, help="at most this many batches (default: all)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--out", default="out/ablate", help="output folder, and its resumable sweep log "

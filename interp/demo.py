@@ -21,19 +21,24 @@ from interp.report import begin_outputs, write_report
 DEFAULT_MODEL = "dinov2-s14"
 
 
-def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool = False) -> Path:
-    """Run the main job on ``model`` (default dinov2-s14) and write everything into ``out``."""
+def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool = False,
+             ablation_estimate: str = "auto", top_k: int = 5) -> Path:
+    """Run the main job on ``model`` (default dinov2-s14) and write everything into ``out``.
+
+    The ablation step estimates every head in one pass and runs the ``top_k`` per kind exactly
+    (``ablation_estimate="auto"``); ``"exact"`` runs every head exactly."""
     name = model or DEFAULT_MODEL
     if model is None and not ZOO[name].available():
         raise MissingWeightsError(f"{name} weights are not cached: run `make models` (interp fetch) first")
     t0 = time.time()
     print(f"loading {name}")
-    ctx = make_context(load_model(name), data, quick, out)
+    ctx = make_context(load_model(name), data, quick, out, ablation_estimate, top_k)
     begin_outputs(out)
     sections = run_steps(ctx)
     info = ctx.model.interp
     meta = dict(model=name, family=info.family, dataset=ctx.dataset, batches=len(ctx.batches),
                 positions_counted=ctx.stats.count(ctx.stats.layers[0]), quick=quick,
+                ablation_estimate=ablation_estimate, top_k=top_k,
                 model_fingerprint=ctx.stats.model_fingerprint, data_fingerprint=ctx.stats.data_fingerprint,
                 interp_version=__version__, seconds=round(time.time() - t0, 1))
     report = write_report(sections, meta, out)

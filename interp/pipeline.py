@@ -55,6 +55,8 @@ class Context:
     quick: bool = False
     out: Optional[Path] = None  # where steps that keep resumable logs (ablation) put them
     stats: Optional[QKVStats] = None
+    ablation_estimate: str = "auto"  # one pass for every head, exact for the top_k per kind
+    top_k: int = 5
 
     @property
     def name(self) -> str:
@@ -210,34 +212,72 @@ def frequency_step(ctx: Context) -> list[Section]:
     ]
 
 
+def estimate_vs_exact(per_head: pd.DataFrame) -> dict[str, Any]:
+    """How the one-pass estimate compares with the exact deltas on the variants run both ways."""
+    others = [e for e in dict.fromkeys(per_head.estimate) if e != "exact"]
+    if not others or "exact" not in set(per_head.estimate):
+        return {}
+    keys = ["layer", "head", "kind"]
+    est = per_head[per_head.estimate == others[0]].set_index(keys).delta
+    exact = per_head[(per_head.estimate == "exact") & (per_head.identity.fillna("") == "")].set_index(keys).delta
+    both = pd.concat([exact.rename("exact"), est.rename("estimate")], axis=1, join="inner")
+    if both.empty:
+        return {}
+    spearman = both.exact.rank().corr(both.estimate.rank()) if len(both) > 2 else float("nan")
+    return dict(estimate=others[0], n_compared=len(both), spearman=float(spearman),
+                median_ratio=float((both.estimate / both.exact).median()),
+                max_abs_error=float((both.estimate - both.exact).abs().max()))
+
+
 def summarise_ablation(results: pd.DataFrame, model_name: str) -> Section:
-    """The ablation step's section, from ``ablate_bias`` rows (one method and estimate, or several)."""
+    """The ablation step's section, from ``ablate_bias`` rows (one method; one estimate, or a one-pass
+    estimate of every head plus exact rows for the top heads). Headline numbers come from exact rows
+    where there are any."""
     per_head = results[results.scope == "head"]
-    top = per_head.assign(a=per_head.delta.abs()).nlargest(3, "a")
-    first = results.iloc[0]
+    # the best-known delta per head: exact where it was run, else the estimate (or the identity's 0)
+    best = (per_head.assign(_estimated=per_head.estimate != "exact").sort_values("_estimated", kind="stable")
+            .drop_duplicates(["layer", "head", "kind"]))
+    top = best.assign(a=best.delta.abs()).nlargest(3, "a")
+    first = (best if len(best) else results).iloc[0]
     numbers = dict(
         metric=first.metric, method=first.method, estimate=first.estimate, baseline=float(first.baseline),
-        max_abs_delta={k: float(v) for k, v in per_head.groupby("kind").delta.apply(lambda d: d.abs().max()).items()},
+        estimates=list(dict.fromkeys(results.estimate)), n_variants=int(len(results)),
+        max_abs_delta={k: float(v) for k, v in best.groupby("kind").delta.apply(lambda d: d.abs().max()).items()},
         top_heads=[dict(layer=int(r.layer), head=int(r["head"]), kind=r.kind, delta=float(r.delta))
                    for _, r in top.iterrows()],
+        identity_answered=int((results.identity.fillna("") != "").sum()),
+        estimate_vs_exact=estimate_vs_exact(per_head),
     )
     figs = plots.ablation_figures(results, model_name)
     heads = "; ".join(f"L{t['layer']} H{t['head']} {t['kind']} ({t['delta']:+.2e})" for t in numbers["top_heads"])
-    text = (f"{first.method.capitalize()}-ablating one head's bias at a time ({first.metric}, {first.estimate}, "
-            f"baseline {numbers['baseline']:.4f}). Largest |delta| per kind: "
+    text = (f"{first.method.capitalize()}-ablating one head's bias at a time ({first.metric}, baseline "
+            f"{numbers['baseline']:.4f}; {numbers['identity_answered']} of {numbers['n_variants']} rows answered "
+            "by an identity, without a forward). " + _estimate_text(numbers) + " Largest |delta| per kind: "
             + ", ".join(f"{k}: {v:.2e}" for k, v in numbers["max_abs_delta"].items())
             + f". Most bias-dependent heads: {heads}.")
-    best = numbers["top_heads"][0] if numbers["top_heads"] else None
-    headline = "" if best is None else (
-        f"The most bias-dependent head is layer {best['layer']}, head {best['head']} ({best['kind']}): "
-        f"removing its bias changes {first.metric} by {best['delta']:+.2e}.")
+    top_name = next((n for n in (f"ablation_top_{first.method}_exact", f"ablation_top_{first.method}_{first.estimate}")
+                     if n in figs), None)
+    comparison = [n for n in figs if n.startswith("ablation_exact_vs_")]
+    headline = "" if not numbers["top_heads"] else (
+        f"The most bias-dependent head is layer {numbers['top_heads'][0]['layer']}, head "
+        f"{numbers['top_heads'][0]['head']} ({numbers['top_heads'][0]['kind']}): removing its bias changes "
+        f"{first.metric} by {numbers['top_heads'][0]['delta']:+.2e} ({first.estimate}).")
     return Section("ablation", "Bias ablations", text, numbers, headline=headline, tables={"ablation": results},
-                   figures=figs, shown=[n for n in (f"ablation_top_{first.method}_{first.estimate}",) if n in figs])
+                   figures=figs, shown=[n for n in [top_name] + comparison if n])
+
+
+def _estimate_text(numbers: dict) -> str:
+    cmp = numbers["estimate_vs_exact"]
+    if not cmp:
+        return f"Estimate: {numbers['estimate']}."
+    return (f"Every head estimated in one pass ({cmp['estimate']}); the {cmp['n_compared']} it ranks highest "
+            f"run exactly: Spearman {cmp['spearman']:.2f} between estimate and exact there, median ratio "
+            f"{cmp['median_ratio']:.2f}.")
 
 
 def ablation_step(ctx: Context) -> list[Section]:
-    results = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="zero",
-                          out=None if ctx.out is None else ctx.out / "ablation")
+    results = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="zero", estimate=ctx.ablation_estimate,
+                          top_k=ctx.top_k, out=None if ctx.out is None else ctx.out / "ablation")
     return [summarise_ablation(results, ctx.name)]
 
 
@@ -249,15 +289,16 @@ STEPS: dict[str, Step] = {
 
 
 def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False,
-                 out: Optional[Path] = None) -> Context:
+                 out: Optional[Path] = None, ablation_estimate: str = "auto", top_k: int = 5) -> Context:
     """The shared context for ``model`` on a built-in dataset (its modality's default when None) or a
-    researcher's own (a path ``resolve_data`` reads: the first 8 items in quick mode, else 32)."""
+    researcher's own (a path ``resolve_data`` reads: the first 8 items in quick mode, else 32).
+    ``ablation_estimate`` / ``top_k``: how the ablation step measures (see ``ablate_bias``)."""
     dataset = dataset or ("photos" if model.interp.modality == "vision" else "python-docs")
     if dataset in BUILTIN:
         batches = builtin_batches(model, dataset, batch_size=4, n=8 if quick else None)
     else:
         batches = list(resolve_data(model, dataset, batch_size=4, max_items=8 if quick else 32))
-    return Context(model, str(dataset), batches, quick, out)
+    return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k)
 
 
 def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print) -> list[Section]:

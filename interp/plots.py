@@ -76,40 +76,51 @@ def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 110) -> Path:
 
 
 def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12) -> dict[str, plt.Figure]:
-    """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads, exact vs attribution."""
+    """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads, estimate vs exact."""
     figs: dict[str, plt.Figure] = {}
     per_head = results[results.scope == "head"] if "scope" in results else results
+    most = per_head.groupby(["method", "estimate"]).size().groupby("method").max()
     for (method, estimate), df in per_head.groupby(["method", "estimate"]):
         metric = df.metric.iloc[0]
-        figs[f"ablation_delta_{method}_{estimate}"] = layer_head_heatmaps(
-            df, "delta", cmap="vlag", center=0.0, cbar_label=f"delta {metric} (ablated - intact)",
-            title=f"{model_name}: effect of {method}-ablating each head's bias ({estimate})",
-        )
-        ranked = df.assign(abs_delta=df.delta.abs()).nlargest(top, "abs_delta")
-        fig, ax = plt.subplots(figsize=(7, 0.35 * len(ranked) + 1.5))
-        labels = [f"L{r.layer} H{r['head']} {r.kind}" for _, r in ranked.iterrows()]
-        sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax)
-        ax.set_xlabel(f"delta {metric} (ablated - intact)")
-        ax.set_ylabel("layer, head, kind")
-        ax.set_title(f"{model_name}: the {len(ranked)} most bias-dependent heads ({method}, {estimate})")
-        ax.legend(title="kind")
-        fig.tight_layout()
-        figs[f"ablation_top_{method}_{estimate}"] = fig
+        if len(df) == most[method]:  # a heatmap of every head; the exact top-k of "auto" would leave holes
+            figs[f"ablation_delta_{method}_{estimate}"] = layer_head_heatmaps(
+                df, "delta", cmap="vlag", center=0.0, cbar_label=f"delta {metric} (ablated - intact)",
+                title=f"{model_name}: effect of {method}-ablating each head's bias ({estimate})",
+            )
+        figs[f"ablation_top_{method}_{estimate}"] = _top_heads_figure(df, model_name, method, estimate, top)
     for method, df in per_head.groupby("method"):
-        if set(df.estimate) >= {"exact", "attribution"}:
-            wide = df.pivot_table(index=["layer", "head", "kind"], columns="estimate", values="delta").reset_index()
-            fig, ax = plt.subplots(figsize=(5.5, 5))
-            sns.scatterplot(data=wide, x="exact", y="attribution", hue="kind", ax=ax)
-            both = wide[["exact", "attribution"]]
-            lo, hi = float(both.min().min()), float(both.max().max())
-            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
-            ax.set_xlabel("exact delta")
-            ax.set_ylabel("attribution estimate")
-            ax.set_title(f"{model_name}: attribution vs exact ({method})")
-            ax.legend(title="kind")
-            fig.tight_layout()
-            figs[f"ablation_exact_vs_attribution_{method}"] = fig
+        for estimate in [e for e in dict.fromkeys(df.estimate) if e != "exact" and "exact" in set(df.estimate)]:
+            figs[f"ablation_exact_vs_{estimate}_{method}"] = _estimate_scatter(df, model_name, method, estimate)
     return figs
+
+
+def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: str, top: int) -> plt.Figure:
+    ranked = df.assign(abs_delta=df.delta.abs()).nlargest(top, "abs_delta")
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(ranked) + 1.5))
+    labels = [f"L{r.layer} H{r['head']} {r.kind}" for _, r in ranked.iterrows()]
+    sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax)
+    ax.set_xlabel(f"delta {df.metric.iloc[0]} (ablated - intact)")
+    ax.set_ylabel("layer, head, kind")
+    ax.set_title(f"{model_name}: the {len(ranked)} most bias-dependent heads ({method}, {estimate})")
+    ax.legend(title="kind")
+    fig.tight_layout()
+    return fig
+
+
+def _estimate_scatter(df: pd.DataFrame, model_name: str, method: str, estimate: str) -> plt.Figure:
+    rows = df[df.estimate.isin(["exact", estimate])]
+    wide = rows.pivot_table(index=["layer", "head", "kind"], columns="estimate", values="delta").dropna().reset_index()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    sns.scatterplot(data=wide, x="exact", y=estimate, hue="kind", ax=ax)
+    both = wide[["exact", estimate]]
+    lo, hi = float(both.min().min()), float(both.max().max())
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
+    ax.set_xlabel(f"exact delta {df.metric.iloc[0]}")
+    ax.set_ylabel(f"{estimate} estimate")
+    ax.set_title(f"{model_name}: {estimate} vs exact ({method}, {len(wide)} heads)")
+    ax.legend(title="kind")
+    fig.tight_layout()
+    return fig
 
 
 def spectrum_clustermap(clustered: pd.DataFrame, model_name: str):

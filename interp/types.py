@@ -14,7 +14,7 @@ QKVKind = Literal["q", "k", "v"]
 #: what replaces an ablated bias (see ``interp.ablation``)
 Method = Literal["zero", "mean", "layer_mean", "fold"]
 #: how an ablation's effect is measured
-Estimate = Literal["exact", "attribution", "atp"]
+Estimate = Literal["exact", "attribution", "atp", "atp_distance", "auto"]
 #: which part of an activation a statistic describes: a = XW + b ("full") or XW ("content")
 Part = Literal["full", "content"]
 #: which heads one ablation variant patches together

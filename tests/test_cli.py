@@ -35,10 +35,11 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
                  "frequency_profile", "frequency_shift_q_bias", "ablation"):
         assert (tmp_path / f"{stem}.csv").exists() and (tmp_path / f"{stem}.parquet").exists()
     for fig in ("shift_ratio", "bias_share", "key_prior_share", "clusters", "attention_distance",
-                "spectrum_clustermap", "ablation_top_zero_exact", "ablation_delta_zero_exact"):
+                "spectrum_clustermap", "ablation_top_zero_exact", "ablation_delta_zero_atp_distance",
+                "ablation_exact_vs_atp_distance_zero"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 10_000
     report = (tmp_path / "report.html").read_text()
-    assert report.count("<img") == 7 and "dinov2-s14" in report
+    assert report.count("<img") == 8 and "dinov2-s14" in report
     assert report.index("Headline findings") < report.index("Bias inventory")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["meta"]["model"] == "dinov2-s14" and summary["headlines"]
@@ -47,7 +48,9 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
     assert "report.html" in manifest["files"] and manifest["meta"]["data_fingerprint"]
     assert summary["sections"]["invariances"]["k_bias_pattern_max_abs_diff"] < 1e-9
     abl = pd.read_csv(tmp_path / "ablation.csv")
-    assert len(abl) == 12 * 6 * 3 and (abl[abl.kind == "k"].delta.abs() < 1e-4).all()  # b_k inert
+    estimated, exact = abl[abl.estimate == "atp_distance"], abl[abl.estimate == "exact"]
+    assert len(estimated) == 12 * 6 * 3 and (abl[abl.kind == "k"].delta.abs() < 1e-4).all()  # b_k inert
+    assert exact.kind.value_counts().to_dict() == {"q": 5, "v": 5}  # the top 5 per kind; k by identity
     inv = pd.read_csv(tmp_path / "bias_invariances.csv")
     assert (inv.max_abs_diff < 1e-9).all()  # float64: DINOv2's b_k (norm up to ~150) is inert
 

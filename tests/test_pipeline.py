@@ -39,6 +39,7 @@ def test_summary_numbers_equal_the_tables(written):
     largest = summary["sections"]["origin_shift"]["largest_shift_ratio"]
     assert (largest["layer"], largest["head"], largest["kind"]) == (top.layer, top["head"], top.kind)
     abl = pd.read_csv(out / "ablation.csv")
+    abl = abl[abl.estimate == "exact"]  # the one-pass estimate ranks; the headline numbers are exact
     best = abl.loc[abl.delta.abs().idxmax()]
     first = summary["sections"]["ablation"]["top_heads"][0]
     assert (first["layer"], first["head"], first["kind"]) == (best.layer, best["head"], best.kind)

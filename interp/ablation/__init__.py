@@ -1,7 +1,8 @@
 """Patching biases out at inference time and measuring the task: ``ablate_bias``.
 
 By job: ``variants`` (what one ablation patches), ``metrics`` (what it is measured by),
-``log`` (the resumable sweep log), ``attribution`` (first-order estimates), ``sweep``
+``log`` (the resumable sweep log), ``prefix`` (replaying the intact layers below a patch),
+``attribution`` (first-order and AtP* estimates), ``sweep``
 (``ablate_bias`` itself). The hooks are in ``interp.patching``.
 """
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Union
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -21,6 +22,12 @@ from interp.models.bridge import InterpBridge
 DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
 TASK_METRICS = ("next_token_ce", "cross_entropy")
 Metric = Union[str, Callable[[Tensor, Batch], Tensor]]
+
+
+def wide(t: Tensor) -> Tensor:
+    """``t`` in float32 at least (half precision is too coarse for a metric), float64 kept: a
+    float64 model's ablation deltas are then not limited by float32 rounding (~3e-8 on a cosine)."""
+    return t if t.dtype == torch.float64 else t.float()
 
 
 def has_classifier(model: InterpBridge) -> bool:
@@ -80,29 +87,36 @@ def reference(out: Tensor, hidden: Optional[Tensor], batch: Batch) -> dict[str, 
 def metric_value(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
     if name == "next_token_ce":
         ids = batch.inputs.to(out.device)
-        nll = -out[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+        nll = -wide(out[:, :-1]).log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
         if batch.attention_mask is not None:
             keep = batch.attention_mask[:, 1:].to(out.device).float()
             return (nll * keep).sum() / keep.sum().clamp(min=1)
         return nll.mean()
     if name == "cross_entropy":
-        return F.cross_entropy(out.float(), batch.labels.to(out.device))
+        return F.cross_entropy(wide(out), batch.labels.to(out.device))
+    if name in DISTANCE_METRICS:
+        feats, intact = distance_features(name, out, hidden, ref, batch)
+        return F.cosine_similarity(wide(feats), wide(intact), dim=-1).mean()
+    raise InputError(f"unknown metric {name!r}")
+
+
+def distance_features(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict,
+                      batch: Batch) -> tuple[Tensor, Tensor]:
+    """(features of this run, the intact run's) that a distance metric compares: [batch, d]."""
     if name == "embedding_cosine":
         mask = None if batch.attention_mask is None else batch.attention_mask.to(out.device)
-        emb = sentence_embedding(hidden, mask)
-        return F.cosine_similarity(emb.float(), ref["embedding"].float(), dim=-1).mean()
+        return sentence_embedding(hidden, mask), ref["embedding"]
     if name == "feature_cosine":
-        feats = out[:, 0] if out.ndim == 3 else out
-        return F.cosine_similarity(feats.float(), ref["features"].float(), dim=-1).mean()
-    raise InputError(f"unknown metric {name!r}")
+        return (out[:, 0] if out.ndim == 3 else out), ref["features"]
+    raise InputError(f"{name!r} is not a distance metric ({', '.join(DISTANCE_METRICS)})")
 
 
 def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Batch) -> float:
     """Mean KL(intact || ablated) of the output distribution, nats; NaN without logits."""
     if not model.interp.causal and not (out.ndim == 2 and has_classifier(model)):
         return float("nan")
-    p = base_out.float().log_softmax(-1)
-    q = out.float().log_softmax(-1)
+    p = wide(base_out).log_softmax(-1)
+    q = wide(out).log_softmax(-1)
     kl = (p.exp() * (p - q)).sum(-1)
     if batch.attention_mask is not None and kl.ndim == 2:
         m = batch.attention_mask.to(kl.device).float()

@@ -1,16 +1,27 @@
 """``ablate_bias``: patch biases out per head, layer or set, and measure the model's task.
 
-``estimate="exact"`` runs one patched forward per variant (``stack`` variants at a time,
-stacked on the batch axis). ``estimate="attribution"`` estimates every variant to first
-order from one forward and one backward per batch, ``estimate="atp"`` (AtP*) recomputes
-the patched head's pattern exactly for q and k and linearises only after it
-(``interp.ablation.attribution``).
-With ``out``, each finished variant is appended to ``out/ablation.jsonl`` at once; a
-rerun skips finished variants.
+Estimates (the ``estimate`` column):
+
+* ``exact``: one patched forward per variant, ``stack`` variants at a time on the batch
+  axis; a variant patched from layer l replays the intact layers 0..l-1
+  (``interp.ablation.prefix``) instead of recomputing them.
+* ``attribution``: first order in the patched activation, one forward and backward per batch.
+* ``atp`` (AtP*): the patched head's pattern recomputed exactly for q and k, linear after it
+  (``interp.ablation.attribution``). Task metrics only (a distance metric's gradient is 0).
+* ``atp_distance``: a second-order estimate of a distance metric from random projections
+  through AtP* (``interp.ablation.distance``).
+* ``auto`` (a request, not a row label): ``atp`` (or ``atp_distance``, or ``attribution``
+  where the family refuses score recomputation) for every variant, then ``exact`` for the
+  ``top_k`` per kind that it ranks highest: rows of both, to compare.
+
+Variants the mathematics answers (b_k under positions that cancel it, absent biases, b_v
+folded) are written without a forward, with the reason in ``identity``. With ``out``, each
+finished variant is appended to ``out/ablation.jsonl`` at once; a rerun skips finished variants.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
@@ -22,7 +33,9 @@ from tqdm.auto import tqdm
 
 import interp.ablation.metrics as metrics
 from interp.ablation.attribution import atp_star_deltas, attribution_deltas
+from interp.ablation.distance import distance_deltas
 from interp.ablation.log import ResultLog
+from interp.ablation.prefix import first_layer, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
 from interp.data import Batch, iter_batches
@@ -53,6 +66,7 @@ class _Run:
     weights: list[float]
     baseline: float
     fingerprint: dict = field(default_factory=dict)
+    block_outputs: list[list[Any]] = field(default_factory=list)  # per batch, per layer (prefix reuse)
 
     def value(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
         if callable(self.metric) and not isinstance(self.metric, str):
@@ -64,7 +78,7 @@ class _Run:
 
 
 def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: str,
-             max_batches: Optional[int]) -> _Run:
+             max_batches: Optional[int], reuse_prefix: bool = False) -> _Run:
     if estimate not in ESTIMATES:
         raise InputError(f"estimate must be one of {', '.join(ESTIMATES)}; got {estimate!r}")
     batches = list(iter_batches(model, data, max_batches))
@@ -77,13 +91,20 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
         raise InputError(
             f"estimate={estimate!r} cannot estimate the distance metric {name!r}: its gradient "
             "at the intact model is zero, so a first-order estimate is meaningless; use a task metric "
-            "(next_token_ce, cross_entropy, a logit difference) or estimate='exact'"
+            "(next_token_ce, cross_entropy, a logit difference), estimate='atp_distance' (second order), "
+            "'auto' or 'exact'"
         )
+    if estimate == "atp_distance" and name not in metrics.DISTANCE_METRICS:
+        raise InputError(f"estimate='atp_distance' is for the distance metrics {', '.join(metrics.DISTANCE_METRICS)}; "
+                         f"{name!r} is not one: use estimate='atp' (or 'auto')")
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], [], 0.0)
     with torch.no_grad():
         values = []
         for batch in batches:
-            out, hidden = metrics.run_forward(model, batch, [], run.need_hidden)
+            with record_block_outputs(model) if reuse_prefix else nullcontext([]) as outputs:
+                out, hidden = metrics.run_forward(model, batch, [], run.need_hidden)
+            if reuse_prefix:
+                run.block_outputs.append(outputs)
             run.refs.append(metrics.reference(out, hidden, batch))
             values.append(float(run.value(out, hidden, run.refs[-1], batch)))
             run.weights.append(float(batch.inputs.shape[0]))
@@ -124,19 +145,38 @@ def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
     return ""
 
 
+def _groups(todo: list[Variant], stack: int, reuse_prefix: bool) -> list[tuple[int, list[Variant]]]:
+    """(first layer to compute, variants) per stacked forward; with prefix reuse, variants that
+    start at the same layer share a forward (the layers below it are replayed)."""
+    stack = max(1, int(stack))
+    if not reuse_prefix:
+        return [(0, todo[i:i + stack]) for i in range(0, len(todo), stack)]
+    by_start: dict[int, list[Variant]] = {}
+    for var in todo:
+        by_start.setdefault(first_layer(var.targets), []).append(var)
+    return [(start, group[i:i + stack]) for start, group in sorted(by_start.items())
+            for i in range(0, len(group), stack)]
+
+
+def _patched_forward(run: _Run, index: int, n: int, start: int, hooks: list) -> tuple[Tensor, Optional[Tensor]]:
+    batch = run.batches[index]
+    replay = (replay_blocks(run.model, run.block_outputs[index], start, n, batch.inputs.shape[0])
+              if start else nullcontext())
+    with replay:
+        return metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden)
+
+
 def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Optional[QKVStats],
            stack: int, log: ResultLog, progress: bool) -> None:
-    stack = max(1, int(stack))
     bar = tqdm(total=len(todo), desc=f"ablate {method} (exact)", disable=not progress, unit="variant")
     with torch.no_grad():
-        for start in range(0, len(todo), stack):
-            group = todo[start:start + stack]
+        for start, group in _groups(todo, stack, bool(run.block_outputs)):
             n = len(group)
             hooks = stacked_patch_hooks(run.model, [v.targets for v in group], method, stats)
             vals: list[list[float]] = [[] for _ in group]
             kls: list[list[float]] = [[] for _ in group]
-            for batch, ref in zip(run.batches, run.refs):
-                out, hidden = metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden)
+            for index, (batch, ref) in enumerate(zip(run.batches, run.refs)):
+                out, hidden = _patched_forward(run, index, n, start, hooks)
                 hiddens = hidden.chunk(n) if hidden is not None else [None] * n
                 for i, (o, h) in enumerate(zip(out.chunk(n), hiddens)):
                     vals[i].append(float(run.value(o, h, ref, batch)))
@@ -156,6 +196,46 @@ def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, method: Meth
     return [v for v in todo if not reasons[v]]
 
 
+def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: str, stats: Optional[QKVStats],
+                  log: ResultLog, opts: dict) -> pd.DataFrame:
+    """Rows of ``variants`` under one concrete estimate: resumed from the log, answered by an
+    identity, or computed now (and logged at once)."""
+    keys = {v: v.key(method, estimate, run.metric_name) for v in variants}
+    force = opts["force_exact"]
+    todo = [v for v in variants if keys[v] not in log.rows or (force and log.rows[keys[v]].get("identity"))]
+    todo = todo if force else _answer_by_identity(run, todo, keys, method, estimate, log)
+    if estimate == "exact":
+        _exact(run, todo, keys, method, stats, opts["stack"], log, opts["progress"])
+    elif todo:
+        args = (run.model, run.batches, run.weights, todo, method, stats)
+        if estimate == "atp_distance":
+            deltas = distance_deltas(*args, run.metric_name, run.refs, run.need_hidden, opts["n_projections"])
+        else:
+            estimator = atp_star_deltas if estimate == "atp" else attribution_deltas
+            deltas = estimator(*args, run.value, run.refs, run.need_hidden)
+        for var, d in zip(todo, deltas):
+            log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
+    df = pd.DataFrame([{c: log.rows[keys[v]].get(c, "") for c in COLUMNS} for v in variants], columns=COLUMNS)
+    df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
+    return df
+
+
+def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:
+    """The one-pass estimate ``auto`` ranks by: AtP* (plain attribution where the family refuses score
+    recomputation) for task metrics, its second-order projection form for distance metrics."""
+    if metric_name in metrics.DISTANCE_METRICS:
+        return "atp_distance"
+    return "attribution" if model.interp.spec.score_refusal else "atp"
+
+
+def top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -> list[Variant]:
+    """The ``top_k`` variants per kind with the largest estimated |delta| (identity rows excluded)."""
+    ranked = estimated.assign(_abs=estimated.delta.abs(), _i=range(len(estimated)))
+    ranked = ranked[ranked.identity.fillna("") == ""]
+    chosen = ranked.sort_values("_abs", ascending=False, kind="stable").groupby("kind").head(top_k)
+    return [variants[i] for i in sorted(chosen._i)]
+
+
 def ablate_bias(
     model: InterpBridge,
     data: Any,
@@ -171,46 +251,41 @@ def ablate_bias(
     max_batches: Optional[int] = None,
     stack: int = 8,
     force_exact: bool = False,
+    reuse_prefix: bool = True,
+    top_k: int = 5,
+    n_projections: int = 8,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Patch biases out and measure the metric; one row per variant.
+    """Patch biases out and measure the metric; one row per variant (and estimate).
 
-    Columns: layer, head (None where the variant spans several), kind, scope (head |
-    layer | all | custom), method, estimate, metric, baseline, ablated, delta (= ablated -
-    baseline), kl (exact runs on models with logits; NaN otherwise), n_targets. ``metric``
-    is "auto" (the family's default), one of next_token_ce, cross_entropy,
-    embedding_cosine, feature_cosine, or a callable ``f(output, batch) -> scalar tensor``.
-    ``stack`` exact variants run together in one forward (1: one forward per variant).
-    With ``out`` (a folder) finished variants go to ``out/ablation.jsonl`` at once and a
-    rerun resumes; a log written by another run (other weights, data, max_batches, metric
-    or library version) is refused, or replaced when ``overwrite=True``. Every row carries
-    the model's and the data's fingerprints.
-
-    A variant the mathematics answers (``identity_reason``: b_k under positions that cancel
-    it, an absent bias, b_v folded) is not run: its row says ablated = baseline, delta = kl =
-    0 and, in ``identity``, why; ``force_exact=True`` runs those forwards too (their deltas
-    are then float rounding).
+    Columns: layer, head (None where the variant spans several), kind, scope (head | layer |
+    all | custom), method, estimate, metric, baseline, ablated, delta (= ablated - baseline),
+    kl (exact runs on models with logits; NaN otherwise), n_targets, identity. ``metric`` is
+    "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine,
+    feature_cosine, or a callable ``f(output, batch) -> scalar tensor``. ``estimate``: see
+    the module doc; "auto" estimates every variant in one pass, then runs the ``top_k`` per
+    kind exactly. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
+    a rerun resumes, a log of another run (weights, data, max_batches, metric, library
+    version) is refused or, with ``overwrite=True``, replaced. A variant an identity answers
+    (``identity_reason``) is not run unless ``force_exact``; its row says why.
+    ``reuse_prefix`` (exact): layers below a patch are replayed from the intact run.
     """
     model = require_bridge(model, "ablate_bias")
     variants = make_variants(model.interp, kinds, scope)
     check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
-    run = _prepare(model, data, metric, estimate, max_batches)
+    if estimate == "auto" and int(top_k) < 0:
+        raise InputError(f"top_k must be >= 0; got {top_k}")
+    run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"))
     if method == "mean" and stats is None:
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, overwrite)
-    keys = {v: v.key(method, estimate, run.metric_name) for v in variants}
-    todo = [v for v in variants if keys[v] not in log.rows or (force_exact and log.rows[keys[v]].get("identity"))]
-    todo = todo if force_exact else _answer_by_identity(run, todo, keys, method, estimate, log)
-    if estimate == "exact":
-        _exact(run, todo, keys, method, stats, stack, log, progress)
-    elif todo:
-        estimator = atp_star_deltas if estimate == "atp" else attribution_deltas
-        deltas = estimator(model, run.batches, run.weights, todo, method, stats, run.value, run.refs,
-                           run.need_hidden)
-        for var, d in zip(todo, deltas):
-            log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
-    df = pd.DataFrame([{c: log.rows[keys[v]].get(c, "") for c in COLUMNS} for v in variants], columns=COLUMNS)
-    df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
+    opts = dict(force_exact=force_exact, stack=stack, progress=progress, n_projections=int(n_projections))
+    if estimate == "auto":
+        estimated = _run_estimate(run, variants, method, one_pass_estimate(model, run.metric_name), stats, log, opts)
+        chosen = top_variants(estimated, variants, int(top_k))
+        df = pd.concat([estimated, _run_estimate(run, chosen, method, "exact", stats, log, opts)], ignore_index=True)
+    else:
+        df = _run_estimate(run, variants, method, estimate, stats, log, opts)
     if out is not None:
         write_table(df, Path(out) / f"ablation_{method}_{estimate}")
     return df

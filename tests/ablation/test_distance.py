@@ -1,0 +1,63 @@
+"""The second-order estimate of distance metrics (atp_distance) and estimate='auto'."""
+
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+import interp
+from interp.ablation import ablate_bias
+from interp.errors import InputError
+from interp.models import tiny_hf_model, tiny_inputs
+from interp.models.loading import clone_model
+
+CASES = [("vit", "feature_cosine"), ("dinov2", "feature_cosine"), ("bert", "embedding_cosine")]
+
+
+def model_and_data(family):
+    # biases large enough that each head's effect stands well above float64 rounding
+    model = clone_model(interp.load_model(tiny_hf_model(family, n_layers=3, bias_scale=3.0), device="cpu"),
+                        torch.float64)
+    return model, [tiny_inputs(family, batch=4, seed=s) for s in range(2)]
+
+
+@pytest.mark.parametrize("family,metric", CASES)
+def test_atp_distance_ranks_heads_like_the_exact_sweep(family, metric):
+    model, data = model_and_data(family)
+    exact = ablate_bias(model, data, kinds=("q", "v"), metric=metric, progress=False)
+    est = ablate_bias(model, data, kinds=("q", "v"), metric=metric, estimate="atp_distance",
+                      n_projections=32, progress=False)
+    assert (est.estimate == "atp_distance").all() and (est.delta <= 0).all()  # a cosine to the intact run only falls
+    for kind in "qv":
+        e, a = exact[exact.kind == kind].delta, est[est.kind == kind].delta
+        assert spearmanr(e, a).statistic >= 0.85, (kind, e.values, a.values)
+        assert 0.7 <= a.sum() / e.sum() <= 1.5  # the right size, not only the right order
+
+
+def test_first_order_estimates_still_refuse_distance_metrics_and_atp_distance_refuses_task_metrics():
+    model, data = model_and_data("vit")
+    with pytest.raises(InputError, match="atp_distance"):
+        ablate_bias(model, data, metric="feature_cosine", estimate="atp", progress=False)
+    lm = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
+    with pytest.raises(InputError, match="distance metrics"):
+        ablate_bias(lm, [tiny_inputs("gpt2")], metric="next_token_ce", estimate="atp_distance", progress=False)
+    with pytest.raises(InputError, match="top_k"):
+        ablate_bias(lm, [tiny_inputs("gpt2")], estimate="auto", top_k=-1, progress=False)
+
+
+@pytest.mark.parametrize("family,metric,first", [("vit", "feature_cosine", "atp_distance"),
+                                                 ("qwen2", "next_token_ce", "atp")])
+def test_auto_estimates_every_head_then_runs_the_top_k_per_kind_exactly(family, metric, first):
+    model, data = model_and_data(family)
+    auto = ablate_bias(model, data, metric=metric, estimate="auto", top_k=2, progress=False)
+    estimated, exact = auto[auto.estimate == first], auto[auto.estimate == "exact"]
+    assert set(auto.estimate) == {first, "exact"}
+    n_variants = model.interp.n_layers * (model.interp.n_heads + 2 * model.interp.n_kv_heads)
+    assert len(estimated) == n_variants
+    runnable = estimated[estimated.identity == ""]
+    for kind, rows in runnable.groupby("kind"):
+        top = rows.assign(a=rows.delta.abs()).nlargest(2, "a")[["layer", "head"]].values.tolist()
+        assert sorted(exact[exact.kind == kind][["layer", "head"]].values.tolist()) == sorted(top)
+    assert set(exact.kind) == set(runnable.kind)  # b_k answered by identity under learned positions is not rerun
+    direct = ablate_bias(model, data, metric=metric, progress=False).set_index(["layer", "head", "kind"]).delta
+    got = exact.set_index(["layer", "head", "kind"]).delta
+    assert (got - direct.loc[got.index]).abs().max() <= 1e-12

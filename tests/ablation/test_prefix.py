@@ -1,0 +1,47 @@
+"""Prefix reuse: replaying the intact outputs of the layers below a patch gives the same deltas
+as recomputing them, on a tiny model of every registered family (float64)."""
+
+import pytest
+import torch
+
+import interp
+from interp.ablation import ablate_bias
+from interp.ablation.prefix import record_block_outputs, replay_blocks
+from interp.models import TINY_FAMILIES, tiny_hf_model, tiny_inputs
+from interp.models.loading import clone_model
+
+
+@pytest.mark.parametrize("name", TINY_FAMILIES)
+def test_prefix_reuse_gives_the_same_deltas_as_full_forwards(name):
+    model = clone_model(interp.load_model(tiny_hf_model(name, n_layers=3), device="cpu"), torch.float64)
+    batches = [tiny_inputs(name, batch=2, seed=s) for s in range(2)]
+    kw = dict(kinds=("q", "v"), scope="head", method="zero", stack=3, force_exact=True, progress=False)
+    reused = ablate_bias(model, batches, reuse_prefix=True, **kw)
+    full = ablate_bias(model, batches, reuse_prefix=False, **kw)
+    assert len(reused) == len(full) > 0
+    assert (reused[["layer", "head", "kind"]].values == full[["layer", "head", "kind"]].values).all()
+    assert (reused.delta - full.delta).abs().max() <= 1e-10
+    if set("qv") & set(interp.models.get_family(name).default_biases):
+        assert reused.delta.abs().max() > 1e-6  # the patches do something, so the agreement means something
+    else:
+        assert (reused.delta == 0).all()  # no q or v bias to remove
+
+
+def test_replayed_blocks_are_restored_and_skip_their_computation():
+    model = interp.load_model(tiny_hf_model("gpt2", n_layers=3), device="cpu")
+    x = tiny_inputs("gpt2", batch=2)
+    with torch.no_grad(), record_block_outputs(model) as outputs:
+        intact = model(x)
+    calls = []
+    handle = model.blocks[0].attn.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with torch.no_grad(), replay_blocks(model, outputs, start=2, n=1, batch_size=2):
+            replayed = model(x)
+        assert calls == []  # block 0 did not run
+        assert torch.equal(replayed, intact)
+        assert all("forward" not in vars(model.blocks[layer]) for layer in range(3))
+        with torch.no_grad():
+            assert torch.equal(model(x), intact)
+        assert calls == [1]
+    finally:
+        handle.remove()
