@@ -110,7 +110,6 @@ def _gather_counts(source: Any, world: int) -> tuple[int, list[float]]:
 
 def _cmd_record(args: argparse.Namespace) -> int:
     """Record Q/K/V statistics, streaming; under torchrun every rank reads its own share, rank 0 writes."""
-    import torch
     import torch.distributed as dist
 
     from interp.models.loading import load_model
@@ -118,15 +117,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from interp.record import record_qkv
     from interp.report import begin_outputs, write_manifest, write_section
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    device = args.device
-    if world > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        if torch.cuda.is_available():
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local)
-            device = device or f"cuda:{local}"
+    rank, world, device = _distributed(args.device)
     model = load_model(args.model, device=device)
     batches, source = _record_batches(model, args, rank, world)
     stats = record_qkv(model, batches, progress=rank == 0)
@@ -151,37 +142,79 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_ablate(args: argparse.Namespace) -> int:
-    import pandas as pd
+def _distributed(device: Optional[str]) -> tuple[int, int, Optional[str]]:
+    """(rank, world, device) under torchrun (process group started), else (0, 1, device)."""
+    import torch
+    import torch.distributed as dist
 
-    from interp.ablation.sweep import ablate_bias
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            device = device or f"cuda:{local}"
+    return rank, world, device
+
+
+def _cmd_ablate(args: argparse.Namespace) -> int:
+    """Bias ablations; under torchrun each rank runs its share of the variants into
+    ``--out/rank{r}`` (its own resumable log) and rank 0 merges them."""
+    import pandas as pd
+    import torch.distributed as dist
+
+    from interp.ablation.sweep import ablate_bias, merge_shards
     from interp.models.loading import load_model
-    from interp.pipeline import summarise_ablation
-    from interp.report import begin_outputs, write_manifest, write_section
+    from interp.report import begin_outputs
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     # attribution first: it refuses an unfit metric at once, before a long exact sweep
     estimates = ["attribution", "exact"] if args.estimate == "both" else [args.estimate]
-    model = load_model(args.model, device=args.device)
+    rank, world, device = _distributed(args.device)
+    model = load_model(args.model, device=device)
     data = _data_source(model, args)
     out = Path(args.out)
-    begin_outputs(out)
+    mine = out if world == 1 else out / f"rank{rank}"
+    if rank == 0:
+        begin_outputs(out)
     frames = [
         ablate_bias(model, data, kinds=kinds, scope=args.scope, method=args.method,
-                    metric=args.metric, estimate=est, out=out, overwrite=args.overwrite and i == 0,
-                    max_batches=args.max_batches, force_exact=args.force_exact, top_k=args.top_k)
+                    metric=args.metric, estimate=est, out=mine, overwrite=args.overwrite and i == 0,
+                    max_batches=args.max_batches, force_exact=args.force_exact, top_k=args.top_k,
+                    shard=(rank, world), progress=rank == 0)
         for i, est in enumerate(estimates)
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
+    if world > 1:
+        dist.barrier()  # every rank's table is written (atomically) in its folder: read, no pickling
+        if rank == 0:
+            results = merge_shards([
+                pd.concat([pd.read_parquet(out / f"rank{r}" / f"ablation_{args.method}_{est}.parquet")
+                           for est in estimates[::-1]], ignore_index=True) for r in range(world)])
+    if rank == 0:
+        _write_ablation(results, args, out, world)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: int) -> None:
+    from interp.io import write_table
+    from interp.pipeline import summarise_ablation
+    from interp.report import write_manifest, write_section
+
     section = summarise_ablation(results, args.model)
     write_section(section, out)
+    if world > 1:  # the merged table, under the name one process gives it
+        write_table(results, out / f"ablation_{args.method}_{args.estimate}")
     write_manifest(out, dict(command="ablate", model=args.model, data=args.data, max_batches=args.max_batches,
-                             model_fingerprint=results.model_fingerprint.iloc[0],
+                             processes=world, model_fingerprint=results.model_fingerprint.iloc[0],
                              data_fingerprint=results.data_fingerprint.iloc[0]))
     top = results.assign(a=results.delta.abs()).nlargest(5, "a")
     print(top[["layer", "head", "kind", "scope", "estimate", "delta"]].to_string(index=False))
     print(f"wrote {out}")
-    return 0
 
 
 # the analysis subcommands: which pipeline steps each runs (the steps the demo runs, one at a time)

@@ -164,9 +164,24 @@ def model_inputs(model: InterpBridge, batch: Batch) -> tuple[Tensor, dict]:
     ids with their attention mask, all on the model's device."""
     p = next(model.parameters())
     if model.interp.modality == "vision":
-        return batch.inputs.to(p.device, p.dtype), {}
-    kw = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask.to(p.device)}
-    return batch.inputs.to(p.device), kw
+        return to_device(batch.inputs, p.device).to(p.dtype), {}
+    kw = {} if batch.attention_mask is None else {"attention_mask": to_device(batch.attention_mask, p.device)}
+    return to_device(batch.inputs, p.device), kw
+
+
+def batch_to_device(batch: Batch, device: torch.device) -> Batch:
+    """``batch`` with every tensor on ``device`` (see ``to_device``)."""
+    def move(t: Optional[Tensor]) -> Optional[Tensor]:
+        return None if t is None else to_device(t, device)
+    return Batch(move(batch.inputs), move(batch.attention_mask), move(batch.labels))
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device``; a host tensor bound for a GPU goes through pinned memory without
+    blocking, so that feeding a batch does not synchronise the host with the device."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _to_batch(model: InterpBridge, item: Any) -> Batch:

@@ -15,8 +15,8 @@ from einops import rearrange
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.checks import check_kinds, check_layers
-from interp.data import iter_batches, model_inputs
+from interp.checks import check_kinds, check_layers, inputs_checked_on_host
+from interp.data import iter_batches, model_inputs, to_device
 from interp.errors import InputError, InterpError
 from interp.fingerprint import DataHasher, model_fingerprint
 from interp.heads import attention_weights
@@ -110,9 +110,10 @@ def record_qkv(
             batch.check(info)
             hasher.update(batch)
             mask = batch.attention_mask
-            state["weight"] = None if mask is None else _flat(mask.to(device))
+            state["weight"] = None if mask is None else _flat(to_device(mask, device))
             x, kw = model_inputs(model, batch)
-            model.run_with_hooks(x, fwd_hooks=hooks, **kw)
+            with inputs_checked_on_host():  # batch.check ran above; a check on the GPU would sync per batch
+                model.run_with_hooks(x, fwd_hooks=hooks, **kw)
             n_batches += 1
     if n_batches == 0:
         raise InputError("data is empty: no batches to record")

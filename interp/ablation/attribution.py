@@ -45,15 +45,34 @@ def _keep_grad(acts: dict, site: tuple[int, str]) -> Callable[[Tensor, Any], Ten
     return fn
 
 
+def _linear_shifts(model: InterpBridge, sites: list, method: Method, stats: Optional[QKVStats]) -> dict:
+    """a' - a per site [heads, d_head]; zero for ``fold``, an exact identity."""
+    shift = {(l, k): bias_shift(model, l, k, method, stats) for l, k in sites}
+    if method == "fold":
+        shift = {site: torch.zeros_like(s) for site, s in shift.items()}
+    return shift
+
+
+def _linear_terms(model: InterpBridge, acts: dict, batch: Batch, shift: dict) -> dict:
+    """Per site: [head] sum over the batch and (real) positions of (a' - a) . dL/da."""
+    out = {}
+    for site, a in acts.items():
+        grad = a.grad  # [batch, pos, head_index, d_head]
+        if grad is None:
+            continue
+        if batch.attention_mask is not None and model.interp.modality == "text":
+            grad = grad * batch.attention_mask.to(grad.device)[..., None, None].to(grad.dtype)
+        out[site] = torch.einsum("bphd,hd->h", grad.double(), shift[site].double().to(grad.device)).cpu()
+    return out
+
+
 def attribution_deltas(
     model: InterpBridge, batches: Sequence[Batch], weights: Sequence[float], variants: Sequence[Variant],
     method: Method, stats: Optional[QKVStats], value: Callable, refs: Sequence[dict], need_hidden: bool,
 ) -> list[float]:
     """The first-order delta of each variant (see the module doc)."""
     sites = sorted({(l, k) for v in variants for l, _, k in v.targets})
-    shift = {(l, k): bias_shift(model, l, k, method, stats) for l, k in sites}
-    if method == "fold":
-        shift = {site: torch.zeros_like(s) for site, s in shift.items()}
+    shift = _linear_shifts(model, sites, method, stats)
     contrib = {site: torch.zeros(shift[site].shape[0], dtype=torch.float64) for site in sites}
     total = sum(weights)
     for batch, ref, weight in zip(batches, refs, weights):
@@ -63,14 +82,8 @@ def attribution_deltas(
         with torch.enable_grad():
             out, hidden = run_forward(model, batch, hooks, need_hidden)
             value(out, hidden, ref, batch).backward()
-        for site, a in acts.items():
-            grad = a.grad  # [batch, pos, head_index, d_head]
-            if grad is None:
-                continue
-            if batch.attention_mask is not None and model.interp.modality == "text":
-                grad = grad * batch.attention_mask.to(grad.device)[..., None, None].to(grad.dtype)
-            per_head = torch.einsum("bphd,hd->h", grad.double(), shift[site].double().to(grad.device))
-            contrib[site] += per_head.cpu() * (weight / total)
+        for site, per_head in _linear_terms(model, acts, batch, shift).items():
+            contrib[site] += per_head * (weight / total)
     model.zero_grad(set_to_none=True)
     return [float(sum(contrib[(l, k)][h] for l, h, k in v.targets)) for v in variants]
 
@@ -111,34 +124,39 @@ def atp_star_deltas(
     model: InterpBridge, batches: Sequence[Batch], weights: Sequence[float], variants: Sequence[Variant],
     method: Method, stats: Optional[QKVStats], value: Callable, refs: Sequence[dict], need_hidden: bool,
 ) -> list[float]:
-    """The AtP* delta of each variant (see the module doc); v targets as ``attribution_deltas``."""
+    """The AtP* delta of each variant (see the module doc); v targets as ``attribution_deltas``,
+    from the same forward and backward."""
     spec = model.interp.spec
     if spec.score_refusal:
         raise InputError(f"estimate='atp' recomputes attention scores, which {spec.label} does not allow: "
                          f"{spec.score_refusal}; use estimate='attribution' or 'exact'")
     pattern_sites = sorted({(l, k) for v in variants for l, _, k in v.targets if k in ("q", "k")})
-    linear = [v for v in variants if all(k not in ("q", "k") for _, _, k in v.targets)]
+    linear_sites = sorted({(l, k) for v in variants for l, _, k in v.targets if k not in ("q", "k")})
     shift = {site: bias_shift(model, site[0], site[1], method, stats) for site in pattern_sites}
+    shift.update(_linear_shifts(model, linear_sites, method, stats))
     layers = sorted({l for l, _ in pattern_sites})
     cached = ("q", "k", "v", "pattern") + (("cos", "sin") if model.interp.rotary else ())
     names = {f"blocks.{l}.attn.hook_{n}" for l in layers for n in cached}
-    contrib = {site: torch.zeros(model.interp.heads(site[1]), dtype=torch.float64) for site in pattern_sites}
+    contrib = {site: torch.zeros(model.interp.heads(site[1]), dtype=torch.float64)
+               for site in pattern_sites + linear_sites}
     for batch, ref, weight in zip(batches, refs, weights):
         cache: dict[str, Tensor] = {}
         grads: dict[int, Tensor] = {}
-        hooks = [(n, _store(cache, n)) for n in names] + [(f"blocks.{l}.attn.hook_z", _keep_grad(grads, l))
-                                                           for l in layers]
+        acts: dict[tuple[int, str], Tensor] = {}
+        hooks = ([(n, _store(cache, n)) for n in names]
+                 + [(f"blocks.{l}.attn.hook_z", _keep_grad(grads, l)) for l in layers]
+                 + [(f"blocks.{l}.attn.hook_{k}", _keep_grad(acts, (l, k))) for l, k in linear_sites])
         model.zero_grad(set_to_none=True)
         with torch.enable_grad():
             out, hidden = run_forward(model, batch, hooks, need_hidden)
             value(out, hidden, ref, batch).backward()
         grads = {l: g.grad for l, g in grads.items()}
-        for site, per_head in _pattern_terms(model, cache, grads, pattern_sites, shift).items():
+        terms = _pattern_terms(model, cache, grads, pattern_sites, shift)
+        terms.update(_linear_terms(model, acts, batch, shift))
+        for site, per_head in terms.items():
             contrib[site] += per_head * (weight / sum(weights))
     model.zero_grad(set_to_none=True)
-    lin = dict(zip(linear, attribution_deltas(model, batches, weights, linear, method, stats, value, refs,
-                                              need_hidden))) if linear else {}
-    return [lin[v] if v in lin else float(sum(contrib[(l, k)][h] for l, h, k in v.targets)) for v in variants]
+    return [float(sum(contrib[(l, k)][h] for l, h, k in v.targets)) for v in variants]
 
 
 def _store(cache: dict, name: str) -> Callable[[Tensor, Any], None]:

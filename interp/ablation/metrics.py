@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from interp.checks import inputs_checked_on_host
 from interp.data import Batch, model_inputs
 from interp.errors import InputError
 from interp.models.bridge import InterpBridge
@@ -111,21 +112,23 @@ def distance_features(name: str, out: Tensor, hidden: Optional[Tensor], ref: dic
     raise InputError(f"{name!r} is not a distance metric ({', '.join(DISTANCE_METRICS)})")
 
 
-def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Batch) -> float:
-    """Mean KL(intact || ablated) of the output distribution, nats; NaN without logits."""
+def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Batch) -> Optional[Tensor]:
+    """Mean KL(intact || ablated) of the output distribution, nats, as a 0-d tensor on the model's
+    device (no host sync); None without logits."""
     if not model.interp.causal and not (out.ndim == 2 and has_classifier(model)):
-        return float("nan")
+        return None
     p = wide(base_out).log_softmax(-1)
     q = wide(out).log_softmax(-1)
     kl = (p.exp() * (p - q)).sum(-1)
     if batch.attention_mask is not None and kl.ndim == 2:
-        m = batch.attention_mask.to(kl.device).float()
-        return float((kl * m).sum() / m.sum().clamp(min=1))
-    return float(kl.mean())
+        m = batch.attention_mask.to(kl.device).to(kl.dtype)
+        return (kl * m).sum() / m.sum().clamp(min=1)
+    return kl.mean()
 
 
 def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """(output, final hidden states if asked) of one forward with ``hooks``."""
+    """(output, final hidden states if asked) of one forward with ``hooks``; ``batch`` must have
+    passed ``Batch.check`` (the forward skips its checks, which would sync a GPU)."""
     x, kw = model_inputs(model, batch)
     store: dict[str, Tensor] = {}
     all_hooks = list(hooks)
@@ -133,6 +136,7 @@ def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: boo
         def grab(t: Tensor, hook: Any) -> None:
             store["hidden"] = t
         all_hooks.append((f"blocks.{model.interp.n_layers - 1}.hook_out", grab))
-    out = model.run_with_hooks(x, fwd_hooks=all_hooks, **kw)
+    with inputs_checked_on_host():  # every sweep checks its batches on the host first (Batch.check)
+        out = model.run_with_hooks(x, fwd_hooks=all_hooks, **kw)
     out = out if isinstance(out, Tensor) else out[0]
     return out, store.get("hidden")

@@ -38,7 +38,7 @@ from interp.ablation.log import ResultLog
 from interp.ablation.prefix import first_layer, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
-from interp.data import Batch, iter_batches
+from interp.data import Batch, batch_to_device, iter_batches
 from interp.errors import InputError
 from interp.fingerprint import callable_identity, data_fingerprint, model_fingerprint
 from interp.heads import bias_present
@@ -77,14 +77,7 @@ class _Run:
         return sum(v * w for v, w in zip(values, self.weights)) / sum(self.weights)
 
 
-def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: str,
-             max_batches: Optional[int], reuse_prefix: bool = False) -> _Run:
-    if estimate not in ESTIMATES:
-        raise InputError(f"estimate must be one of {', '.join(ESTIMATES)}; got {estimate!r}")
-    batches = list(iter_batches(model, data, max_batches))
-    for b in batches:
-        b.check(model.interp)
-    name = metrics.metric_name(model, metric, batches[0])
+def _check_estimate(estimate: str, name: str, batches: list[Batch]) -> None:
     if name == "cross_entropy" and any(b.labels is None for b in batches):
         raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
     if estimate in ("attribution", "atp") and name in metrics.DISTANCE_METRICS:
@@ -97,6 +90,19 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     if estimate == "atp_distance" and name not in metrics.DISTANCE_METRICS:
         raise InputError(f"estimate='atp_distance' is for the distance metrics {', '.join(metrics.DISTANCE_METRICS)}; "
                          f"{name!r} is not one: use estimate='atp' (or 'auto')")
+
+
+def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: str,
+             max_batches: Optional[int], reuse_prefix: bool = False) -> _Run:
+    if estimate not in ESTIMATES:
+        raise InputError(f"estimate must be one of {', '.join(ESTIMATES)}; got {estimate!r}")
+    host = list(iter_batches(model, data, max_batches))
+    for b in host:
+        b.check(model.interp)  # on the host, once: the forwards below skip their own checks
+    device = next(model.parameters()).device
+    batches = [batch_to_device(b, device) for b in host]  # moved once, not per variant
+    name = metrics.metric_name(model, metric, batches[0])
+    _check_estimate(estimate, name, batches)
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], [], 0.0)
     with torch.no_grad():
         values = []
@@ -106,12 +112,12 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
             if reuse_prefix:
                 run.block_outputs.append(outputs)
             run.refs.append(metrics.reference(out, hidden, batch))
-            values.append(float(run.value(out, hidden, run.refs[-1], batch)))
+            values.append(run.value(out, hidden, run.refs[-1], batch).detach())
             run.weights.append(float(batch.inputs.shape[0]))
-    run.baseline = run.mean(values)
+    run.baseline = run.mean(torch.stack(values).tolist())
     identity = callable_identity(metric) if callable(metric) and not isinstance(metric, str) else name
     run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
-                           data=data_fingerprint(batches), batches=len(batches), max_batches=max_batches,
+                           data=data_fingerprint(host), batches=len(batches), max_batches=max_batches,
                            metric=identity, interp=__version__)
     return run
 
@@ -173,16 +179,17 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Op
         for start, group in _groups(todo, stack, bool(run.block_outputs)):
             n = len(group)
             hooks = stacked_patch_hooks(run.model, [v.targets for v in group], method, stats)
-            vals: list[list[float]] = [[] for _ in group]
-            kls: list[list[float]] = [[] for _ in group]
+            vals: list[list[Tensor]] = [[] for _ in group]
+            kls: list[list[Optional[Tensor]]] = [[] for _ in group]
             for index, (batch, ref) in enumerate(zip(run.batches, run.refs)):
                 out, hidden = _patched_forward(run, index, n, start, hooks)
                 hiddens = hidden.chunk(n) if hidden is not None else [None] * n
                 for i, (o, h) in enumerate(zip(out.chunk(n), hiddens)):
-                    vals[i].append(float(run.value(o, h, ref, batch)))
+                    vals[i].append(run.value(o, h, ref, batch).detach())  # stays on the device: no sync per batch
                     kls[i].append(metrics.kl_from_intact(run.model, ref["output"], o, batch))
-            for var, vv, kk in zip(group, vals, kls):
-                log.add(_row(var, keys[var], method, "exact", run, run.mean(vv), run.mean(kk)))
+            for var, vv, kk in zip(group, vals, kls):  # one host sync per group of stacked variants
+                kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist())
+                log.add(_row(var, keys[var], method, "exact", run, run.mean(torch.stack(vv).tolist()), kl))
             bar.update(n)
     bar.close()
 
@@ -236,6 +243,41 @@ def top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -
     return [variants[i] for i in sorted(chosen._i)]
 
 
+def _sweep(run: _Run, variants: list[Variant], method: Method, estimate: str, stats: Optional[QKVStats],
+           log: ResultLog, opts: dict, shard: tuple[int, int], top_k: int) -> pd.DataFrame:
+    """This rank's rows: its share of the variants, or, for "auto", the one-pass estimate of every
+    variant (identical on every rank) and its share of the top_k per kind run exactly."""
+    rank, world = shard
+    if estimate != "auto":
+        return _run_estimate(run, variants[rank::world], method, estimate, stats, log, opts)
+    estimated = _run_estimate(run, variants, method, one_pass_estimate(run.model, run.metric_name), stats, log, opts)
+    chosen = top_variants(estimated, variants, top_k)[rank::world]
+    return pd.concat([estimated, _run_estimate(run, chosen, method, "exact", stats, log, opts)], ignore_index=True)
+
+
+def check_shard(shard: Any) -> tuple[int, int]:
+    try:
+        rank, world = (int(x) for x in shard)
+    except (TypeError, ValueError):
+        raise InputError(f"shard must be (rank, world), e.g. (0, 2); got {shard!r}") from None
+    if world < 1 or not 0 <= rank < world:
+        raise InputError(f"shard must be (rank, world) with 0 <= rank < world; got {shard!r}")
+    return rank, world
+
+
+def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The ranks' ``ablate_bias`` frames as one table, in the one-process order: rows of each
+    estimate in turn (the one-pass estimate first), variants by kind (q, k, v), layer, head; rows
+    that several ranks computed alike (the estimate of "auto") once."""
+    df = pd.concat(frames, ignore_index=True)
+    key = ["layer", "head", "kind", "scope", "method", "estimate", "n_targets"]
+    df = df.drop_duplicates(key).reset_index(drop=True)
+    order = {e: i for i, e in enumerate(dict.fromkeys(frames[0].estimate))}
+    df = df.assign(_e=df.estimate.map(order), _k=df.kind.map({"q": 0, "k": 1, "v": 2}))
+    df = df.sort_values(["_e", "_k", "layer", "head"], kind="stable", na_position="first")
+    return df.drop(columns=["_e", "_k"]).reset_index(drop=True)
+
+
 def ablate_bias(
     model: InterpBridge,
     data: Any,
@@ -254,6 +296,7 @@ def ablate_bias(
     reuse_prefix: bool = True,
     top_k: int = 5,
     n_projections: int = 8,
+    shard: tuple[int, int] = (0, 1),
     progress: bool = True,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
@@ -269,23 +312,24 @@ def ablate_bias(
     version) is refused or, with ``overwrite=True``, replaced. A variant an identity answers
     (``identity_reason``) is not run unless ``force_exact``; its row says why.
     ``reuse_prefix`` (exact): layers below a patch are replayed from the intact run.
+    ``shard=(rank, world)``: this process runs every world-th variant (the one-pass estimate
+    of "auto" runs whole on every rank, so all choose the same top heads); ``merge_shards``
+    joins the ranks' frames into the one-process table.
     """
     model = require_bridge(model, "ablate_bias")
     variants = make_variants(model.interp, kinds, scope)
     check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
     if estimate == "auto" and int(top_k) < 0:
         raise InputError(f"top_k must be >= 0; got {top_k}")
+    rank, world = check_shard(shard)
     run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"))
+    if world > 1:
+        run.fingerprint["shard"] = f"{rank}/{world}"  # a rank's log resumes only the same share
     if method == "mean" and stats is None:
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, overwrite)
     opts = dict(force_exact=force_exact, stack=stack, progress=progress, n_projections=int(n_projections))
-    if estimate == "auto":
-        estimated = _run_estimate(run, variants, method, one_pass_estimate(model, run.metric_name), stats, log, opts)
-        chosen = top_variants(estimated, variants, int(top_k))
-        df = pd.concat([estimated, _run_estimate(run, chosen, method, "exact", stats, log, opts)], ignore_index=True)
-    else:
-        df = _run_estimate(run, variants, method, estimate, stats, log, opts)
+    df = _sweep(run, variants, method, estimate, stats, log, opts, (rank, world), int(top_k))
     if out is not None:
         write_table(df, Path(out) / f"ablation_{method}_{estimate}")
     return df

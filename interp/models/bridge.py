@@ -26,7 +26,7 @@ from transformer_lens.model_bridge.sources import build_bridge_config_from_hf, d
 from transformer_lens.model_bridge.sources.transformers_driver import TransformersDriver
 from transformer_lens.utilities import get_tokenizer_with_bos
 
-from interp.checks import check_pixel_values, check_token_ids
+from interp.checks import check_pixel_values, check_token_ids, checked_on_host
 from interp.errors import InputError, UnknownSourceError, UnsupportedModelError
 from interp.models.families import Family, adapters
 from interp.models.info import ModelInfo, family_of, model_info
@@ -91,8 +91,10 @@ class InterpBridge(TransformerBridge):
     def forward(self, input: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
         info = self.interp
         pixel_values = kwargs.get("pixel_values")
+        check = not checked_on_host()  # record and the sweeps check each batch on the host once
         if info.modality == "vision":
-            check_pixel_values(pixel_values if pixel_values is not None else input, info)
+            if check:
+                check_pixel_values(pixel_values if pixel_values is not None else input, info)
             if info.spec.source != "transformers":  # timm / open_clip take the images positionally
                 input = kwargs.pop("pixel_values", input)
             elif pixel_values is None and input is not None:
@@ -100,7 +102,8 @@ class InterpBridge(TransformerBridge):
             return super().forward(input, *args, **kwargs)
         if pixel_values is not None:
             raise InputError(f"{info.name} is a language model: pass token ids, not pixel_values")
-        check_token_ids(input, info)
+        if check:
+            check_token_ids(input, info)
         return super().forward(input, *args, **kwargs)
 
     def run_with_cache(self, input: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A002

@@ -193,6 +193,18 @@ def test_atp_star_recomputes_the_pattern_and_beats_plain_attribution_where_the_s
         assert spearmanr(e, a)[0] >= 0.9, kind
 
 
+@pytest.mark.parametrize("method", ["zero", "layer_mean", "fold"])
+def test_atp_star_v_rows_equal_plain_attribution_from_the_same_backward(method):
+    model = interp.load_model(interp.tiny_hf_model("qwen2", bias_scale=2.0), device="cpu")
+    data = [interp.tiny_inputs("qwen2", batch=2, pos=8, seed=s) for s in range(2)]
+    kw = dict(kinds=("v",) if method == "fold" else ("q", "v"), method=method, progress=False)
+    atp = interp.ablate_bias(model, data, estimate="atp", **kw)
+    plain = interp.ablate_bias(model, data, estimate="attribution", **kw)
+    v = atp.kind == "v"
+    np.testing.assert_allclose(atp[v].delta, plain[v].delta, rtol=1e-6, atol=1e-12)
+    assert method == "fold" or atp[v].delta.abs().max() > 0
+
+
 def test_atp_star_refuses_scores_that_are_not_bilinear():
     model = interp.load_model(interp.tiny_hf_model("timm-vit-qknorm"), device="cpu")
     with pytest.raises(InputError, match="estimate='atp' recomputes attention scores.*qk-norm"):
@@ -230,3 +242,30 @@ def test_layer_mean_replaces_each_head_bias_by_the_layer_average():
     table = interp.ablate_bias(model, [x], kinds=("q", "k"), method="layer_mean",
                                metric=lambda out, batch: out.pow(2).mean(), progress=False)
     assert (table[table.kind == "k"].identity != "").all() and (table[table.kind == "q"].delta != 0).any()
+
+
+def test_interp_ablate_under_torchrun_equals_one_process(tmp_path):
+    """Each rank runs its share of the variants into its own log; rank 0's merged table is one process's."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    args = ["-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1",
+            "--estimate", "auto", "--top-k", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torchrun's per-rank default: the same float32 sums
+    r1 = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True,
+                        timeout=600, env=env)
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    r2 = subprocess.run([torchrun, "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
+                        capture_output=True, text=True, timeout=600, env=env)
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    one = pd.read_parquet(tmp_path / "one" / "ablation_zero_auto.parquet")
+    two = pd.read_parquet(tmp_path / "two" / "ablation_zero_auto.parquet")
+    shares = [pd.read_parquet(tmp_path / "two" / f"rank{r}" / "ablation_zero_auto.parquet") for r in range(2)]
+    exact = [s[s.estimate == "exact"] for s in shares]
+    assert len(exact[0]) and len(exact[1]) and len(exact[0]) + len(exact[1]) == (one.estimate == "exact").sum()
+    pd.testing.assert_frame_equal(two, one, check_exact=False, rtol=1e-7, atol=1e-12)  # float32 model
