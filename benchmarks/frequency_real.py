@@ -1,6 +1,8 @@
-"""Frequency profiles, head families and the q-bias shift on dinov2-s14 and the digits pair.
+"""Frequency profiles, head families and the q-bias shift on real models: dinov2-s14 and the
+digits pair over the 2D patch grid, MiniLM-L6 and SmolLM2-135M over the token axis (mean
+attention distance in tokens, sink mass on the first token, 1D spectra).
 
-    python benchmarks/frequency_real.py --out out/frequency
+    python benchmarks/frequency_real.py --out docs/results [--models minilm-l6 smollm2-135m]
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import interp
 from interp.io import write_table
 from interp.plots import attention_distance_figure, cluster_grid_figure, save_figure, spectrum_clustermap
 
-RUNS = {"dinov2-s14": "photos", "digits-vit": "digits", "digits-vit-nobias": "digits"}
+RUNS = {"dinov2-s14": "photos", "digits-vit": "digits", "digits-vit-nobias": "digits",
+        "minilm-l6": "python-docs", "smollm2-135m": "python-docs"}
 
 
 def main() -> None:
@@ -25,11 +28,14 @@ def main() -> None:
         out = Path(args.out) / name
         model = interp.load_model(name)
         data = RUNS[name]
-        shift = interp.frequency_shift_under_ablation(model, data, kinds=("q",), max_batches=args.max_batches)
+        has_q_bias = bool(interp.bias_spec(model).query("kind == 'q'").present.any())
+        shift = interp.frequency_shift_under_ablation(model, data, kinds=("q",), max_batches=args.max_batches) \
+            if has_q_bias else None  # SmolLM2 has no bias to remove
         intact = interp.frequency_profile(model, data, max_batches=args.max_batches)
         clustered = interp.cluster_heads(intact)
         write_table(clustered, out / "frequency_profile")
-        write_table(shift, out / "frequency_shift_q_bias")
+        if shift is not None:
+            write_table(shift, out / "frequency_shift_q_bias")
         save_figure(spectrum_clustermap(clustered, name), out / "spectrum_clustermap.png")
         save_figure(attention_distance_figure(clustered, name), out / "attention_distance.png")
         save_figure(cluster_grid_figure(clustered, name), out / "clusters.png")
@@ -37,9 +43,10 @@ def main() -> None:
         print("mean attention distance per layer:",
               clustered.groupby("layer").mean_attention_distance.mean().round(1).to_dict())
         print(clustered.groupby("cluster")[["hf_ratio", "mean_attention_distance", "sink_mass"]].mean().round(3).to_string())
-        print("q-bias removal: mean |delta hf_ratio| %.4f, mean delta distance %.2f (max |.| %.2f)" % (
-            shift.delta_hf_ratio.abs().mean(), shift.delta_mean_attention_distance.mean(),
-            shift.delta_mean_attention_distance.abs().max()))
+        if shift is not None:
+            print("q-bias removal: mean |delta hf_ratio| %.4f, mean delta distance %.2f (max |.| %.2f)" % (
+                shift.delta_hf_ratio.abs().mean(), shift.delta_mean_attention_distance.mean(),
+                shift.delta_mean_attention_distance.abs().max()))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from interp import plots
+from interp.interactive import Heatmap, TopTable
 from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.origin import origin_shift
@@ -43,6 +44,8 @@ class Section:
     shown: list[str] = field(default_factory=list)  # figures embedded in report.html
     stats: dict[str, QKVStats] = field(default_factory=dict)  # saved as <name>.safetensors
     seconds: float = 0.0  # time the step that made it took
+    heatmaps: list[Heatmap] = field(default_factory=list)  # interactive, in report.html (from any section's tables)
+    top_tables: list[TopTable] = field(default_factory=list)  # sortable, in report.html
 
 
 @dataclass
@@ -113,6 +116,10 @@ def origin_step(ctx: Context) -> list[Section]:
         + f". Largest: layer {largest['layer']}, head {largest['head']}, {largest['kind']} "
           f"({largest['shift_ratio']:.2f}).",
         numbers, tables={"origin_shift": origin}, figures={"shift_ratio": figs["shift_ratio"]}, shown=["shift_ratio"],
+        heatmaps=[Heatmap("origin_shift", "shift_ratio", "||b|| / RMS(XW)",
+                          title=f"{ctx.name}: shift ratio per head (hover for values; one colour scale per kind)")],
+        top_tables=[TopTable("origin_shift", ("layer", "head", "kind", "bias_norm", "content_rms", "shift_ratio",
+                                              "bias_share"), "shift_ratio", "The largest shift ratios")],
         headline=f"The largest bias shift is {largest['shift_ratio']:.2f} content-RMS units "
                  f"(layer {largest['layer']}, head {largest['head']}, {largest['kind']})"
                  + (": a b_k, which cannot change the pattern here." if largest["kind"] == "k"
@@ -123,7 +130,9 @@ def origin_step(ctx: Context) -> list[Section]:
         "Share of the head's origin E[XW + b] set by the bias rather than by the data, ||b|| / (||b|| + "
         "||E[X]W||). Median per kind: "
         + ", ".join(f"{k}: {v:.2f}" for k, v in share_numbers["median_bias_share"].items()) + ".",
-        share_numbers, figures={"bias_share": figs["bias_share"]}, shown=["bias_share"])
+        share_numbers, figures={"bias_share": figs["bias_share"]}, shown=["bias_share"],
+        heatmaps=[Heatmap("origin_shift", "bias_share", "||b|| / (||b|| + ||E[X]W||)",
+                          title=f"{ctx.name}: bias share of each head's origin")])
     return [shift, share]
 
 
@@ -143,6 +152,9 @@ def scores_step(ctx: Context) -> list[Section]:
     return [Section("key_prior", "Key prior", text, numbers, tables={"score_decomposition": dec},
                     figures={"key_prior_share": plots.key_prior_share_figure(dec, ctx.name)},
                     shown=["key_prior_share"],
+                    heatmaps=[Heatmap("score_decomposition", "share", "share of score variance", facet="term",
+                                      query="term == 'key_prior'",
+                                      title=f"{ctx.name}: key-prior share of each head's score variance")],
                     headline=f"The key prior u = W_k b_q carries {kp:.1%} of the score variance on average.")]
 
 
@@ -195,6 +207,8 @@ def frequency_step(ctx: Context) -> list[Section]:
                 f"k = {numbers['k']} families by frequency profile (mean silhouette {numbers['silhouette']:.2f}); "
                 f"{families}. Cluster 0 is the most low-pass.", numbers, tables=tables,
                 figures={"clusters": plots.cluster_grid_figure(clustered, ctx.name)}, shown=["clusters"],
+                heatmaps=[Heatmap("frequency_profile", "hf_ratio", "high-frequency share of output power", facet=None,
+                                  title=f"{ctx.name}: hf_ratio per head")],
                 headline=f"Heads form {numbers['k']} frequency families (silhouette {numbers['silhouette']:.2f})."),
         Section("attention_distance", "Mean attention distance",
                 f"Per head against layer (ViT paper, Figure 7 style). Layer means range {lo:.1f}-{hi:.1f} {unit}. "
@@ -203,7 +217,9 @@ def frequency_step(ctx: Context) -> list[Section]:
                 f"{distance['q_bias_removal_distance_change_max_abs']:.2f}) and its "
                 f"hf_ratio by {distance['q_bias_removal_hf_ratio_change_mean_abs']:.4f} on average.", distance,
                 figures={"attention_distance": plots.attention_distance_figure(clustered, ctx.name)},
-                shown=["attention_distance"]),
+                shown=["attention_distance"],
+                heatmaps=[Heatmap("frequency_profile", "mean_attention_distance", f"mean attention distance ({unit})",
+                                  facet=None, title=f"{ctx.name}: mean attention distance per head")]),
         Section("spectra", "Spectra", "Log amplitude (relative to DC) of each head's output over radial frequency "
                 f"bins; rows are heads, coloured by family. {len(spectra['empty_bins'])} of {spectra['n_bins']} bins "
                 "hold no frequency on this patch grid.", spectra,
@@ -262,8 +278,14 @@ def summarise_ablation(results: pd.DataFrame, model_name: str) -> Section:
         f"The most bias-dependent head is layer {numbers['top_heads'][0]['layer']}, head "
         f"{numbers['top_heads'][0]['head']} ({numbers['top_heads'][0]['kind']}): removing its bias changes "
         f"{first.metric} by {numbers['top_heads'][0]['delta']:+.2e} ({first.estimate}).")
+    every = numbers["estimates"][0]  # the estimate that covers every head
     return Section("ablation", "Bias ablations", text, numbers, headline=headline, tables={"ablation": results},
-                   figures=figs, shown=[n for n in [top_name] + comparison if n])
+                   figures=figs, shown=[n for n in [top_name] + comparison if n],
+                   heatmaps=[Heatmap("ablation", "delta", f"delta {first.metric} (ablated - intact)",
+                                     query=f"scope == 'head' and estimate == '{every}'",
+                                     title=f"{model_name}: effect of removing each head's bias ({every})")],
+                   top_tables=[TopTable("ablation", ("layer", "head", "kind", "estimate", "delta", "identity"), "delta",
+                                        "The largest effects (click a column to sort)", query="scope == 'head'")])
 
 
 def _estimate_text(numbers: dict) -> str:

@@ -2,7 +2,9 @@
 and ``summary.json``. The renderer only formats what the steps computed.
 
 ``report.html`` opens with the headline findings (the same numbers as ``summary.json``),
-then one part per section.
+then one part per section: its text, interactive layer x head heatmaps (hover for values)
+and sortable tables (``interp.interactive``; plotly.js embedded, so it opens offline), and
+its PNG figures.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from interp.interactive import heatmap_html, page_scripts, rows_of, sortable_table
 from interp.io import OutputError, atomic_path, sha256_file, write_table
 from interp.pipeline import Section
 from interp.plots import save_figure
@@ -78,26 +81,43 @@ def _img(path: Path) -> str:
     return f'<img src="data:image/png;base64,{data}" alt="{html.escape(path.stem)}" style="max-width:100%">'
 
 
+_STYLE = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;line-height:1.4}"
+          "table.interp-sortable{border-collapse:collapse;margin:1em 0;font-size:90%}"
+          "table.interp-sortable th,table.interp-sortable td{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+          "table.interp-sortable th{background:#eee}")
+
+
+def _section_html(section: Section, index: int, figures: dict[str, Path], tables: dict) -> str:
+    """One section: its text, its interactive heatmaps and tables, then its PNG figures (for papers)."""
+    parts = [f"<h2>{html.escape(section.title)}</h2>\n<p>{html.escape(section.text)}</p>"]
+    for j, spec in enumerate(section.heatmaps):
+        if spec.table in tables and not rows_of(tables[spec.table], spec.query).empty:
+            parts.append(heatmap_html(tables[spec.table], spec, f"heatmap-{index}-{j}"))
+    for spec in section.top_tables:
+        if spec.table in tables and not rows_of(tables[spec.table], spec.query).empty:
+            parts.append(sortable_table(tables[spec.table], spec))
+    parts += [_img(figures[name]) for name in section.shown if name in figures]
+    return "\n".join(parts)
+
+
 def render_report(sections: Sequence[Section], figures: dict[str, Path], meta: dict, out: Path) -> Path:
     """Write ``summary.json`` and ``report.html`` (headline findings first, then the sections)."""
     data = summary(sections, meta)
     with atomic_path(out / "summary.json") as tmp:
         tmp.write_text(json.dumps(data, indent=2))
     headlines = "".join(f"<li>{html.escape(h)}</li>" for h in data["headlines"])
-    body = "\n".join(
-        f"<h2>{html.escape(s.title)}</h2>\n<p>{html.escape(s.text)}</p>\n"
-        + "".join(_img(figures[name]) for name in s.shown if name in figures)
-        for s in sections
-    )
+    tables = {name: table for s in sections for name, table in s.tables.items()}
+    body = "\n".join(_section_html(s, i, figures, tables) for i, s in enumerate(sections))
     produced = ", ".join(f"{k}: {v}" for k, v in meta.items())
     title = f"QKV bias report: {meta.get('model', '')} on {meta.get('dataset', '')}"
     report = out / "report.html"
     with atomic_path(report) as tmp:
         tmp.write_text(
             f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}</style></head>"
+            f"<style>{_STYLE}</style></head>"
             f"<body><h1>{html.escape(title)}</h1>\n<h2>Headline findings</h2>\n<ul>{headlines}</ul>\n{body}\n"
-            f"<p><small>Produced by: {html.escape(produced)}. Numbers: summary.json.</small></p></body></html>"
+            f"<p><small>Produced by: {html.escape(produced)}. Numbers: summary.json.</small></p>\n"
+            f"{page_scripts()}</body></html>"
         )
     return report
 

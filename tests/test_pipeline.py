@@ -81,3 +81,44 @@ def test_a_new_run_removes_the_old_manifest_first(tmp_path):
     (tmp_path / "manifest.json").write_text("{}")
     begin_outputs(tmp_path)
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_report_is_self_contained_and_interactive(written):
+    import re
+
+    out, sections, report = written
+    page = report.read_text()
+    library = re.search(r'<script id="plotly-js">.*?</script>', page, flags=re.S)
+    assert library and len(library.group(0)) > 1_000_000  # plotly.js itself, embedded
+    text = page.replace(library.group(0), "")  # (its own map-tile and logo links are never loaded here)
+    # nothing the page loads comes from the network: no remote src/href/url(), no <link>, no @import
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", text, flags=re.I)
+    assert not re.search(r"url\(\s*['\"]?(https?:)?//", text, flags=re.I) and "<link" not in text
+    assert "@import" not in text
+    assert "Plotly.newPlot" in text and text.count('class="interp-sortable"') >= 2
+    assert text.index("Headline findings") < text.index("interp-heatmap")
+
+
+def test_each_interactive_heatmap_holds_the_data_of_its_table(written):
+    import math
+    import re
+
+    from interp.interactive import Heatmap, heatmap_grids
+
+    out, sections, report = written
+    payloads = [json.loads(m.replace("<\\/", "</")) for m in re.findall(
+        r'<script type="application/json" class="interp-heatmap" data-target="[^"]+">(.*?)</script>',
+        report.read_text(), flags=re.S)]
+    expected = [h for s in sections for h in s.heatmaps]
+    assert len(payloads) == len(expected) >= 6
+    for payload in payloads:
+        table = pd.read_csv(out / f"{payload['table']}.csv")
+        spec = Heatmap(payload["table"], payload["value"], "", facet=payload["facet"], query=payload["query"])
+        grids = heatmap_grids(table, spec)
+        traces = payload["figure"]["data"]
+        assert [t["name"] for t in traces] == list(grids)
+        for trace, grid in zip(traces, grids.values()):
+            assert trace["x"] == [int(h) for h in grid.columns] and trace["y"] == [int(la) for la in grid.index]
+            for row, want in zip(trace["z"], grid.to_numpy()):
+                for got, w in zip(row, want):
+                    assert (got is None and math.isnan(w)) or got == pytest.approx(w, rel=1e-9, abs=1e-15)

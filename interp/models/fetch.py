@@ -236,7 +236,7 @@ def mnist_tensors(csv_path: Path, split: str) -> dict[str, torch.Tensor]:
     labels, pixels = values[:, 0], values[:, 1:]
     if labels.min() < 0 or labels.max() > 9 or pixels.min() < 0 or pixels.max() > 255:
         raise MissingWeightsError(f"{csv_path.name}: labels must lie in 0..9 and pixels in 0..255")
-    return {f"{split}_images": torch.from_numpy(pixels.astype(np.uint8).reshape(-1, 28, 28)),
+    return {f"{split}_images": torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.uint8).reshape(-1, 28, 28)),
             f"{split}_labels": torch.from_numpy(labels.astype(np.int64))}
 
 

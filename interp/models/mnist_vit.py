@@ -136,6 +136,30 @@ def run_seeds(seeds: list[int], epochs: int, ship_seed: Optional[int], csv: Path
     return pd.DataFrame(rows)
 
 
+def summarise(seeds: pd.DataFrame, reference: str = "qkv") -> pd.DataFrame:
+    """Per variant: test accuracy mean, its 95% t-interval over seeds, and the paired difference
+    (variant - ``reference``, same seed) with its own 95% t-interval; in percentage points."""
+    from scipy import stats
+
+    def interval(values: pd.Series) -> tuple[float, float, float]:
+        mean = float(values.mean())
+        if len(values) < 2:
+            return mean, float("nan"), float("nan")
+        half = float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / len(values) ** 0.5)
+        return mean, mean - half, mean + half
+
+    wide = seeds.pivot_table(index="seed", columns="variant", values="test_accuracy") * 100
+    rows = []
+    for variant in [v for v in VARIANTS if v in wide]:
+        mean, lo, hi = interval(wide[variant].dropna())
+        diff = (wide[variant] - wide[reference]).dropna()
+        d_mean, d_lo, d_hi = interval(diff)
+        rows.append(dict(variant=variant, zoo_name=ZOO_NAMES[variant], n_seeds=int(wide[variant].notna().sum()),
+                         accuracy_pct=mean, ci95_low=lo, ci95_high=hi, paired_diff_pp=d_mean,
+                         paired_ci95_low=d_lo, paired_ci95_high=d_hi))
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])

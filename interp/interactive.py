@@ -1,0 +1,148 @@
+"""Interactive, self-contained pieces of ``report.html``: layer x head heatmaps with hover
+values (plotly, its JavaScript embedded once in the page: nothing is fetched) and sortable
+tables. Like ``interp.plots``, they only draw DataFrames.
+
+Each heatmap's figure JSON sits in a ``<script type="application/json" class="interp-heatmap">``
+element next to its ``<div>``, so the numbers drawn are readable (and testable) as data.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+
+@dataclass(frozen=True)
+class Heatmap:
+    """A layer x head heatmap of ``value`` from the table ``table``, one panel per ``facet`` value."""
+
+    table: str
+    value: str
+    label: str  # what the colour means, with its unit
+    facet: Optional[str] = "kind"
+    title: str = ""
+    query: str = ""  # rows of the table to draw (a pandas query), "" = all
+
+
+@dataclass(frozen=True)
+class TopTable:
+    """The rows of ``table`` with the largest |``sort_by``|, as a sortable HTML table."""
+
+    table: str
+    columns: tuple[str, ...]
+    sort_by: str
+    caption: str = ""
+    query: str = ""
+    n: int = 20
+
+
+def rows_of(df: pd.DataFrame, query: str) -> pd.DataFrame:
+    return df.query(query) if query else df
+
+
+def heatmap_grids(df: pd.DataFrame, spec: Heatmap) -> dict[str, pd.DataFrame]:
+    """The layer x head grid of each panel (what the heatmap draws, and what a test compares)."""
+    df = rows_of(df, spec.query)
+    facets = [None] if spec.facet is None else list(dict.fromkeys(df[spec.facet]))
+    grids = {}
+    for f in facets:
+        part = df if f is None else df[df[spec.facet] == f]
+        part = part[part["head"].notna()] if "head" in part else part
+        grids[str(f) if f is not None else spec.value] = part.pivot_table(
+            index="layer", columns="head", values=spec.value, aggfunc="mean").sort_index()
+    return grids
+
+
+def heatmap_figure(df: pd.DataFrame, spec: Heatmap) -> go.Figure:
+    """One panel per facet, each with its own colour scale (values of q, k and v can differ by
+    orders of magnitude); hover shows layer, head and the exact value."""
+    grids = heatmap_grids(df, spec)
+    fig = make_subplots(rows=1, cols=len(grids), subplot_titles=[
+        f"{spec.facet} = {name}" if spec.facet else name for name in grids], horizontal_spacing=0.08)
+    for i, (name, grid) in enumerate(grids.items(), start=1):
+        z = grid.to_numpy(dtype=float)
+        fig.add_trace(go.Heatmap(
+            z=np.where(np.isfinite(z), z, None).tolist(), x=[int(h) for h in grid.columns],
+            y=[int(layer) for layer in grid.index], colorscale="Viridis", name=name,
+            colorbar=dict(title=dict(text=spec.label), x=i / len(grids) - 0.02, len=0.9),
+            hovertemplate=f"layer %{{y}}, head %{{x}}<br>{spec.value} = %{{z:.4g}}<extra>{name}</extra>"),
+            row=1, col=i)
+        fig.update_xaxes(title_text="head", row=1, col=i)
+        fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=i)
+    fig.update_layout(title=spec.title or spec.value, height=420, width=max(520, 430 * len(grids)),
+                      margin=dict(l=50, r=50, t=80, b=50))
+    return fig
+
+
+def heatmap_html(df: pd.DataFrame, spec: Heatmap, element_id: str) -> str:
+    """The heatmap as a ``<div>`` plus its figure JSON; drawn by the page's embedded plotly.js."""
+    figure = heatmap_figure(df, spec).to_plotly_json()
+    payload = json.dumps(dict(table=spec.table, value=spec.value, facet=spec.facet, query=spec.query,
+                              figure=figure),
+                         default=_json_default).replace("</", "<\\/")
+    return (f'<div id="{element_id}" class="interp-plot"></div>\n'
+            f'<script type="application/json" class="interp-heatmap" data-target="{element_id}">{payload}</script>')
+
+
+def _json_default(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def page_scripts() -> str:
+    """plotly.js (embedded: no network), the code that draws every heatmap, and the table sorter."""
+    return ('<script id="plotly-js">' + get_plotlyjs().replace("</script", "<\\/script") + "</script>\n<script>"
+            + _DRAW + "</script>")
+
+
+_DRAW = """
+document.querySelectorAll('script.interp-heatmap').forEach(function (el) {
+  var spec = JSON.parse(el.textContent);
+  Plotly.newPlot(el.dataset.target, spec.figure.data, spec.figure.layout, {displaylogo: false, responsive: true});
+});
+document.querySelectorAll('table.interp-sortable th').forEach(function (th, col) {
+  th.style.cursor = 'pointer';
+  th.addEventListener('click', function () {
+    var table = th.closest('table'), body = table.tBodies[0];
+    var rows = Array.from(body.rows), asc = th.dataset.asc !== 'true';
+    var index = Array.from(th.parentNode.children).indexOf(th);
+    rows.sort(function (a, b) {
+      var x = a.cells[index].dataset.value, y = b.cells[index].dataset.value;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+      return asc ? c : -c;
+    });
+    th.dataset.asc = asc;
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+"""
+
+
+def sortable_table(df: pd.DataFrame, spec: TopTable) -> str:
+    """The ``spec.n`` rows with the largest |``sort_by``| as an HTML table whose columns sort on click."""
+    df, columns, caption = rows_of(df, spec.query), spec.columns, spec.caption
+    shown = df.assign(_abs=df[spec.sort_by].abs()).nlargest(spec.n, "_abs")[list(columns)]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    rows = []
+    for _, row in shown.iterrows():
+        cells = []
+        for c in columns:
+            v = row[c]
+            text = f"{v:.4g}" if isinstance(v, (float, np.floating)) else str(v)
+            cells.append(f'<td data-value="{html.escape(str(v))}">{html.escape(text)}</td>')
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return (f'<table class="interp-sortable">{cap}<thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
