@@ -65,6 +65,20 @@ class Context:
     def name(self) -> str:
         return self.model.interp.name
 
+    def data_label(self, batches: Optional[list[Batch]] = None) -> str:
+        """What a figure was made from, e.g. "photos, 2,056 patches (8 images)"."""
+        batches = self.batches if batches is None else batches
+        vision = self.model.interp.modality == "vision"
+        items = sum(int(b.inputs.shape[0]) for b in batches)
+        if vision:
+            info = self.model.interp
+            count = items * ((info.image_size // info.patch_size) ** 2 + info.n_prefix_tokens)
+        else:
+            count = sum(int(b.attention_mask.sum()) if b.attention_mask is not None else b.inputs.numel()
+                        for b in batches)
+        unit = ("patches", "images") if vision else ("tokens", "sequences")
+        return f"{self.dataset}, {count:,} {unit[0]} ({items} {unit[1]})"
+
     def first(self, n_full: int) -> list[Batch]:
         """The first batches an expensive step uses: 1 in quick mode, else ``n_full``."""
         return self.batches[:1] if self.quick else self.batches[:n_full]
@@ -101,7 +115,7 @@ def recording_step(ctx: Context) -> list[Section]:
 
 def origin_step(ctx: Context) -> list[Section]:
     origin = origin_shift(ctx.model, ctx.stats)
-    figs = plots.origin_shift_figures(origin, ctx.name)
+    figs = plots.origin_shift_figures(origin, ctx.name, ctx.data_label())
     med = origin.groupby("kind")[["shift_ratio", "bias_share"]].median()
     top = origin.sort_values("shift_ratio", ascending=False).iloc[0]
     numbers = dict(median_shift_ratio=med.shift_ratio.to_dict(),
@@ -150,7 +164,8 @@ def scores_step(ctx: Context) -> list[Section]:
             f"{kp:.3f}; content {numbers['mean_share'].get('content', 0.0):.3f}; query_const and const {cancel:.2e}, "
             "which softmax cancels without rotary positions).")
     return [Section("key_prior", "Key prior", text, numbers, tables={"score_decomposition": dec},
-                    figures={"key_prior_share": plots.key_prior_share_figure(dec, ctx.name)},
+                    figures={"key_prior_share": plots.key_prior_share_figure(dec, ctx.name,
+                                                                             ctx.data_label(ctx.first(2)))},
                     shown=["key_prior_share"],
                     heatmaps=[Heatmap("score_decomposition", "share", "share of score variance", facet="term",
                                       query="term == 'key_prior'",
@@ -223,7 +238,8 @@ def frequency_step(ctx: Context) -> list[Section]:
         Section("spectra", "Spectra", "Log amplitude (relative to DC) of each head's output over radial frequency "
                 f"bins; rows are heads, coloured by family. {len(spectra['empty_bins'])} of {spectra['n_bins']} bins "
                 "hold no frequency on this patch grid.", spectra,
-                figures={"spectrum_clustermap": plots.spectrum_clustermap(clustered, ctx.name)},
+                figures={"spectrum_clustermap": plots.spectrum_clustermap(clustered, ctx.name,
+                                                                          ctx.data_label(ctx.batches[:2]))},
                 shown=["spectrum_clustermap"]),
     ]
 
@@ -245,7 +261,7 @@ def estimate_vs_exact(per_head: pd.DataFrame) -> dict[str, Any]:
                 max_abs_error=float((both.estimate - both.exact).abs().max()))
 
 
-def summarise_ablation(results: pd.DataFrame, model_name: str) -> Section:
+def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -> Section:
     """The ablation step's section, from ``ablate_bias`` rows (one method; one estimate, or a one-pass
     estimate of every head plus exact rows for the top heads). Headline numbers come from exact rows
     where there are any."""
@@ -264,7 +280,7 @@ def summarise_ablation(results: pd.DataFrame, model_name: str) -> Section:
         identity_answered=int((results.identity.fillna("") != "").sum()),
         estimate_vs_exact=estimate_vs_exact(per_head),
     )
-    figs = plots.ablation_figures(results, model_name)
+    figs = plots.ablation_figures(results, model_name, data=data)
     heads = "; ".join(f"L{t['layer']} H{t['head']} {t['kind']} ({t['delta']:+.2e})" for t in numbers["top_heads"])
     text = (f"{first.method.capitalize()}-ablating one head's bias at a time ({first.metric}, baseline "
             f"{numbers['baseline']:.4f}; {numbers['identity_answered']} of {numbers['n_variants']} rows answered "
@@ -300,7 +316,7 @@ def _estimate_text(numbers: dict) -> str:
 def ablation_step(ctx: Context) -> list[Section]:
     results = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="zero", estimate=ctx.ablation_estimate,
                           top_k=ctx.top_k, out=None if ctx.out is None else ctx.out / "ablation")
-    return [summarise_ablation(results, ctx.name)]
+    return [summarise_ablation(results, ctx.name, ctx.data_label(ctx.first(2)))]
 
 
 Step = Callable[[Context], list[Section]]

@@ -16,6 +16,50 @@ def _grid(df: pd.DataFrame, value: str) -> pd.DataFrame:
     return df.pivot_table(index="layer", columns="head", values=value, aggfunc="mean").sort_index()
 
 
+def panel_notes(df: pd.DataFrame, facet: str = "kind") -> dict[str, str]:
+    """What to write instead of drawing a flat field, per facet value: "no b_k in this model" where
+    the bias is absent (``present`` False), or the identity that answered every row (``identity``)."""
+    notes: dict[str, str] = {}
+    for f, part in df.groupby(facet, sort=False):
+        if "present" in part and not part.present.astype(bool).any():
+            notes[str(f)] = f"no b_{f} in this model"
+        elif "identity" in part and part.identity.fillna("").ne("").all():
+            notes[str(f)] = f"inert by identity:\n{part.identity.iloc[0]}"
+    return notes
+
+
+def _text_panel(ax: plt.Axes, title: str, note: str) -> None:
+    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, fontsize=11, transform=ax.transAxes,
+            bbox=dict(boxstyle="round", facecolor="#f2f2f2", edgecolor="#999999"))
+    ax.set_title(title)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _scales(df: pd.DataFrame, value: str, facet: str, facets: Sequence[str], scale: str,
+            limits: Optional[tuple[float, float]], center: Optional[float]) -> dict[str, tuple]:
+    """(vmin, vmax) per facet: shared, or one per facet when their magnitudes differ by > 3x (auto)."""
+    spans = {f: (df[df[facet] == f][value].min(), df[df[facet] == f][value].max()) for f in facets}
+    largest = {f: max(abs(lo), abs(hi)) for f, (lo, hi) in spans.items()}
+    finite = [v for v in largest.values() if v > 0]
+    per_facet = scale == "per_facet" or (scale == "auto" and len(finite) > 1 and max(finite) > 3 * min(finite))
+
+    def limits_of(lo: float, hi: float) -> tuple:
+        if limits is not None:
+            return limits
+        if center is not None:
+            m = max(abs(lo - center), abs(hi - center)) or 1e-12
+            return center - m, center + m
+        return (0.0 if lo >= 0 else lo), (hi if hi > (0.0 if lo >= 0 else lo) else (lo + 1e-12))
+
+    if per_facet:
+        return {f: limits_of(*spans[f]) for f in facets}
+    shared = limits_of(df[value].min(), df[value].max())
+    return {f: shared for f in facets}
+
+
 def layer_head_heatmaps(
     df: pd.DataFrame,
     value: str,
@@ -23,46 +67,68 @@ def layer_head_heatmaps(
     facet: str = "kind",
     facets: Optional[Sequence[str]] = None,
     title: str = "",
+    subtitle: str = "",
     cbar_label: Optional[str] = None,
     cmap: str = "viridis",
     center: Optional[float] = None,
+    limits: Optional[tuple[float, float]] = None,
+    scale: str = "auto",
+    notes: Optional[dict[str, str]] = None,
 ) -> plt.Figure:
-    """One layer x head heatmap of ``value`` per value of ``facet`` (e.g. per kind)."""
-    facets = list(facets) if facets is not None else list(dict.fromkeys(df[facet]))
-    fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets) + 0.8, 4.2), squeeze=False)
-    vmin, vmax = df[value].min(), df[value].max()
-    for ax, f in zip(axes[0], facets):
-        grid = _grid(df[df[facet] == f], value)
-        sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center,
-                    cbar_kws={"label": cbar_label or value})
+    """One layer x head heatmap of ``value`` per value of ``facet`` (e.g. per kind).
+
+    Style: a quantity that cannot be negative starts its scale at 0; ``limits`` fixes it (e.g.
+    0-1 for shares); ``scale="auto"`` gives each panel its own colour bar when the panels'
+    magnitudes differ by more than 3x (q vs k), else one colour bar for the figure; a facet
+    in ``notes`` is drawn as a text panel ("no b_k in this model", "inert by identity")
+    instead of a flat field; ``subtitle`` says the data (e.g. "photos, 2,056 patches").
+    """
+    facets = [str(f) for f in (list(facets) if facets is not None else list(dict.fromkeys(df[facet])))]
+    df = df.assign(**{facet: df[facet].astype(str)})
+    notes = notes or {}
+    drawn = [f for f in facets if f not in notes]
+    limits_by = _scales(df, value, facet, drawn, scale, limits, center) if drawn else {}
+    shared = len(set(limits_by.values())) <= 1
+    fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets) + 1.2, 4.4), squeeze=False)
+    for i, (ax, f) in enumerate(zip(axes[0], facets)):
+        if f in notes:
+            _text_panel(ax, f"{facet} = {f}", notes[f])
+            continue
+        vmin, vmax = limits_by[f]
+        last = f == drawn[-1]
+        sns.heatmap(_grid(df[df[facet] == f], value), ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center,
+                    cbar=not shared or last, cbar_kws={"label": cbar_label or value})
         ax.set_title(f"{facet} = {f}")
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-    fig.suptitle(title or value)
+    fig.suptitle(title + (f"\n{subtitle}" if subtitle else "") if title else value)
     fig.tight_layout()
     return fig
 
 
-def origin_shift_figures(origin: pd.DataFrame, model_name: str) -> dict[str, plt.Figure]:
-    """Shift ratio and bias share per kind (q, k, v), as layer x head heatmaps."""
+def origin_shift_figures(origin: pd.DataFrame, model_name: str, data: str = "") -> dict[str, plt.Figure]:
+    """Shift ratio and bias share per kind (q, k, v), as layer x head heatmaps (own scale per kind)."""
+    notes = panel_notes(origin)
     return {
         "shift_ratio": layer_head_heatmaps(
-            origin, "shift_ratio", cbar_label="||b|| / RMS(XW)",
+            origin, "shift_ratio", cbar_label="||b|| / RMS(XW)", notes=notes, subtitle=data,
             title=f"{model_name}: how far each head's bias moves its origin (shift ratio)",
         ),
         "bias_share": layer_head_heatmaps(
-            origin, "bias_share", cbar_label="||b|| / (||b|| + ||E[X]W||)", cmap="magma",
+            origin, "bias_share", cbar_label="||b|| / (||b|| + ||E[X]W||)", cmap="magma", limits=(0.0, 1.0),
+            notes=notes, subtitle=data,
             title=f"{model_name}: bias share of the head's origin (0 = data only, 1 = bias only)",
         ),
     }
 
 
-def key_prior_share_figure(decomposition: pd.DataFrame, model_name: str) -> plt.Figure:
-    """Share of within-row score variance carried by the key-prior term b_q . x_j W_k."""
+def key_prior_share_figure(decomposition: pd.DataFrame, model_name: str, data: str = "") -> plt.Figure:
+    """Share of within-row score variance carried by the key-prior term b_q . x_j W_k, on 0-1."""
     df = decomposition[decomposition.term == "key_prior"].assign(term="key_prior")
     return layer_head_heatmaps(
         df, "share", facet="term", cbar_label="share of score variance", cmap="rocket",
-        title=f"{model_name}: key-prior term (b_q . k content) share of score variance",
+        limits=(min(0.0, float(df.share.min())), max(1.0, float(df.share.max()))),  # a 1% effect looks like 1%
+        subtitle=data, title=f"{model_name}: key-prior term (b_q . k content) share of score variance",
     )
 
 
@@ -75,35 +141,55 @@ def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 110) -> Path:
     return path
 
 
-def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12) -> dict[str, plt.Figure]:
+UNITS = {"next_token_ce": "nats", "cross_entropy": "nats", "feature_cosine": "cosine", "embedding_cosine": "cosine"}
+
+
+def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data: str = "") -> dict[str, plt.Figure]:
     """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads, estimate vs exact."""
     figs: dict[str, plt.Figure] = {}
     per_head = results[results.scope == "head"] if "scope" in results else results
     most = per_head.groupby(["method", "estimate"]).size().groupby("method").max()
     for (method, estimate), df in per_head.groupby(["method", "estimate"]):
         metric = df.metric.iloc[0]
+        unit = UNITS.get(metric, "metric units")
         if len(df) == most[method]:  # a heatmap of every head; the exact top-k of "auto" would leave holes
             figs[f"ablation_delta_{method}_{estimate}"] = layer_head_heatmaps(
-                df, "delta", cmap="vlag", center=0.0, cbar_label=f"delta {metric} (ablated - intact)",
+                df, "delta", cmap="vlag", center=0.0, cbar_label=f"delta {metric} ({unit})",
+                notes=panel_notes(df), subtitle=_ablation_subtitle(df, data),
                 title=f"{model_name}: effect of {method}-ablating each head's bias ({estimate})",
             )
-        figs[f"ablation_top_{method}_{estimate}"] = _top_heads_figure(df, model_name, method, estimate, top)
+        figs[f"ablation_top_{method}_{estimate}"] = _top_heads_figure(df, model_name, method, estimate, top, data)
     for method, df in per_head.groupby("method"):
         for estimate in [e for e in dict.fromkeys(df.estimate) if e != "exact" and "exact" in set(df.estimate)]:
             figs[f"ablation_exact_vs_{estimate}_{method}"] = _estimate_scatter(df, model_name, method, estimate)
     return figs
 
 
-def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: str, top: int) -> plt.Figure:
-    ranked = df.assign(abs_delta=df.delta.abs()).nlargest(top, "abs_delta")
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(ranked) + 1.5))
+def _ablation_subtitle(df: pd.DataFrame, data: str) -> str:
+    metric = df.metric.iloc[0]
+    base = f"{metric} of the intact model: {df.baseline.iloc[0]:.4g} {UNITS.get(metric, '')}".strip()
+    return f"{data}; {base}" if data else base
+
+
+def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: str, top: int,
+                      data: str = "") -> plt.Figure:
+    metric = df.metric.iloc[0]
+    runnable = df[df.identity.fillna("") == ""] if "identity" in df else df
+    ranked = runnable.assign(abs_delta=runnable.delta.abs()).nlargest(top, "abs_delta")
+    fig, ax = plt.subplots(figsize=(7.5, 0.35 * max(len(ranked), 1) + 2.0))
     labels = [f"L{r.layer} H{r['head']} {r.kind}" for _, r in ranked.iterrows()]
     sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax)
-    ax.set_xlabel(f"delta {df.metric.iloc[0]} (ablated - intact)")
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_xlabel(f"delta {metric} (ablated - intact, {UNITS.get(metric, 'metric units')})")
     ax.set_ylabel("layer, head, kind")
-    ax.set_title(f"{model_name}: the {len(ranked)} most bias-dependent heads ({method}, {estimate})")
-    ax.legend(title="kind")
-    fig.tight_layout()
+    ax.set_title(f"{model_name}: the {len(ranked)} most bias-dependent heads ({method}, {estimate})\n"
+                 + _ablation_subtitle(df, data), fontsize=10)
+    if len(ranked):
+        ax.legend(title="kind")
+    left_out = [f"{k}: {note.splitlines()[-1]}" for k, note in panel_notes(df).items()]
+    if left_out:  # say which kinds have nothing to show, and why
+        fig.text(0.01, 0.005, "not shown: " + "; ".join(left_out), fontsize=8, va="bottom")
+    fig.tight_layout(rect=(0, 0.04 if left_out else 0, 1, 1))
     return fig
 
 
@@ -123,21 +209,38 @@ def _estimate_scatter(df: pd.DataFrame, model_name: str, method: str, estimate: 
     return fig
 
 
-def spectrum_clustermap(clustered: pd.DataFrame, model_name: str):
-    """Seaborn clustermap of heads x radial-frequency bins, rows coloured by cluster."""
+def bin_labels(n_bins: int, unit: str = "patch") -> list[str]:
+    """Radial frequency range of each bin, in cycles per patch (or token): bin i = (i, i+1] * 0.5 / n."""
+    return [f"{0.5 * i / n_bins:.2f}-{0.5 * (i + 1) / n_bins:.2f}" for i in range(n_bins)]
+
+
+def spectrum_clustermap(clustered: pd.DataFrame, model_name: str, data: str = ""):
+    """Heads x radial-frequency bins (cycles per patch or token), rows grouped by k-means family
+    (so the strip and the rows agree; no dendrogram), with a legend for the family strip."""
     bins = [c for c in clustered.columns if c.startswith("bin_")]
-    data = clustered.set_index(clustered.apply(lambda r: f"L{int(r.layer)}H{int(r['head'])}", axis=1))[bins]
-    data = data.dropna(axis=1, how="all")  # small grids leave some radial bins empty
-    data = data.fillna(data.mean())
+    ordered = clustered.sort_values(["cluster", "layer", "head"])
+    data_rows = ordered.set_index(ordered.apply(lambda r: f"L{int(r.layer)}H{int(r['head'])}", axis=1))[bins]
+    empty = [c for c in bins if data_rows[c].isna().all()]  # small grids leave some radial bins empty
+    unit = "token" if ordered.get("distance_unit", pd.Series(["pixels"])).iloc[0] == "tokens" else "patch"
+    data_rows = data_rows.drop(columns=empty).rename(columns=dict(zip(bins, bin_labels(len(bins), unit))))
+    data_rows = data_rows.fillna(data_rows.mean())
     palette = sns.color_palette("tab10", int(clustered.cluster.max()) + 1)
-    colors = pd.Series([palette[c] for c in clustered.cluster], index=data.index, name="cluster")
-    grid = sns.clustermap(data, col_cluster=False, row_colors=colors, cmap="mako",
-                          figsize=(7, max(6, 0.12 * len(data))), yticklabels=len(data) <= 80,
-                          cbar_kws={"label": "log amplitude - log DC"})
+    colors = pd.Series([palette[c] for c in ordered.cluster], index=data_rows.index, name="family")
+    grid = sns.clustermap(data_rows, row_cluster=False, col_cluster=False, row_colors=colors, cmap="mako",
+                          figsize=(8, max(6, 0.12 * len(data_rows))), yticklabels=len(data_rows) <= 80,
+                          cbar_kws={"label": "log amplitude - log DC"}, dendrogram_ratio=(0.04, 0.04),
+                          cbar_pos=(1.02, 0.5, 0.025, 0.35))
     grid.ax_heatmap.tick_params(axis="y", labelsize=6)
-    grid.ax_heatmap.set_xlabel("radial frequency bin (0 = lowest, last = Nyquist)")
-    grid.ax_heatmap.set_ylabel("head (layer, head)")
-    grid.figure.suptitle(f"{model_name}: head output spectra, rows coloured by cluster", y=1.02)
+    grid.ax_cbar.set_label("<colorbar>")  # as matplotlib names its own colour-bar axes
+    grid.ax_heatmap.set_xlabel(f"radial frequency (cycles per {unit}; Nyquist 0.5)")
+    grid.ax_heatmap.set_ylabel("head (layer, head), grouped by family")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[c]) for c in range(len(palette))]
+    names = [f"family {c}" + (" (most low-pass)" if c == 0 else "") for c in range(len(palette))]
+    grid.ax_heatmap.legend(handles, names, title="k-means family", loc="upper left", bbox_to_anchor=(1.12, 0.42),
+                           fontsize=8)
+    note = f"; {len(empty)} of {len(bins)} bins hold no frequency on this grid (not shown)" if empty else ""
+    grid.figure.suptitle(f"{model_name}: head output spectra by frequency family\n{data}{note}".rstrip(),
+                         y=1.03, fontsize=10)
     return grid.figure
 
 

@@ -122,3 +122,29 @@ def test_each_interactive_heatmap_holds_the_data_of_its_table(written):
             for row, want in zip(trace["z"], grid.to_numpy()):
                 for got, w in zip(row, want):
                     assert (got is None and math.isnan(w)) or got == pytest.approx(w, rel=1e-9, abs=1e-15)
+
+
+def test_every_figure_has_a_title_axis_labels_and_labelled_colour_bars(written):
+    out, sections, report = written
+    figures = {name: fig for s in sections for name, fig in s.figures.items()}
+    assert len(figures) >= 9
+    for name, fig in figures.items():
+        titles = [fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes]
+        assert any(t.strip() for t in titles), f"{name} has no title"
+        assert "digits-vit" in " ".join(titles), f"{name}'s title does not name the model"
+        for ax in fig.axes:
+            if ax.get_label() == "<colorbar>":
+                assert (ax.get_ylabel() or ax.get_xlabel()).strip(), f"{name}: a colour bar without a label"
+            elif ax.get_position().width > 0.05 and (ax.has_data() or ax.texts):  # colour strips are narrow
+                assert ax.get_xlabel().strip() and ax.get_ylabel().strip(), f"{name}: an axis without labels"
+
+
+def test_a_model_without_bias_says_so_instead_of_drawing_a_flat_field():
+    from interp.plots import origin_shift_figures
+
+    model = interp.load_model("digits-vit-nobias", device="cpu")
+    origin = interp.origin_shift(model, interp.record_qkv(model, "digits", max_batches=1, progress=False))
+    fig = origin_shift_figures(origin, "digits-vit-nobias")["shift_ratio"]
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert notes == ["no b_q in this model", "no b_k in this model", "no b_v in this model"]
+    assert not any(ax.get_label() == "<colorbar>" for ax in fig.axes)  # no -0.1..0.1 scale for a non-quantity

@@ -224,7 +224,8 @@ def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: 
             log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
     df = pd.DataFrame([{c: log.rows[keys[v]].get(c, "") for c in COLUMNS} for v in variants], columns=COLUMNS)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
-    return df
+    # typed even when empty (an "auto" sweep with nothing left to run exactly), so frames concatenate as numbers
+    return df.astype({"baseline": float, "ablated": float, "delta": float, "kl": float, "n_targets": int})
 
 
 def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:

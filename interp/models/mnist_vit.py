@@ -126,7 +126,7 @@ def run_seeds(seeds: list[int], epochs: int, ship_seed: Optional[int], csv: Path
             t = time.time()
             model, acc = train_mnist_vit(variant, seed, epochs=epochs, n_train=n_train)
             rows.append(dict(seed=seed, variant=variant, epochs=epochs, n_train=n_train or 60_000,
-                             test_accuracy=acc, k_bias_norm_max=max(float(b.norm()) for b in k_biases(model))
+                             test_accuracy=acc, k_bias_norm_max=max(float(b.detach().norm()) for b in k_biases(model))
                              if variant != "none" else 0.0, seconds=round(time.time() - t, 1)))
             print(rows[-1], flush=True)
             if seed == ship_seed:
