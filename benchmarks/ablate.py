@@ -34,14 +34,18 @@ def main() -> None:
     ap.add_argument("--attn-scale", type=float, default=10.0)
     ap.add_argument("--bias-scale", type=float, default=0.3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--family", default="gpt2", choices=["gpt2", "qwen2"],
+                    help="gpt2 (learned positions: b_k inert) or qwen2 (rotary: b_k acts, for AtP* on k)")
     args = ap.parse_args()
     # float64 so that the small per-head deltas of a random model are not rounding noise
-    hf = tiny_hf_model("gpt2", n_layers=args.n_layers, n_heads=12, d_head=args.d_head, bias_scale=args.bias_scale).double()
-    # GPT-2's init (std 0.02) gives near-uniform attention, where no bias matters; scale the
+    hf = tiny_hf_model(args.family, n_layers=args.n_layers, n_heads=12, d_head=args.d_head,
+                       n_kv_heads=12, bias_scale=args.bias_scale).double()
+    # random init (std 0.02) gives near-uniform attention, where no bias matters; scale the
     # attention weights so that patterns are peaked, as in a trained model
     with torch.no_grad():
-        for blk in hf.transformer.h:
-            blk.attn.c_attn.weight.mul_(args.attn_scale)
+        for name, param in hf.named_parameters():
+            if name.endswith(("c_attn.weight", "q_proj.weight", "k_proj.weight")):
+                param.mul_(args.attn_scale)
     model = interp.load_model(hf, device=args.device)
     data = [torch.randint(0, 97, (args.batch, args.pos))]
     runs, seconds = {}, {}
@@ -54,7 +58,8 @@ def main() -> None:
     forced = runs["exact, every forward"]
     new = runs["exact, identities+prefix"]
     ran = new.identity == ""
-    print(f"device={args.device} bias_scale={args.bias_scale} variants={len(forced)}")
+    print(f"family={args.family} device={args.device} bias_scale={args.bias_scale} layers={args.n_layers} "
+          f"variants={len(forced)}")
     for name, s in seconds.items():
         print(f"  {name:26s} {s:7.2f} s   ({seconds['exact, every forward'] / s:5.1f}x the old exact sweep)")
     print(f"  identities answered {int((~ran).sum())} variants; max |delta difference| new vs old on the rest "

@@ -14,6 +14,7 @@ import transformers as tf
 from safetensors.torch import load_file, save_file
 
 import interp
+import interp.data
 from interp.cli import main as cli_main
 from interp.errors import (
     InputError,
@@ -313,6 +314,16 @@ CASES = [
     ("ablate attribution of embedding cosine", lambda c: interp.ablate_bias(c.bert, [tiny_inputs("bert")],
                                                                             estimate="attribution", progress=False),
      InputError, "gradient at the intact model is zero"),
+    ("ablate atp_distance of a task metric", lambda c: interp.ablate_bias(c.lm, [c.ids], estimate="atp_distance",
+                                                                          progress=False), InputError,
+     "is for the distance metrics"),
+    ("ablate auto with negative top_k", lambda c: interp.ablate_bias(c.lm, [c.ids], estimate="auto", top_k=-1,
+                                                                     progress=False), InputError, "top_k must be"),
+    ("ablate shard outside the world", lambda c: interp.ablate_bias(c.lm, [c.ids], shard=(2, 2), progress=False),
+     InputError, "0 <= rank < world"),
+    ("ablate shard not a pair", lambda c: interp.ablate_bias(c.lm, [c.ids], shard=3, progress=False),
+     InputError, "shard must be"),
+    ("mnist unknown split", lambda c: interp.data.mnist(28, "validation"), InputError, "split"),
     ("ablate CE without a classifier", lambda c: interp.ablate_bias(c.vit, [c.x], metric="cross_entropy",
                                                                     progress=False), InputError,
      "needs an image classifier"),
@@ -403,6 +414,8 @@ CLI_CASES = [
      "gradient at the intact model is zero"),
     ("cli ablate next-token CE on a ViT", ["ablate", "--model", "digits-vit", "--data", "digits", "--metric",
                                            "next_token_ce"], "needs a causal language model"),
+    ("cli ablate auto negative top-k", ["ablate", "--model", "digits-vit", "--data", "digits", "--estimate", "auto",
+                                        "--top-k", "-1"], "top_k must be"),
     ("cli demo unknown model", ["demo", "--model", "no-such-model"], "unknown model source"),
     ("cli fetch unknown zoo name", ["fetch", "--only", "nope"], "unknown fetchable name 'nope'"),
     ("cli inventory unwritable out", ["inventory", "--model", "digits-vit", "--out", "/proc/interp-out"],

@@ -160,6 +160,19 @@ def summarise(seeds: pd.DataFrame, reference: str = "qkv") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def readme_table(summary: pd.DataFrame) -> str:
+    """The README's table of the experiment, from ``summarise``'s frame (a test keeps them equal)."""
+    lines = ["| variant | zoo name | seeds | test accuracy, mean [95% CI] (%) "
+             "| paired difference to q/k/v [95% CI] (pp) |", "| --- | --- | --- | --- | --- |"]
+    names = {"qkv": "q, k, v bias", "none": "no QKV bias", "qv": "q and v bias (b_k held at 0)"}
+    for _, r in summary.iterrows():
+        diff = "(reference)" if r.variant == "qkv" else \
+            f"{r.paired_diff_pp:+.2f} [{r.paired_ci95_low:+.2f}, {r.paired_ci95_high:+.2f}]"
+        lines.append(f"| {names[r.variant]} | `{r.zoo_name}` | {r.n_seeds} | {r.accuracy_pct:.2f} "
+                     f"[{r.ci95_low:.2f}, {r.ci95_high:.2f}] | {diff} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])

@@ -78,8 +78,9 @@ class ZooEntry:
     def missing_hint(self) -> str:
         if self.package:
             return "run the setup step `make models` (or `interp fetch`) to download and convert it"
+        retrain = "interp.models.mnist_vit --ship" if self.shipped.startswith("mnist") else "interp.models.digits"
         return (f"the shipped weights under interp/models/shipped/{self.shipped} are missing; reinstall "
-                "interp, or retrain them with `python -m interp.models.digits`")
+                f"interp, or retrain them with `python -m {retrain}`")
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -100,6 +101,15 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("digits-vit-nobias", "vit", "the same ViT trained without QKV bias",
                  "o", shipped="digits-vit-nobias",
                  sha256="e782191a2fa7d38cf62af01a2a777198acdec2ce66998eb7130780500c0fbd0c"),
+        ZooEntry("mnist-vit", "vit", "our ViT trained on full MNIST (patches of 4, 4 x 4 heads), q, k and v bias",
+                 "q, k, v, o", shipped="mnist-vit",
+                 sha256="371e7f0259502b917d08ea2c70359e5287b7ee6bbec577ef64d8354ac23b0503"),
+        ZooEntry("mnist-vit-nobias", "vit", "the same MNIST ViT trained without QKV bias",
+                 "o", shipped="mnist-vit-nobias",
+                 sha256="874a8afb3a27b6cc6c5529297a7584701d5fdcb6ee10ce4c40266bbb29a788e7"),
+        ZooEntry("mnist-vit-qv", "vit", "the same MNIST ViT with q and v bias, b_k held at zero (BEiT / EVA style)",
+                 "q, v, o (k held at exactly 0)", shipped="mnist-vit-qv",
+                 sha256="957140c5cd28f30512d6ea617d547eb8a0295203fe25195c399244ce423b5a3c"),
     ]
 }
 

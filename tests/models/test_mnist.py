@@ -4,6 +4,7 @@ corrupt or stale; a one-epoch smoke run of the controlled ViT experiment."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,3 +79,33 @@ def test_one_epoch_smoke_run_of_every_variant():
         assert all(present) == (variant != "none")
         if variant == "qv":
             assert all(float(b.abs().max()) == 0.0 for b in k_biases(model))  # held at zero, never trained
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "mnist_vit"
+
+
+def test_readme_quotes_the_per_seed_table():
+    import pandas as pd
+
+    from interp.models.mnist_vit import readme_table, summarise
+
+    seeds = pd.read_csv(RESULTS / "seeds.csv")
+    assert seeds.groupby("variant").seed.nunique().min() >= 5  # the experiment, not a smoke run
+    readme = (RESULTS.parents[2] / "README.md").read_text()
+    assert readme_table(summarise(seeds)) in readme
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["qkv", "none", "qv"])
+def test_the_shipped_variants_reach_their_reported_accuracy(variant):
+    import pandas as pd
+
+    from interp.models.mnist_vit import ZOO_NAMES
+
+    model = interp.load_model(ZOO_NAMES[variant], device="cpu")
+    x, y = mnist(28, "test")
+    with torch.no_grad():
+        hits = sum(int((model(x[i:i + 1000]).argmax(-1) == y[i:i + 1000]).sum()) for i in range(0, 10_000, 1000))
+    seeds = pd.read_csv(RESULTS / "seeds.csv")
+    reported = float(seeds[(seeds.seed == 0) & (seeds.variant == variant)].test_accuracy.iloc[0])
+    assert abs(hits / 10_000 - reported) <= 0.001, (hits / 10_000, reported)
