@@ -50,7 +50,8 @@ from interp.stats import QKVStats
 from interp.types import ESTIMATES, Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
-           "kl", "n_targets", "identity", "model_fingerprint", "data_fingerprint"]
+           "delta_se", "kl", "n_targets", "identity", "model_fingerprint", "data_fingerprint"]
+NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "kl": float, "n_targets": int}
 
 
 @dataclass
@@ -67,6 +68,18 @@ class _Run:
     baseline: float
     fingerprint: dict = field(default_factory=dict)
     block_outputs: list[list[Any]] = field(default_factory=list)  # per batch, per layer (prefix reuse)
+    batch_values: list[float] = field(default_factory=list)  # the intact metric per batch
+
+    def standard_error(self, values: Sequence[float]) -> float:
+        """Standard error over batches of the weighted mean delta (NaN with one batch)."""
+        n = len(values)
+        if n < 2:
+            return float("nan")
+        deltas = [v - b for v, b in zip(values, self.batch_values)]
+        mean = self.mean(deltas)
+        w = [x / sum(self.weights) for x in self.weights]
+        var = sum(wi * (d - mean) ** 2 for wi, d in zip(w, deltas)) * n / (n - 1)
+        return (var / n) ** 0.5
 
     def value(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
         if callable(self.metric) and not isinstance(self.metric, str):
@@ -114,7 +127,8 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
             run.refs.append(metrics.reference(out, hidden, batch))
             values.append(run.value(out, hidden, run.refs[-1], batch).detach())
             run.weights.append(float(batch.inputs.shape[0]))
-    run.baseline = run.mean(torch.stack(values).tolist())
+    run.batch_values = torch.stack(values).tolist()
+    run.baseline = run.mean(run.batch_values)
     identity = callable_identity(metric) if callable(metric) and not isinstance(metric, str) else name
     run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
                            data=data_fingerprint(host), batches=len(batches), max_batches=max_batches,
@@ -123,10 +137,10 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
 
 
 def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float,
-         identity: str = "") -> dict:
+         identity: str = "", delta_se: float = float("nan")) -> dict:
     return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
                 estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
-                delta=ablated - run.baseline, kl=kl, n_targets=len(var.targets), identity=identity,
+                delta=ablated - run.baseline, delta_se=delta_se, kl=kl, n_targets=len(var.targets), identity=identity,
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
 
 
@@ -189,7 +203,9 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Op
                     kls[i].append(metrics.kl_from_intact(run.model, ref["output"], o, batch))
             for var, vv, kk in zip(group, vals, kls):  # one host sync per group of stacked variants
                 kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist())
-                log.add(_row(var, keys[var], method, "exact", run, run.mean(torch.stack(vv).tolist()), kl))
+                values = torch.stack(vv).tolist()
+                log.add(_row(var, keys[var], method, "exact", run, run.mean(values), kl,
+                             delta_se=run.standard_error(values)))
             bar.update(n)
     bar.close()
 
@@ -222,10 +238,11 @@ def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: 
             deltas = estimator(*args, run.value, run.refs, run.need_hidden)
         for var, d in zip(todo, deltas):
             log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
-    df = pd.DataFrame([{c: log.rows[keys[v]].get(c, "") for c in COLUMNS} for v in variants], columns=COLUMNS)
+    df = pd.DataFrame([{c: log.rows[keys[v]].get(c, float("nan") if c in NUMERIC else "") for c in COLUMNS}
+                       for v in variants], columns=COLUMNS)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     # typed even when empty (an "auto" sweep with nothing left to run exactly), so frames concatenate as numbers
-    return df.astype({"baseline": float, "ablated": float, "delta": float, "kl": float, "n_targets": int})
+    return df.astype(NUMERIC)
 
 
 def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:
@@ -304,7 +321,8 @@ def ablate_bias(
 
     Columns: layer, head (None where the variant spans several), kind, scope (head | layer |
     all | custom), method, estimate, metric, baseline, ablated, delta (= ablated - baseline),
-    kl (exact runs on models with logits; NaN otherwise), n_targets, identity. ``metric`` is
+    delta_se (its standard error over batches; exact rows, NaN with one batch), kl (exact runs
+    on models with logits; NaN otherwise), n_targets, identity. ``metric`` is
     "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine,
     feature_cosine, or a callable ``f(output, batch) -> scalar tensor``. ``estimate``: see
     the module doc; "auto" estimates every variant in one pass, then runs the ``top_k`` per

@@ -269,3 +269,15 @@ def test_interp_ablate_under_torchrun_equals_one_process(tmp_path):
     exact = [s[s.estimate == "exact"] for s in shares]
     assert len(exact[0]) and len(exact[1]) and len(exact[0]) + len(exact[1]) == (one.estimate == "exact").sum()
     pd.testing.assert_frame_equal(two, one, check_exact=False, rtol=1e-7, atol=1e-12)  # float32 model
+
+
+def test_delta_standard_error_equals_the_spread_of_per_batch_deltas():
+    model = interp.load_model(interp.tiny_hf_model("gpt2"), device="cpu")
+    data = lm_batches("gpt2")  # two batches of equal size
+    kw = dict(kinds=("q",), progress=False)
+    both = ablate_bias(model, data, **kw)
+    one, two = (ablate_bias(model, [b], **kw) for b in data)
+    expected = (one.delta - two.delta).abs() / 2  # weighted sd * sqrt(n / (n - 1)) / sqrt(n), n = 2
+    np.testing.assert_allclose(both.delta_se, expected, rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(both.delta, (one.delta + two.delta) / 2, rtol=1e-9, atol=1e-15)
+    assert one.delta_se.isna().all()  # one batch: no spread to report
