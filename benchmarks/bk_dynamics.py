@@ -13,7 +13,7 @@ norms of b_q, b_k, b_v (over all layers) and ||b_k|| (the largest layer's):
     adamw_eps1e-6  the same with eps 1e-6
     adamw_bf16     the same as adamw under bfloat16 autocast (forward and backward in bf16)
     adamw_nodecay  the same as adamw without weight decay on biases
-    adamw_fp64     the same as adamw in float64 (rounding ~1e-16 instead of ~1e-7)
+    adamw_fp64     the same as adamw in float64, softmax included (SDPA; rounding ~1e-16 instead of ~1e-7)
 
 Writes ``docs/results/bk_dynamics/trajectories.csv`` (every step), ``summary.csv`` and the
 figure ``bk_dynamics.png``.
@@ -63,6 +63,10 @@ def optimiser(setting: str, model: torch.nn.Module, steps: int):
 def run(setting: str, steps: int, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> list[dict]:
     model = build_variant("qkv", seed=0)
     dtype = torch.float64 if setting == "adamw_fp64" else torch.float32
+    if setting == "adamw_fp64":
+        # HF's eager ViT attention softmaxes in float32 even in a float64 model; SDPA's math kernel
+        # keeps float64, so rounding is ~1e-16 throughout (training needs no attention patterns)
+        model.config._attn_implementation = "sdpa"
     model = model.to(dtype).train()
     opt, sched = optimiser(setting, model, steps)
     layers = model.vit.layers
@@ -77,14 +81,14 @@ def run(setting: str, steps: int, x: torch.Tensor, y: torch.Tensor, batch: int =
             loss = F.cross_entropy(model(pixel_values=x[idx].to(dtype)).logits.float(), y[idx])
         opt.zero_grad()
         loss.backward()
-        grad = {k: float(torch.stack([getattr(layer.attention, f"{k}_proj").bias.grad.norm() for layer in layers])
-                                   .norm()) for k in "qkv"}
+        grad = {k: float(torch.stack([getattr(layer.attention, f"{k}_proj").bias.grad.detach().norm()
+                                      for layer in layers]).norm()) for k in "qkv"}
         opt.step()
         sched.step()
-        rows.append(dict(setting=setting, step=step + 1, loss=float(loss), grad_q=grad["q"], grad_k=grad["k"],
+        rows.append(dict(setting=setting, step=step + 1, loss=float(loss.detach()), grad_q=grad["q"], grad_k=grad["k"],
                          grad_v=grad["v"],
-                         k_bias_norm=max(float(layer.attention.k_proj.bias.norm()) for layer in layers),
-                         q_bias_norm=max(float(layer.attention.q_proj.bias.norm()) for layer in layers)))
+                         k_bias_norm=max(float(layer.attention.k_proj.bias.detach().norm()) for layer in layers),
+                         q_bias_norm=max(float(layer.attention.q_proj.bias.detach().norm()) for layer in layers)))
     return rows
 
 

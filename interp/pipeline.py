@@ -221,7 +221,8 @@ def frequency_step(ctx: Context) -> list[Section]:
         Section("head_families", "Head families",
                 f"k = {numbers['k']} families by frequency profile (mean silhouette {numbers['silhouette']:.2f}); "
                 f"{families}. Cluster 0 is the most low-pass.", numbers, tables=tables,
-                figures={"clusters": plots.cluster_grid_figure(clustered, ctx.name)}, shown=["clusters"],
+                figures={"clusters": plots.cluster_grid_figure(clustered, ctx.name, ctx.data_label(ctx.batches[:2]))},
+                shown=["clusters"],
                 heatmaps=[Heatmap("frequency_profile", "hf_ratio", "high-frequency share of output power", facet=None,
                                   title=f"{ctx.name}: hf_ratio per head")],
                 headline=f"Heads form {numbers['k']} frequency families (silhouette {numbers['silhouette']:.2f})."),
@@ -231,7 +232,8 @@ def frequency_step(ctx: Context) -> list[Section]:
                 f"{distance['q_bias_removal_distance_change_mean']:+.2f} {unit} on average (max |change| "
                 f"{distance['q_bias_removal_distance_change_max_abs']:.2f}) and its "
                 f"hf_ratio by {distance['q_bias_removal_hf_ratio_change_mean_abs']:.4f} on average.", distance,
-                figures={"attention_distance": plots.attention_distance_figure(clustered, ctx.name)},
+                figures={"attention_distance": plots.attention_distance_figure(
+                    clustered, ctx.name, data=ctx.data_label(ctx.batches[:2]))},
                 shown=["attention_distance"],
                 heatmaps=[Heatmap("frequency_profile", "mean_attention_distance", f"mean attention distance ({unit})",
                                   facet=None, title=f"{ctx.name}: mean attention distance per head")]),

@@ -248,7 +248,8 @@ def spectrum_clustermap(clustered: pd.DataFrame, model_name: str, data: str = ""
     return grid.figure
 
 
-def attention_distance_figure(profile: pd.DataFrame, model_name: str, hue: Optional[str] = "cluster") -> plt.Figure:
+def attention_distance_figure(profile: pd.DataFrame, model_name: str, hue: Optional[str] = "cluster",
+                              data: str = "") -> plt.Figure:
     """Mean attention distance of every head against layer (ViT paper, Figure 7 style)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     use_hue = hue if hue in profile.columns else None
@@ -257,14 +258,14 @@ def attention_distance_figure(profile: pd.DataFrame, model_name: str, hue: Optio
     unit = profile.distance_unit.iloc[0] if "distance_unit" in profile else "pixels"
     ax.set_xlabel("layer")
     ax.set_ylabel(f"mean attention distance ({unit})")
-    ax.set_title(f"{model_name}: mean attention distance per head")
+    ax.set_title(f"{model_name}: mean attention distance per head" + (f"\n{data}" if data else ""))
     if use_hue:
         ax.legend(title=use_hue)
     fig.tight_layout()
     return fig
 
 
-def cluster_grid_figure(clustered: pd.DataFrame, model_name: str) -> plt.Figure:
+def cluster_grid_figure(clustered: pd.DataFrame, model_name: str, data: str = "") -> plt.Figure:
     """Layer x head grid coloured by head family (cluster 0 = most low-pass)."""
     grid = _grid(clustered, "cluster")
     k = int(clustered.cluster.max()) + 1
@@ -274,6 +275,6 @@ def cluster_grid_figure(clustered: pd.DataFrame, model_name: str) -> plt.Figure:
                 vmin=-0.5, vmax=k - 0.5)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"{model_name}: head families by frequency profile")
+    ax.set_title(f"{model_name}: head families by frequency profile" + (f"\n{data}" if data else ""))
     fig.tight_layout()
     return fig
