@@ -77,7 +77,7 @@ class Context:
             count = sum(int(b.attention_mask.sum()) if b.attention_mask is not None else b.inputs.numel()
                         for b in batches)
         unit = ("patches", "images") if vision else ("tokens", "sequences")
-        return f"{self.dataset}, {count:,} {unit[0]} ({items} {unit[1]})"
+        return f"{self.dataset}, {count:,} {unit[0]} ({items:,} {unit[1]})"
 
     def first(self, n_full: int) -> list[Batch]:
         """The first batches an expensive step uses: 1 in quick mode, else ``n_full``."""

@@ -18,11 +18,14 @@ def _grid(df: pd.DataFrame, value: str) -> pd.DataFrame:
 
 def panel_notes(df: pd.DataFrame, facet: str = "kind") -> dict[str, str]:
     """What to write instead of drawing a flat field, per facet value: "no b_k in this model" where
-    the bias is absent (``present`` False), or the identity that answered every row (``identity``)."""
+    the bias is absent (``present`` False), "present but exactly zero" where every head's
+    ``bias_norm`` is 0, or the identity that answered every row (``identity``)."""
     notes: dict[str, str] = {}
     for f, part in df.groupby(facet, sort=False):
         if "present" in part and not part.present.astype(bool).any():
             notes[str(f)] = f"no b_{f} in this model"
+        elif "bias_norm" in part and (part.bias_norm == 0).all():
+            notes[str(f)] = f"b_{f} is present but exactly zero\nin every head"
         elif "identity" in part and part.identity.fillna("").ne("").all():
             notes[str(f)] = f"inert by identity:\n{part.identity.iloc[0]}"
     return notes
