@@ -340,6 +340,8 @@ def ablate_bias(
     check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
     if estimate == "auto" and int(top_k) < 0:
         raise InputError(f"top_k must be >= 0; got {top_k}")
+    if int(n_projections) < 1:
+        raise InputError(f"n_projections must be >= 1 (random projections of the features); got {n_projections}")
     rank, world = check_shard(shard)
     run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"))
     if world > 1:
