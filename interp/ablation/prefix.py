@@ -83,6 +83,15 @@ def replay_blocks(model: InterpBridge, outputs: list[Any], start: int, n: int, b
                 object.__delattr__(block, "forward")
 
 
+def output_bytes(outputs: list[Any]) -> int:
+    """Bytes the recorded block outputs of one batch hold."""
+    def size(o: Any) -> int:
+        if isinstance(o, Tensor):
+            return o.numel() * o.element_size()
+        return sum(size(x) for x in o) if isinstance(o, tuple) else 0
+    return sum(size(o) for o in outputs)
+
+
 def first_layer(targets: Any) -> int:
     """The lowest layer a variant patches: where its forward must start."""
     return min(layer for layer, _, _ in targets)

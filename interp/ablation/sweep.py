@@ -21,6 +21,7 @@ finished variant is appended to ``out/ablation.jsonl`` at once; a rerun skips fi
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ import interp.ablation.metrics as metrics
 from interp.ablation.attribution import atp_star_deltas, attribution_deltas
 from interp.ablation.distance import distance_deltas
 from interp.ablation.log import ResultLog
-from interp.ablation.prefix import first_layer, record_block_outputs, replay_blocks
+from interp.ablation.prefix import first_layer, output_bytes, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
 from interp.data import Batch, batch_to_device, iter_batches
@@ -51,6 +52,7 @@ from interp.types import ESTIMATES, Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
            "delta_se", "kl", "n_targets", "identity", "model_fingerprint", "data_fingerprint"]
+PREFIX_BUDGET = 2 * 2**30  # bytes of intact block outputs prefix reuse may keep (all batches together)
 NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "kl": float, "n_targets": int}
 
 
@@ -105,6 +107,28 @@ def _check_estimate(estimate: str, name: str, batches: list[Batch]) -> None:
                          f"{name!r} is not one: use estimate='atp' (or 'auto')")
 
 
+def _run_intact(run: _Run, reuse_prefix: bool) -> None:
+    """The intact forward of every batch: references, baseline and (prefix reuse) block outputs."""
+    values = []
+    with torch.no_grad():
+        for batch in run.batches:
+            with record_block_outputs(run.model) if reuse_prefix else nullcontext([]) as outputs:
+                out, hidden = metrics.run_forward(run.model, batch, [], run.need_hidden)
+            kept = output_bytes(outputs) * len(run.batches)
+            if reuse_prefix and not run.block_outputs and kept > PREFIX_BUDGET:
+                warnings.warn(f"prefix reuse would keep {kept / 2**20:.0f} MiB of block outputs (budget "
+                              f"{PREFIX_BUDGET / 2**20:.0f} MiB): recomputing every layer instead; pass fewer or "
+                              "smaller batches to reuse the prefix", UserWarning, stacklevel=4)
+                reuse_prefix = False
+            if reuse_prefix:
+                run.block_outputs.append(outputs)
+            run.refs.append(metrics.reference(out, hidden, batch))
+            values.append(run.value(out, hidden, run.refs[-1], batch).detach())
+            run.weights.append(float(batch.inputs.shape[0]))
+    run.batch_values = torch.stack(values).tolist()
+    run.baseline = run.mean(run.batch_values)
+
+
 def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: str,
              max_batches: Optional[int], reuse_prefix: bool = False) -> _Run:
     if estimate not in ESTIMATES:
@@ -117,18 +141,7 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     name = metrics.metric_name(model, metric, batches[0])
     _check_estimate(estimate, name, batches)
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], [], 0.0)
-    with torch.no_grad():
-        values = []
-        for batch in batches:
-            with record_block_outputs(model) if reuse_prefix else nullcontext([]) as outputs:
-                out, hidden = metrics.run_forward(model, batch, [], run.need_hidden)
-            if reuse_prefix:
-                run.block_outputs.append(outputs)
-            run.refs.append(metrics.reference(out, hidden, batch))
-            values.append(run.value(out, hidden, run.refs[-1], batch).detach())
-            run.weights.append(float(batch.inputs.shape[0]))
-    run.batch_values = torch.stack(values).tolist()
-    run.baseline = run.mean(run.batch_values)
+    _run_intact(run, reuse_prefix)
     identity = callable_identity(metric) if callable(metric) and not isinstance(metric, str) else name
     run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
                            data=data_fingerprint(host), batches=len(batches), max_batches=max_batches,

@@ -67,6 +67,17 @@ def bert(s: TinySize) -> nn.Module:
     return tf.BertForMaskedLM(tf.BertConfig(intermediate_size=2 * s.d_model, **_text(s)))
 
 
+def small_vit_classifier_config(image_size: int, patch_size: int, qkv_bias: bool) -> tf.ViTConfig:
+    """The shipped ViTs' architecture (digits and MNIST): 4 layers x 4 heads, d_model 64, MLP 128,
+    10 classes, 3 channels, no dropout, eager attention (patterns are recorded)."""
+    return tf.ViTConfig(
+        image_size=image_size, patch_size=patch_size, num_channels=3, hidden_size=64, num_hidden_layers=4,
+        num_attention_heads=4, intermediate_size=128, qkv_bias=qkv_bias, num_labels=10,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager",
+        architectures=["ViTForImageClassification"],
+    )
+
+
 def vit(s: TinySize) -> nn.Module:
     return tf.ViTModel(tf.ViTConfig(intermediate_size=2 * s.d_model, qkv_bias=True, **_vision(s)),
                        add_pooling_layer=False)

@@ -22,18 +22,14 @@ from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from interp.data import digits
 from interp.io import atomic_path
+from interp.models.builders import small_vit_classifier_config
 from interp.models.zoo import SHIPPED_DIR, ZOO
 
 IMAGE, PATCH = 8, 2
 
 
 def digits_vit_config(qkv_bias: bool) -> ViTConfig:
-    return ViTConfig(
-        image_size=IMAGE, patch_size=PATCH, num_channels=3, hidden_size=64, num_hidden_layers=4,
-        num_attention_heads=4, intermediate_size=128, qkv_bias=qkv_bias, num_labels=10,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager",
-        architectures=["ViTForImageClassification"],
-    )
+    return small_vit_classifier_config(IMAGE, PATCH, qkv_bias)
 
 
 def digits_processor() -> ViTImageProcessor:

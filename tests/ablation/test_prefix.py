@@ -45,3 +45,16 @@ def test_replayed_blocks_are_restored_and_skip_their_computation():
         assert calls == [1]
     finally:
         handle.remove()
+
+
+def test_prefix_reuse_over_its_memory_budget_recomputes_and_says_so(monkeypatch):
+    import interp.ablation.sweep as sweep
+
+    model = interp.load_model(tiny_hf_model("gpt2", n_layers=3), device="cpu")
+    batches = [tiny_inputs("gpt2", batch=2, seed=s) for s in range(2)]
+    kw = dict(kinds=("q",), progress=False)
+    reused = ablate_bias(model, batches, **kw)
+    monkeypatch.setattr(sweep, "PREFIX_BUDGET", 1)
+    with pytest.warns(UserWarning, match="recomputing every layer"):
+        recomputed = ablate_bias(model, batches, **kw)
+    assert (recomputed.delta - reused.delta).abs().max() <= 1e-6  # float32 model: the same deltas
