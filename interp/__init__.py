@@ -2,7 +2,8 @@
 
 Load a model (``load_model``), record per-head Q/K/V statistics (``record_qkv``), and
 ask what each head's bias does: ``origin_shift``, ``score_decomposition``,
-``bias_invariances``, ``frequency_profile`` / ``cluster_heads``, ``ablate_bias``.
+``bias_invariances``, ``frequency_profile`` / ``cluster_heads``, ``ablate_bias``; and what a model
+makes for itself without a bias: ``sink_profile``, ``implicit_value_bias``, ``massive_activations``.
 Analyzers return tidy long-form DataFrames; ``interp.plots`` draws them; ``interp.pipeline``
 runs them all and ``interp.report`` writes ``report.html`` and ``summary.json``.
 
@@ -29,8 +30,12 @@ from interp.analysis import (
     cluster_heads,
     frequency_profile,
     frequency_shift_under_ablation,
+    implicit_value_bias,
+    massive_activations,
     origin_shift,
     score_decomposition,
+    sink_profile,
+    sink_shares,
 )
 from interp.data import Batch, builtin_batches, iter_batches
 from interp.errors import InterpError
@@ -55,7 +60,8 @@ from interp.stats import QKVStats
 __all__ = [
     "__version__", "ablate_bias", "attention_weights", "Batch", "bias_invariances", "bias_patch_hooks",
     "bias_spec", "builtin_batches", "clone_model", "cluster_heads", "DataSource", "errors", "Family",
-    "frequency_profile", "frequency_shift_under_ablation", "InterpBridge", "InterpError", "iter_batches",
-    "kv_group", "list_families", "list_models", "load_model", "ModelInfo", "origin_shift", "plots", "QKVStats",
-    "record_qkv", "require_bridge", "resolve_data", "score_decomposition", "tiny_hf_model", "tiny_inputs",
+    "frequency_profile", "frequency_shift_under_ablation", "implicit_value_bias", "InterpBridge", "InterpError",
+    "iter_batches", "kv_group", "list_families", "list_models", "load_model", "massive_activations", "ModelInfo",
+    "origin_shift", "plots", "QKVStats", "record_qkv", "require_bridge", "resolve_data", "score_decomposition",
+    "sink_profile", "sink_shares", "tiny_hf_model", "tiny_inputs",
 ]

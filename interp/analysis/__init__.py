@@ -3,6 +3,8 @@
 from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
+from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_profile, sink_shares
 
 __all__ = ["bias_invariances", "cluster_heads", "frequency_profile", "frequency_shift_under_ablation",
-           "origin_shift", "score_decomposition"]
+           "implicit_value_bias", "massive_activations", "origin_shift", "score_decomposition", "sink_profile",
+           "sink_shares"]

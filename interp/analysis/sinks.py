@@ -1,0 +1,377 @@
+"""The biases a model makes for itself: attention sinks, the value bias they imply, massive activations.
+
+Position classes (``interp.analysis.sink_parts.position_classes``): text ``first``, ``cls``,
+``sep``, ``bos``; vision ``cls``, ``distillation``, ``register_0``..; both ``top_content`` (each
+sequence's and head's most-attended other real token). Classes may overlap (``first`` is usually
+also ``cls`` or ``bos``), so the masses of one head need not add up to 1.
+
+Weighting: every mean is over real query rows (padded queries and padded keys never count), each
+row once whatever batch it came in, so the same sequences give the same numbers in one padded
+batch, in several, or one at a time. With A the head's pattern and R the set of real query rows
+over the whole data:
+
+    mass(c)        = (1/|R|) sum_{i in R} sum_{j in S_c(i)} A_ij            (sink_profile)
+    c_i            = sum_{j in S} A_ij v_j W_O[h]                           (implicit_value_bias)
+    implicit_norm  = ||m||,  m = (1/|R|) sum_{i in R} c_i
+    constancy      = ||m||^2 / ((1/|R|) sum_{i in R} ||c_i||^2)              (1: c_i is one constant)
+    explicit_norm  = ||b_v W_O[h]||,  output_rms = sqrt((1/|R|) sum_{i in R} ||z_i W_O[h]||^2)
+
+b_v adds exactly b_v W_O to every row because each row of A sums to 1; a sink set S adds c_i,
+which is a bias exactly when A_iS and v_S are constant (docs/mathematics.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from interp.analysis.scores import _key_mask, _require_bilinear_scores, score_terms
+from interp.analysis.sink_parts import (
+    AbsHistogram,
+    ClassMasks,
+    RunningTopK,
+    add_sums,
+    check_positive,
+    check_top_k,
+    column_sums,
+    keeper,
+    patterns_of,
+    provenance,
+    rows_or_fail,
+    sink_weights,
+    check_positions,
+    check_threshold,
+    class_masks,
+    default_sink_positions,
+    prefix_names,
+    stream_batches,
+)
+from interp.checks import check_layers, inputs_checked_on_host
+from interp.data import Batch, to_device
+from interp.errors import InputError, UnsupportedModelError
+from interp.heads import attention_weights, kv_group
+from interp.models.bridge import InterpBridge, require_bridge
+from interp.patching import bias_patch_hooks
+
+REMOVALS = {None: (), "key_prior": ("key_prior", "b_q"), "b_q": ("b_q",)}
+MASS_METRIC = "mean attention mass over real query rows"
+
+
+def _check_remove(model: InterpBridge, remove: Any) -> tuple[str, ...]:
+    if not isinstance(remove, (str, type(None))) or remove not in REMOVALS:
+        raise InputError(f"remove must be None, 'key_prior' or 'b_q'; got {remove!r}")
+    info = model.interp
+    if "key_prior" in REMOVALS[remove]:
+        _require_bilinear_scores(info)
+        if info.spec.extra_score_term:
+            raise UnsupportedModelError(
+                f"remove='key_prior' needs the whole score from hook_q/hook_k, but {info.name} adds "
+                f"{info.spec.extra_score_term} to it; remove='b_q' (b_q zeroed through hooks) works on this model")
+    return REMOVALS[remove]
+
+
+
+# ----- sink profile -------------------------------------------------------------------------------------
+
+
+def scores_without_key_prior(model: InterpBridge, cache: Any, layer: int) -> tuple[Tensor, Tensor]:
+    """(score s, score with the key-prior term removed s - b_q.c_k / sqrt(d)) [batch head q k], float64,
+    from a cache holding ``layer``'s hook_q/hook_k (and hook_cos/hook_sin under rotary); the terms are
+    ``score_terms``' (rotary and grouped-query attention handled there)."""
+    keys = [f"blocks.{layer}.attn.hook_{n}" for n in ("q", "k", "cos", "sin")]
+    cache64 = {k: cache[k].double() for k in keys if k in cache}
+    terms = score_terms(model, cache64, layer)
+    full = terms["content"] + terms["query_const"] + terms["key_prior"] + terms["const"]
+    return full, full - terms["key_prior"]
+
+
+def _pattern_without_key_prior(model: InterpBridge, store: dict, layer: int, batch: Batch) -> Tensor:
+    _, scores = scores_without_key_prior(model, store, layer)
+    allowed = _key_mask(model, batch, scores.shape[-1], scores.device)
+    return scores.masked_fill(~allowed, torch.finfo(torch.float64).min).softmax(-1)
+
+
+def _pattern_without_b_q(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> Tensor:
+    """``layer``'s pattern in a forward with that layer's b_q zeroed (``bias_patch_hooks``), stopped after it."""
+    info = model.interp
+    name, store = f"blocks.{layer}.attn.hook_pattern", {}
+    hooks = bias_patch_hooks(model, [(layer, h, "q") for h in range(info.n_heads)], "zero")
+    stop = {} if layer + 1 >= info.n_layers else {"stop_at_layer": layer + 1}
+    with inputs_checked_on_host():
+        model.run_with_hooks(x, fwd_hooks=hooks + [(name, keeper(store, name))], **kw, **stop)
+    return store[name]
+
+
+def _class_sums(pattern: Tensor, real: Tensor, masks: ClassMasks, names: Sequence[str]) -> dict[str, Tensor]:
+    """Per class: sum over real query rows of the attention on the class's keys [head_index]."""
+    col = column_sums(pattern, real)
+    return {name: (col * sink_weights(col, real, masks, [name])).sum((0, 2)) for name in names}
+
+
+def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, layers: Optional[Sequence[int]] = None,
+                 positions: Any = None, max_batches: Optional[int] = None, remove: Optional[str] = None,
+                 progress: bool = True) -> pd.DataFrame:
+    """Per layer x head x position class: the attention mass the class receives (module doc).
+
+    ``mass`` = (1/|R|) sum_{i in R} sum_{j in S_c} A_ij over the real query rows R of all the data;
+    ``sink`` = mass > ``threshold`` (Gu et al. 2024: 0.3). ``remove="key_prior"`` adds
+    ``mass_without_key_prior`` (the pattern recomputed, in float64, from the scores with the term
+    b_q . c_k / sqrt(d) removed exactly; refused where the four score terms do not make the
+    score) and ``mass_without_b_q`` (the layer's b_q zeroed by ``bias_patch_hooks``, the layers
+    below intact); ``remove="b_q"`` adds the latter only. In a layer without b_q both equal
+    ``mass``. Columns: model, layer, head, position, mass, sink, [removal columns], has_b_q,
+    threshold, metric, n_rows, n_batches, max_batches, model_fingerprint, data_fingerprint.
+    """
+    info = require_bridge(model, "sink_profile").interp
+    threshold, layers = check_threshold(threshold), check_layers(layers, info)
+    names, removals = check_positions(model, positions), _check_remove(model, remove)
+    has_b_q = {layer: attention_weights(model, layer).present["q"] for layer in layers}
+    hooks = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
+    if "key_prior" in removals:
+        parts = ("q", "k", "cos", "sin") if info.rotary else ("q", "k")
+        hooks += [f"blocks.{layer}.attn.hook_{p}" for layer in layers if has_b_q[layer] for p in parts]
+    acc: dict = {}
+
+    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+        patterns = patterns_of(model, store, layers)
+        real, masks = class_masks(model, batch, patterns[layers[0]].shape[-1], patterns[layers[0]].device)
+        acc["rows"] = acc.get("rows", 0) + real.sum()
+        for layer in layers:
+            add_sums(acc, (layer, "mass"), _class_sums(patterns[layer], real, masks, names))
+            if "key_prior" in removals and has_b_q[layer]:
+                pattern = _pattern_without_key_prior(model, store, layer, batch)
+                add_sums(acc, (layer, "mass_without_key_prior"), _class_sums(pattern, real, masks, names))
+            if "b_q" in removals and has_b_q[layer]:
+                pattern = _pattern_without_b_q(model, x, kw, layer)
+                add_sums(acc, (layer, "mass_without_b_q"), _class_sums(pattern, real, masks, names))
+
+    n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc="sink profile",
+                                        progress=progress, stop_at_layer=max(layers) + 1)
+    columns = ["mass"] + [f"mass_without_{r}" for r in removals]
+    meta = dict(threshold=threshold, metric=MASS_METRIC, **provenance(model, data_fp, n_batches, max_batches))
+    return _profile_table(acc, layers, names, columns, has_b_q, meta, info.n_heads)
+
+
+def _profile_table(acc: dict, layers: Sequence[int], names: Sequence[str], columns: Sequence[str],
+                   has_b_q: dict[int, bool], meta: dict, n_heads: int) -> pd.DataFrame:
+    n_rows = rows_or_fail(acc.get("rows", 0))
+    rows = []
+    for layer in layers:
+        sums = {col: acc.get((layer, col), acc[(layer, "mass")]) for col in columns}  # no b_q: nothing removed
+        sums = {col: {n: (s[n] / n_rows).cpu().tolist() for n in names} for col, s in sums.items()}
+        for h in range(n_heads):
+            for name in names:
+                row = dict(model=meta["model"], layer=layer, head=h, position=name)
+                row.update({col: sums[col][name][h] for col in columns})
+                row["sink"] = row["mass"] > meta["threshold"]
+                rows.append(dict(row, has_b_q=has_b_q[layer], n_rows=n_rows, **meta))
+    order = ["model", "layer", "head", "position", "mass", "sink", *columns[1:], "has_b_q", "threshold", "metric",
+             "n_rows", "n_batches", "max_batches", "model_fingerprint", "data_fingerprint"]
+    return pd.DataFrame(rows)[order]
+
+
+def sink_shares(profile: pd.DataFrame) -> pd.DataFrame:
+    """Per position class: the share of heads whose mass on it exceeds the threshold (Gu et al. 2024).
+
+    From one ``sink_profile`` (one model, one data set, one threshold; a mix is refused). Columns:
+    model, position, n_heads, n_sink_heads, share (= n_sink_heads / n_heads), threshold, and
+    share_without_key_prior / share_without_b_q where the profile has those masses.
+    """
+    need = {"layer", "head", "position", "mass", "threshold", "model_fingerprint", "data_fingerprint"}
+    if not isinstance(profile, pd.DataFrame) or not need <= set(profile.columns):
+        raise InputError("sink_shares takes the DataFrame from interp.sink_profile (columns "
+                         f"{', '.join(sorted(need))})")
+    runs = profile[["model_fingerprint", "data_fingerprint", "threshold"]].drop_duplicates()
+    if len(runs) != 1:
+        raise InputError(f"this profile mixes {len(runs)} runs (models, data or thresholds): compute shares "
+                         "for each sink_profile separately")
+    threshold = float(profile.threshold.iloc[0])
+    extra = [c for c in profile.columns if c.startswith("mass_without_")]
+    rows = []
+    for position, part in profile.groupby("position", sort=False):
+        row = dict(model=part.model.iloc[0], position=position, n_heads=len(part),
+                   n_sink_heads=int((part.mass > threshold).sum()))
+        row["share"] = row["n_sink_heads"] / len(part)
+        row.update({"share" + c.removeprefix("mass"): float((part[c] > threshold).mean()) for c in extra})
+        rows.append(dict(row, threshold=threshold, model_fingerprint=part.model_fingerprint.iloc[0],
+                         data_fingerprint=part.data_fingerprint.iloc[0]))
+    return pd.DataFrame(rows)
+
+
+# ----- implicit value bias ------------------------------------------------------------------------------
+
+
+def _implicit_sums(pattern: Tensor, v: Tensor, z: Tensor, sink: Tensor, real: Tensor,
+                   W_o: Float[Tensor, "head_index d_head d_model"]) -> dict[str, Tensor]:
+    """Sums over real query rows of c_i, ||c_i||^2, ||z_i W_O||^2 and A_iS, per head."""
+    a = pattern.double() * sink[:, :, None, :]  # attention on the sink set only
+    c = torch.einsum("bhqk,bkhd,hdm->bhqm", a, v.double(), W_o)
+    o = torch.einsum("bqhd,hdm->bhqm", z.double(), W_o)
+    w = real.double()
+    return dict(c=torch.einsum("bhqm,bq->hm", c, w), c_sq=torch.einsum("bhqm,bq->h", c * c, w),
+                o_sq=torch.einsum("bhqm,bq->h", o * o, w), mass=torch.einsum("bhqk,bq->h", a, w))
+
+
+def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None,
+                        layers: Optional[Sequence[int]] = None, max_batches: Optional[int] = None,
+                        progress: bool = True) -> pd.DataFrame:
+    """Per layer x head: the constant a sink set S adds to the head's output, beside b_v's.
+
+    c_i = sum_{j in S} A_ij v_j W_O[h] (v_j = x_j W_v + b_v of the query head's kv head);
+    ``implicit_norm`` = ||m||, m = mean of c_i over real query rows; ``constancy`` =
+    ||m||^2 / mean ||c_i||^2 in [0, 1] (1: c_i is the same vector for every row, a bias);
+    ``explicit_norm`` = ||b_v W_O[h]|| (0 without b_v); ``cos_to_explicit`` = cos(m, b_v W_O[h]);
+    ``output_rms`` = sqrt(mean ||z_i W_O[h]||^2), the head's whole output; ``sink_mass`` = mean
+    A_iS. All norms are in residual-stream units. S = ``positions`` (default: a ViT's prefix
+    tokens, a language model's first token). Columns: model, layer, head, positions, sink_mass,
+    implicit_norm, constancy, explicit_norm, has_b_v, cos_to_explicit, output_rms, n_rows,
+    n_batches, max_batches, model_fingerprint, data_fingerprint.
+    """
+    info = require_bridge(model, "implicit_value_bias").interp
+    layers = check_layers(layers, info)
+    sink_names = check_positions(model, default_sink_positions(model) if positions is None else positions)
+    group = kv_group(info.n_heads, info.n_kv_heads)
+    weights = {layer: attention_weights(model, layer, dtype=torch.float64) for layer in layers}
+    acc: dict = {}
+
+    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+        patterns = patterns_of(model, store, layers)
+        real, masks = class_masks(model, batch, patterns[layers[0]].shape[-1], patterns[layers[0]].device)
+        acc["rows"] = acc.get("rows", 0) + real.sum()
+        for layer in layers:
+            sink = sink_weights(column_sums(patterns[layer], real), real, masks, sink_names)
+            v = store[f"blocks.{layer}.attn.hook_v"][:, :, group]
+            z, W_o = store[f"blocks.{layer}.attn.hook_z"], weights[layer].W_o.to(v.device)
+            add_sums(acc, layer, _implicit_sums(patterns[layer], v, z, sink, real, W_o))
+
+    hooks = [f"blocks.{layer}.attn.hook_{n}" for layer in layers for n in ("pattern", "v", "z")]
+    n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc="implicit value bias",
+                                        progress=progress, stop_at_layer=max(layers) + 1)
+    meta = dict(positions="+".join(sink_names), **provenance(model, data_fp, n_batches, max_batches))
+    return _implicit_table(acc, weights, group, layers, meta)
+
+
+def _implicit_table(acc: dict, weights: dict, group: list[int], layers: Sequence[int], meta: dict) -> pd.DataFrame:
+    n_rows = rows_or_fail(acc.get("rows", 0))
+    rows = []
+    for layer in layers:
+        s = {k: v.cpu() / n_rows for k, v in acc[layer].items()}
+        w = weights[layer]
+        explicit = torch.einsum("hd,hdm->hm", w.b_v[group], w.W_o)  # b_v W_O per query head
+        for h in range(len(group)):
+            m, e = s["c"][h], explicit[h]
+            mean_sq, m_norm, e_norm = float(s["c_sq"][h]), float(m.norm()), float(e.norm())
+            rows.append(dict(
+                model=meta["model"], layer=layer, head=h, positions=meta["positions"], sink_mass=float(s["mass"][h]),
+                implicit_norm=m_norm, constancy=m_norm**2 / mean_sq if mean_sq > 0 else float("nan"),
+                explicit_norm=e_norm if w.present["v"] else 0.0, has_b_v=w.present["v"],
+                cos_to_explicit=float(m @ e) / (m_norm * e_norm) if m_norm * e_norm > 0 and w.present["v"]
+                else float("nan"),
+                output_rms=math.sqrt(float(s["o_sq"][h])), n_rows=n_rows,
+                **{k: meta[k] for k in ("n_batches", "max_batches", "model_fingerprint", "data_fingerprint")}))
+    return pd.DataFrame(rows)
+
+
+# ----- massive activations ------------------------------------------------------------------------------
+
+
+class _LayerActivations:
+    """One layer's running statistics of |residual value|s and token norms."""
+
+    def __init__(self, top_k: int, device: Any) -> None:
+        self.top, self.norm_top = RunningTopK(top_k), RunningTopK(1)
+        self.values, self.norms = AbsHistogram(device), AbsHistogram(device)
+        self.norm_sum: Any = 0
+
+    def add(self, h: Float[Tensor, "batch pos d_model"], real: Tensor, payload: Tensor) -> None:
+        """``payload`` [batch, pos, 3]: sequence index, position among real tokens, token id."""
+        w = real[..., None].expand_as(h)
+        absval = h.abs()
+        self.values.add(absval.flatten(), w.flatten())
+        score = absval.masked_fill(~w, float("-inf")).flatten()
+        top = score.topk(min(self.top.k, score.numel())).indices
+        tok, channel = top // h.shape[-1], top % h.shape[-1]
+        self.top.add(score[top], h.flatten()[top], torch.cat([payload.flatten(0, 1)[tok], channel[:, None]], 1))
+        norms = h.double().norm(dim=-1)
+        self.norms.add(norms.flatten(), real.flatten())
+        self.norm_sum = self.norm_sum + (norms * real).sum()
+        score = norms.masked_fill(~real, float("-inf")).flatten()
+        best = score.topk(1).indices
+        self.norm_top.add(score[best], score[best], payload.flatten(0, 1)[best])
+
+
+def _token_label(model: InterpBridge, position: int, token_id: int) -> Optional[str]:
+    """The token's string (tokenizer), a ViT prefix token's class, ``patch k``; None for bare token ids."""
+    if model.interp.modality == "vision":
+        prefix = prefix_names(model)
+        return prefix[position] if position < len(prefix) else f"patch {position - len(prefix)}"
+    tok = model.tokenizer
+    return None if tok is None else str(tok.convert_ids_to_tokens(int(token_id)))
+
+
+def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int]] = None, top_k: int = 3,
+                        abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
+                        max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
+    """Per layer: the ``top_k`` largest |values| of the residual stream and Sun et al.'s flag.
+
+    ``layer`` l is the residual stream after block l (``blocks.{l}.hook_out``; for a post-LN model
+    such as BERT, after the block's output layer norm). Over real tokens (padding left out) and
+    every channel: the entries with the largest |h_ic|, with ``value`` (signed), ``sequence``
+    (index in the data), ``position`` (among the sequence's real tokens), ``token``, ``channel``;
+    ``median_abs`` = lower median of |h_ic| (from a histogram of float32 bit patterns, within a
+    relative 2^-11 of the exact value: ``interp.analysis.streaming``), ``ratio_to_median`` =
+    |value| / median_abs, ``massive`` = |value| > ``abs_threshold`` and ratio > ``ratio_threshold``
+    (Sun et al. 2024: 100 and 1000). Token norms ||h_i||: ``norm_mean`` (exact), ``norm_median``
+    (histogram, as above), ``norm_max`` with its ``norm_max_sequence`` / ``norm_max_position``.
+    """
+    info = require_bridge(model, "massive_activations").interp
+    layers, top_k = check_layers(layers, info), check_top_k(top_k)
+    abs_threshold = check_positive(abs_threshold, "abs_threshold")
+    ratio_threshold = check_positive(ratio_threshold, "ratio_threshold")
+    acc: dict = {"sequences": 0}
+
+    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+        h0 = store[f"blocks.{layers[0]}.hook_out"]
+        real, _ = class_masks(model, batch, h0.shape[1], h0.device)
+        ids = batch.inputs if info.modality == "text" else torch.full(real.shape, -1)
+        seq = torch.arange(real.shape[0], device=h0.device)[:, None].expand_as(real) + acc["sequences"]
+        payload = torch.stack([seq, real.long().cumsum(1) - 1, to_device(ids, h0.device).long()], -1)
+        acc["rows"] = acc.get("rows", 0) + real.sum()
+        acc["sequences"] += real.shape[0]
+        for layer in layers:
+            acc.setdefault(layer, _LayerActivations(top_k, h0.device)).add(store[f"blocks.{layer}.hook_out"],
+                                                                           real, payload)
+
+    n_batches, data_fp = stream_batches(model, data, max_batches, [f"blocks.{layer}.hook_out" for layer in layers],
+                                        consume, desc="massive activations", progress=progress,
+                                        stop_at_layer=max(layers) + 1)
+    meta = dict(abs_threshold=abs_threshold, ratio_threshold=ratio_threshold,
+                **provenance(model, data_fp, n_batches, max_batches))
+    return _massive_table(model, acc, layers, meta)
+
+
+def _massive_table(model: InterpBridge, acc: dict, layers: Sequence[int], meta: dict) -> pd.DataFrame:
+    n_rows = rows_or_fail(acc.get("rows", 0))
+    rows = []
+    for layer in layers:
+        stats: _LayerActivations = acc[layer]
+        median, norm_median = stats.values.lower_median(), stats.norms.lower_median()
+        (norm_max, _, (norm_seq, norm_pos, _)), = stats.norm_top.rows()
+        per_layer = dict(median_abs=median, n_tokens=n_rows, norm_mean=float(stats.norm_sum) / n_rows,
+                         norm_median=norm_median, norm_max=norm_max, norm_max_sequence=norm_seq,
+                         norm_max_position=norm_pos, norm_max_ratio=norm_max / norm_median if norm_median else math.inf)
+        for rank, (magnitude, value, (seq, pos, token_id, channel)) in enumerate(stats.top.rows(), start=1):
+            ratio = magnitude / median if median > 0 else math.inf
+            rows.append(dict(
+                layer=layer, rank=rank, value=value, abs_value=magnitude, ratio_to_median=ratio,
+                massive=magnitude > meta["abs_threshold"] and ratio > meta["ratio_threshold"], sequence=seq,
+                position=pos, token_id=token_id if token_id >= 0 else None,
+                token=_token_label(model, pos, token_id), channel=channel, **per_layer, **meta))
+    first = ["model", "layer", "rank", "value", "abs_value", "ratio_to_median", "massive", "sequence", "position",
+             "token_id", "token", "channel", "median_abs"]
+    return pd.DataFrame(rows)[first + [c for c in rows[0] if c not in first]]
