@@ -1,19 +1,28 @@
 """Fingerprints that bind every number to what produced it.
 
 * ``model_fingerprint``: a hash of the model's config and the exact bytes of every
-  parameter (blake2b), computed once per loaded model (the library never changes weights:
-  ablations are hooks).
+  parameter (blake2b). It is cached on the model with the parameters' version counters,
+  storage addresses and shapes; any in-place change (an optimiser step, ``load_state_dict``,
+  ``copy_`` under ``no_grad``) moves a counter, and the hash is recomputed.
 * ``data_fingerprint``: a hash of the exact batches (inputs, masks, labels).
-* ``callable_identity``: a stable name for a metric function (module, qualified name and
-  a hash of its code), so two different lambdas are not the same metric.
+* ``callable_identity``: a stable name for a metric function: module, qualified name, a
+  hash of its code and of every value it captured (closure cells, defaults, a
+  ``functools.partial``'s arguments, a callable object's attributes, the global constants
+  its code reads). A callable capturing something that cannot be hashed gets an identity
+  that never repeats, so a sweep with it never resumes from another run's rows.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
+import types
+import uuid
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -26,10 +35,18 @@ def _update(h: Any, t: Tensor) -> None:
     h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
+def _weights_state(model: InterpBridge) -> tuple:
+    """What changes when a parameter is written in place or replaced: its version counter, storage
+    address, shape and dtype (cheap: no bytes read)."""
+    return tuple((p._version, p.data_ptr(), tuple(p.shape), p.dtype) for p in model.hf_model.parameters())
+
+
 def model_fingerprint(model: InterpBridge) -> str:
-    """blake2b of the HF config and every parameter's bytes (16 hex digits), cached on the model."""
+    """blake2b of the HF config and every parameter's bytes (16 hex digits); cached on the model
+    while its parameters' version counters (and storages) stay where they were."""
+    state = _weights_state(model)
     cached = getattr(model, "_interp_fingerprint", None)
-    if cached is not None:
+    if cached is not None and getattr(model, "_interp_fingerprint_state", None) == state:
         return cached
     h = hashlib.blake2b(digest_size=8)
     config = model.hf_model.config.to_dict()
@@ -38,6 +55,7 @@ def model_fingerprint(model: InterpBridge) -> str:
     for param in model.hf_model.parameters():
         _update(h, param)
     model._interp_fingerprint = h.hexdigest()
+    model._interp_fingerprint_state = state
     return model._interp_fingerprint
 
 
@@ -71,12 +89,92 @@ def combine(*fingerprints: str) -> str:
     return hashlib.blake2b("+".join(fingerprints).encode(), digest_size=8).hexdigest()
 
 
-def callable_identity(fn: Callable) -> str:
-    """``module.qualname#hash-of-code`` for a metric function."""
+class _Unhashable(Exception):
+    """A captured value has no stable content hash."""
+
+
+_SIMPLE = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _value_digest(h: Any, value: Any, depth: int = 0) -> None:
+    """Feed ``value``'s content into ``h``: simple values, tensors and arrays by their bytes,
+    containers element by element, functions by their identity; anything else is unhashable."""
+    if depth > 8:
+        raise _Unhashable("nested too deeply")
+    if isinstance(value, _SIMPLE):
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+    elif isinstance(value, Tensor):
+        _update(h, value)
+    elif isinstance(value, np.ndarray):
+        h.update(f"nd{value.shape}{value.dtype};".encode() + np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        h.update(f"{type(value).__name__}[{len(items)}];".encode())
+        for item in items:
+            _value_digest(h, item, depth + 1)
+    elif isinstance(value, dict):
+        h.update(f"dict[{len(value)}];".encode())
+        for key in sorted(value, key=repr):
+            _value_digest(h, key, depth + 1)
+            _value_digest(h, value[key], depth + 1)
+    elif isinstance(value, (types.ModuleType, type, torch.dtype, torch.device)):
+        h.update(f"{value!r};".encode())
+    elif callable(value):
+        h.update(_callable_digest(value, depth + 1).encode())
+    else:
+        raise _Unhashable(f"a captured {type(value).__name__}")
+
+
+def _captured(fn: Callable) -> list[Any]:
+    """What a callable's result depends on besides its code."""
+    if isinstance(fn, functools.partial):
+        return [fn.func, fn.args, dict(fn.keywords)]
+    if inspect.ismethod(fn):
+        return [fn.__func__, fn.__self__]
     code = getattr(fn, "__code__", None)
-    digest = "nocode"
+    if code is None:  # a callable object: its class's __call__ and its attributes
+        return [type(fn).__call__, dict(vars(fn)) if hasattr(fn, "__dict__") else repr(fn)]
+    cells = [c.cell_contents for c in (fn.__closure__ or ()) if _cell_filled(c)]
+    glob = getattr(fn, "__globals__", {})
+    constants = {n: glob[n] for n in code.co_names if n in glob and not isinstance(glob[n], types.ModuleType)}
+    return [cells, fn.__defaults__, fn.__kwdefaults__, constants]
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+_LIBRARIES = ("builtins", "torch", "numpy", "math", "einops", "transformers", "scipy", "sklearn", "pandas", "functools")
+
+
+def _callable_digest(fn: Callable, depth: int = 0) -> str:
+    """Code and captured values of ``fn``; a library's function (torch, numpy, ...) by its name, and
+    functions reached through other functions' globals by their code only (no endless recursion)."""
+    h = hashlib.blake2b(digest_size=6)
+    module = str(getattr(fn, "__module__", None) or "").split(".")[0]
+    if module in _LIBRARIES or isinstance(fn, types.BuiltinFunctionType):
+        h.update(f"{module}.{getattr(fn, '__qualname__', repr(fn))}".encode())
+        return h.hexdigest()
+    code = getattr(fn, "__code__", None)
     if code is not None:
-        parts = [code.co_code, repr(code.co_consts).encode(), repr(code.co_names).encode()]
-        digest = hashlib.blake2b(b"|".join(parts), digest_size=6).hexdigest()
-    name = getattr(fn, "__qualname__", type(fn).__name__)
-    return f"{getattr(fn, '__module__', '?')}.{name}#{digest}"
+        h.update(b"|".join([code.co_code, repr(code.co_consts).encode(), repr(code.co_names).encode()]))
+    if depth < 3:
+        for value in _captured(fn):
+            _value_digest(h, value, depth)
+    return h.hexdigest()
+
+
+def callable_identity(fn: Callable) -> str:
+    """``module.qualname#hash-of-code-and-captured-values`` for a metric function; a callable that
+    captured something unhashable gets ``...#unfingerprintable-<random>``, which never resumes."""
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    name = f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', type(inner).__name__)}"
+    try:
+        digest = _callable_digest(fn)
+    except _Unhashable:
+        digest = f"unfingerprintable-{uuid.uuid4().hex[:12]}"
+    return f"{name}#{digest}"

@@ -182,11 +182,11 @@ def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: 
     fig, ax = plt.subplots(figsize=(7.5, 0.35 * max(len(ranked), 1) + 2.0))
     labels = [f"L{r.layer} H{r['head']} {r.kind}" for _, r in ranked.iterrows()]
     sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax)
-    if "delta_se" in ranked and ranked.delta_se.notna().any():  # spread over batches (exact rows)
+    if "delta_se" in ranked and ranked.delta_se.notna().any():  # spread over items (exact rows)
         ax.errorbar(ranked.delta.values, range(len(ranked)), xerr=ranked.delta_se.fillna(0).values, fmt="none",
                     ecolor="k", elinewidth=1, capsize=3)
     ax.axvline(0.0, color="k", lw=0.8)
-    spread = " ± standard error over batches" if "delta_se" in ranked and ranked.delta_se.notna().any() else ""
+    spread = " ± standard error over items" if "delta_se" in ranked and ranked.delta_se.notna().any() else ""
     ax.set_xlabel(f"delta {metric} (ablated - intact, {UNITS.get(metric, 'metric units')}){spread}")
     ax.set_ylabel("layer, head, kind")
     ax.set_title(f"{model_name}: the {len(ranked)} most bias-dependent heads ({method}, {estimate})\n"

@@ -63,6 +63,11 @@ class ResultLog:
                                     "interp): its rows cannot be trusted for this run; use another --out folder or "
                                     "overwrite=True (--overwrite)")
         differ = sorted(k for k in set(found) | set(self.fingerprint) if found.get(k) != self.fingerprint.get(k))
+        if any("#unfingerprintable-" in str(v) for v in (found.get("metric"), self.fingerprint.get("metric"))):
+            raise StaleResultsError(f"{path}: the metric captures a value interp cannot hash (an object without a "
+                                    "stable content), so its rows cannot be matched to this run's metric: use "
+                                    "another --out folder, overwrite=True, or a metric capturing only numbers, "
+                                    "strings, tensors or arrays")
         if differ:
             details = "; ".join(f"{k}: {found.get(k)!r} there, {self.fingerprint.get(k)!r} now" for k in differ)
             raise StaleResultsError(f"{path} holds results of another run ({details}); refusing to mix them: use "

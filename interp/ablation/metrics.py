@@ -85,20 +85,45 @@ def reference(out: Tensor, hidden: Optional[Tensor], batch: Batch) -> dict[str, 
     return ref
 
 
-def metric_value(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
+def metric_items(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict,
+                 batch: Batch) -> tuple[Tensor, Tensor]:
+    """(per-item sums [batch], per-item counts [batch]) of a built-in metric: an item's summed
+    next-token NLL over its predicted tokens and their number; one value and count 1 per item for
+    the others. The metric over any data is sum(sums) / sum(counts), whatever the batching."""
     if name == "next_token_ce":
         ids = batch.inputs.to(out.device)
         nll = -wide(out[:, :-1]).log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
-        if batch.attention_mask is not None:
-            keep = batch.attention_mask[:, 1:].to(out.device).float()
-            return (nll * keep).sum() / keep.sum().clamp(min=1)
-        return nll.mean()
+        keep = torch.ones_like(nll) if batch.attention_mask is None else \
+            batch.attention_mask[:, 1:].to(out.device).to(nll.dtype)
+        return (nll.double() * keep).sum(1), keep.sum(1)  # float64 sums: no rounding from aggregation
     if name == "cross_entropy":
-        return F.cross_entropy(wide(out), batch.labels.to(out.device))
-    if name in DISTANCE_METRICS:
+        values = F.cross_entropy(wide(out), batch.labels.to(out.device), reduction="none")
+    elif name in DISTANCE_METRICS:
         feats, intact = distance_features(name, out, hidden, ref, batch)
-        return F.cosine_similarity(wide(feats), wide(intact), dim=-1).mean()
-    raise InputError(f"unknown metric {name!r}")
+        values = F.cosine_similarity(wide(feats), wide(intact), dim=-1)
+    else:
+        raise InputError(f"unknown metric {name!r}")
+    return values.double(), torch.ones_like(values)
+
+
+def custom_items(value: Any, batch: Batch) -> tuple[Tensor, Tensor]:
+    """(sums, counts) of a callable metric's result: a tensor [batch] of per-item values (each item
+    counts once), or a scalar taken as the batch's mean over its items (one sum of weight batch size)."""
+    n = batch.inputs.shape[0]
+    if isinstance(value, Tensor) and value.ndim == 1 and value.shape[0] == n:
+        return value.double(), torch.ones_like(value, dtype=torch.float64)
+    if isinstance(value, Tensor) and value.numel() == 1 and value.is_floating_point():
+        value = value.reshape(1)
+        return value.double() * n, torch.full_like(value, float(n), dtype=torch.float64)
+    shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+    raise InputError(f"a metric callable must return a floating tensor: a scalar (the batch's mean) or one value "
+                     f"per item [{n}]; got {shape}. Return e.g. torch.as_tensor(value, dtype=torch.float32)")
+
+
+def metric_value(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
+    """The metric's mean over the batch's units (tokens for next_token_ce, items otherwise)."""
+    sums, counts = metric_items(name, out, hidden, ref, batch)
+    return sums.sum() / counts.sum().clamp(min=1)
 
 
 def distance_features(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict,
@@ -110,6 +135,15 @@ def distance_features(name: str, out: Tensor, hidden: Optional[Tensor], ref: dic
     if name == "feature_cosine":
         return (out[:, 0] if out.ndim == 3 else out), ref["features"]
     raise InputError(f"{name!r} is not a distance metric ({', '.join(DISTANCE_METRICS)})")
+
+
+def kl_weight(model: InterpBridge, batch: Batch) -> float:
+    """The units ``kl_from_intact`` averages over in ``batch``: real tokens of a causal LM, items of a classifier."""
+    if model.interp.causal and batch.attention_mask is not None:
+        return float(batch.attention_mask.sum())
+    if model.interp.causal:
+        return float(batch.inputs.shape[0] * batch.inputs.shape[1])
+    return float(batch.inputs.shape[0])
 
 
 def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Batch) -> Optional[Tensor]:
@@ -140,3 +174,36 @@ def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: boo
         out = model.run_with_hooks(x, fwd_hooks=all_hooks, **kw)
     out = out if isinstance(out, Tensor) else out[0]
     return out, store.get("hidden")
+
+
+def check_labels(model: InterpBridge, name: str, batches: list[Batch]) -> None:
+    """Labels ``cross_entropy`` can score: one integer class per item, each a class the classifier has
+    (checked once, before the intact run: an out-of-range class would fail deep inside, or on a GPU
+    abort the process)."""
+    if name != "cross_entropy":
+        return
+    n_classes = getattr(getattr(model.hf_model, "config", None), "num_labels", None)
+    for number, batch in enumerate(batches, 1):
+        labels, n = batch.labels, batch.inputs.shape[0]
+        if labels is None:
+            raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
+        if labels.ndim != 1 or labels.shape[0] != n or labels.is_floating_point() or labels.dtype == torch.bool:
+            raise InputError(f"batch {number}: cross_entropy needs labels as integer class ids [{n}] (one per "
+                             f"item); got a {labels.dtype} tensor of shape {tuple(labels.shape)}")
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or (n_classes is not None and high >= n_classes):
+            raise InputError(f"batch {number}: labels run from {low} to {high}, but {model.interp.name} has "
+                             f"{n_classes} classes (0..{(n_classes or 1) - 1}): pass this model's class ids")
+
+
+def call_metric(metric: Callable, out: Tensor, batch: Batch) -> Any:
+    """``metric(out, batch)``; an exception inside the researcher's callable is named as theirs."""
+    try:
+        return metric(out, batch)
+    except (KeyboardInterrupt, MemoryError, torch.cuda.OutOfMemoryError, InputError):
+        raise
+    except Exception as exc:
+        name = getattr(metric, "__name__", type(metric).__name__)
+        raise InputError(f"the metric callable {name} raised {type(exc).__name__}: {exc}. It is called as "
+                         f"metric(output, batch): output the model's output tensor {tuple(out.shape)}, batch an "
+                         "interp.Batch (inputs, attention_mask, labels); it must return a floating tensor") from exc

@@ -51,9 +51,10 @@ from interp.stats import QKVStats
 from interp.types import ESTIMATES, Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
-           "delta_se", "kl", "n_targets", "identity", "model_fingerprint", "data_fingerprint"]
+           "delta_se", "kl", "n_targets", "identity", "below_rounding", "model_fingerprint", "data_fingerprint"]
 PREFIX_BUDGET = 2 * 2**30  # bytes of intact block outputs prefix reuse may keep (all batches together)
-NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "kl": float, "n_targets": int}
+NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "kl": float, "n_targets": int,
+           "below_rounding": bool}
 
 
 @dataclass
@@ -66,30 +67,43 @@ class _Run:
     metric_name: str
     need_hidden: bool
     refs: list[dict]
-    weights: list[float]
+    rounding: float  # |delta| below this is within the model dtype's rounding of the baseline (0 for >= float32)
+    weights: list[float]  # per batch: the units its metric value averages over (tokens or items)
     baseline: float
+    kl_weights: list[float] = field(default_factory=list)  # per batch: the units its KL averages over
     fingerprint: dict = field(default_factory=dict)
     block_outputs: list[list[Any]] = field(default_factory=list)  # per batch, per layer (prefix reuse)
-    batch_values: list[float] = field(default_factory=list)  # the intact metric per batch
+    base_sums: Optional[Tensor] = None  # the intact metric's per-item sums, all batches in order
+    weights_per_item: list[float] = field(default_factory=list)  # and each item's count (tokens or 1)
 
-    def standard_error(self, values: Sequence[float]) -> float:
-        """Standard error over batches of the weighted mean delta (NaN with one batch)."""
-        n = len(values)
-        if n < 2:
-            return float("nan")
-        deltas = [v - b for v, b in zip(values, self.batch_values)]
-        mean = self.mean(deltas)
-        w = [x / sum(self.weights) for x in self.weights]
-        var = sum(wi * (d - mean) ** 2 for wi, d in zip(w, deltas)) * n / (n - 1)
-        return (var / n) ** 0.5
+    def items(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> tuple[Tensor, Tensor]:
+        """(per-item sums, per-item counts) of the metric on one batch's output."""
+        if callable(self.metric) and not isinstance(self.metric, str):
+            return metrics.custom_items(self.metric(out, batch), batch)
+        return metrics.metric_items(self.metric_name, out, hidden, ref, batch)
 
     def value(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
-        if callable(self.metric) and not isinstance(self.metric, str):
-            return self.metric(out, batch)
-        return metrics.metric_value(self.metric_name, out, hidden, ref, batch)
+        """The metric's mean over the batch's units: what the one-pass estimates differentiate."""
+        sums, counts = self.items(out, hidden, ref, batch)
+        return sums.sum() / counts.sum().clamp(min=1)
 
-    def mean(self, values: Sequence[float]) -> float:
-        return sum(v * w for v, w in zip(values, self.weights)) / sum(self.weights)
+    def mean(self, values: Sequence[float], weights: Optional[Sequence[float]] = None) -> float:
+        """The unit-weighted mean over batches of per-batch means (each token or item counts once)."""
+        weights = self.weights if weights is None else weights
+        return sum(v * w for v, w in zip(values, weights)) / sum(weights)
+
+    def ablated_and_se(self, sums: Tensor) -> tuple[float, float]:
+        """(metric, standard error of its delta) from an ablated run's per-item sums.
+
+        The delta is a ratio of sums over items, sum_i d_i / sum_i n_i with d_i the item's change
+        and n_i its count; its standard error is the linearised one over items (clusters):
+        sqrt(N / (N - 1) * sum_i (d_i - delta n_i)^2) / sum_i n_i (NaN with one item)."""
+        counts = torch.tensor(self.weights_per_item, dtype=sums.dtype, device=sums.device)
+        total, d = counts.sum(), sums - self.base_sums.to(sums.dtype)
+        delta = d.sum() / total
+        n = d.shape[0]
+        se = ((n / (n - 1) * ((d - delta * counts) ** 2).sum()) ** 0.5 / total) if n > 1 else float("nan")
+        return float(sums.sum() / total), float(se)
 
 
 def _check_estimate(estimate: str, name: str, batches: list[Batch]) -> None:
@@ -123,10 +137,20 @@ def _run_intact(run: _Run, reuse_prefix: bool) -> None:
             if reuse_prefix:
                 run.block_outputs.append(outputs)
             run.refs.append(metrics.reference(out, hidden, batch))
-            values.append(run.value(out, hidden, run.refs[-1], batch).detach())
-            run.weights.append(float(batch.inputs.shape[0]))
-    run.batch_values = torch.stack(values).tolist()
-    run.baseline = run.mean(run.batch_values)
+            values.append(run.items(out, hidden, run.refs[-1], batch))
+            run.kl_weights.append(metrics.kl_weight(run.model, batch))
+    sums, counts = (torch.cat([v[i].detach() for v in values]) for i in (0, 1))
+    run.base_sums, run.weights_per_item = sums, counts.tolist()
+    run.weights = [float(v[1].sum()) for v in values]
+    run.baseline = float(sums.sum() / counts.sum())
+    run.rounding = rounding_level(run.model, run.baseline)
+
+
+def rounding_level(model: InterpBridge, baseline: float) -> float:
+    """eps(dtype) x |baseline| for a half-precision model (bfloat16: 2^-7 relative): a delta below it is
+    dominated by the model's own rounding, and its row says so (``below_rounding``). 0 for float32/64."""
+    dtype = next(model.parameters()).dtype
+    return torch.finfo(dtype).eps * abs(baseline) if dtype in (torch.float16, torch.bfloat16) else 0.0
 
 
 def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: str,
@@ -140,7 +164,7 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     batches = [batch_to_device(b, device) for b in host]  # moved once, not per variant
     name = metrics.metric_name(model, metric, batches[0])
     _check_estimate(estimate, name, batches)
-    run = _Run(model, batches, metric, name, name == "embedding_cosine", [], [], 0.0)
+    run = _Run(model, batches, metric, name, name == "embedding_cosine", [], 0.0, [], 0.0)
     _run_intact(run, reuse_prefix)
     identity = callable_identity(metric) if callable(metric) and not isinstance(metric, str) else name
     run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
@@ -154,6 +178,7 @@ def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated:
     return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
                 estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
                 delta=ablated - run.baseline, delta_se=delta_se, kl=kl, n_targets=len(var.targets), identity=identity,
+                below_rounding=bool(not identity and abs(ablated - run.baseline) < run.rounding),
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
 
 
@@ -206,19 +231,18 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Op
         for start, group in _groups(todo, stack, bool(run.block_outputs)):
             n = len(group)
             hooks = stacked_patch_hooks(run.model, [v.targets for v in group], method, stats)
-            vals: list[list[Tensor]] = [[] for _ in group]
+            vals: list[list[Tensor]] = [[] for _ in group]  # per variant: per-item sums of each batch
             kls: list[list[Optional[Tensor]]] = [[] for _ in group]
             for index, (batch, ref) in enumerate(zip(run.batches, run.refs)):
                 out, hidden = _patched_forward(run, index, n, start, hooks)
                 hiddens = hidden.chunk(n) if hidden is not None else [None] * n
                 for i, (o, h) in enumerate(zip(out.chunk(n), hiddens)):
-                    vals[i].append(run.value(o, h, ref, batch).detach())  # stays on the device: no sync per batch
+                    vals[i].append(run.items(o, h, ref, batch)[0].detach())  # on the device: no sync per batch
                     kls[i].append(metrics.kl_from_intact(run.model, ref["output"], o, batch))
             for var, vv, kk in zip(group, vals, kls):  # one host sync per group of stacked variants
-                kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist())
-                values = torch.stack(vv).tolist()
-                log.add(_row(var, keys[var], method, "exact", run, run.mean(values), kl,
-                             delta_se=run.standard_error(values)))
+                kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
+                ablated, se = run.ablated_and_se(torch.cat(vv))
+                log.add(_row(var, keys[var], method, "exact", run, ablated, kl, delta_se=se))
             bar.update(n)
     bar.close()
 
@@ -251,7 +275,8 @@ def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: 
             deltas = estimator(*args, run.value, run.refs, run.need_hidden)
         for var, d in zip(todo, deltas):
             log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
-    df = pd.DataFrame([{c: log.rows[keys[v]].get(c, float("nan") if c in NUMERIC else "") for c in COLUMNS}
+    missing = {c: False if NUMERIC.get(c) is bool else float("nan") if c in NUMERIC else "" for c in COLUMNS}
+    df = pd.DataFrame([{c: log.rows[keys[v]].get(c, missing[c]) for c in COLUMNS}
                        for v in variants], columns=COLUMNS)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     # typed even when empty (an "auto" sweep with nothing left to run exactly), so frames concatenate as numbers
@@ -334,8 +359,9 @@ def ablate_bias(
 
     Columns: layer, head (None where the variant spans several), kind, scope (head | layer |
     all | custom), method, estimate, metric, baseline, ablated, delta (= ablated - baseline),
-    delta_se (its standard error over batches; exact rows, NaN with one batch), kl (exact runs
-    on models with logits; NaN otherwise), n_targets, identity. ``metric`` is
+    delta_se (its standard error over items, each a cluster of its tokens; exact rows, NaN with one
+    item), kl (exact runs on models with logits; NaN otherwise), n_targets, identity, below_rounding
+    (float16/bfloat16: |delta| < eps(dtype) x |baseline|). ``metric`` is
     "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine,
     feature_cosine, or a callable ``f(output, batch) -> scalar tensor``. ``estimate``: see
     the module doc; "auto" estimates every variant in one pass, then runs the ``top_k`` per

@@ -12,7 +12,13 @@ Mean attention distance (ViT paper): sum_j A_ij ||p_i - p_j|| over patch keys j,
 patch-centre coordinates in pixels, averaged over query patches and images (CLS row and
 column dropped, weights not renormalised). LMs: sum_j A_ij |i - j| in tokens over
 non-padding queries. Entropy: -sum_j A_ij log A_ij, averaged over queries. Sink mass:
-attention on the prefix tokens (CLS) for ViTs, on the first token for LMs.
+attention on the prefix tokens (CLS) for ViTs, on the first real token for LMs.
+
+Weighting (the same for every batching of the same items): distances, entropies and sink
+masses are means over query rows, each real token or patch counting once; a text spectrum
+is taken per sequence over its real tokens only (padding never enters an FFT) and spectra
+of different lengths or grids are combined with each sequence or image counting once
+(``combine_spectra``).
 """
 
 from __future__ import annotations
@@ -64,21 +70,45 @@ def head_spectrum(z: Tensor, grid: Optional[tuple[int, int]]) -> Tensor:
     return amp.mean(dim=(0, 2))
 
 
-def bin_spectrum(spec: Tensor, n_bins: int = N_BINS) -> tuple[Tensor, Tensor]:
-    """Binned log-amplitude relative to DC [head, n_bins] and hf_ratio [head] of a spectrum."""
+def _spectrum_parts(spec: Tensor, n_bins: int = N_BINS) -> dict[str, Tensor]:
+    """Of a mean amplitude spectrum [head, *freq]: mean amplitude per radial bin [head, n_bins] (NaN where a
+    bin has no cell), DC amplitude, energy (amplitude^2) above Nyquist/2 and in total (DC included) [head]."""
     idx, r = radial_bins(spec.shape[1:], n_bins)
     flat, fidx, fr = spec.flatten(1), idx.flatten(), r.flatten()
-    dc = flat[:, fidx == -1][:, 0].clamp(min=1e-300)
-    bins = torch.full((spec.shape[0], n_bins), float("nan"), dtype=torch.float64)
+    amp = torch.full((spec.shape[0], n_bins), float("nan"), dtype=torch.float64)
     for i in range(n_bins):
         cells = fidx == i
         if cells.any():
-            bins[:, i] = torch.log(flat[:, cells].mean(1).clamp(min=1e-300)) - torch.log(dc)
-    energy = flat**2
-    inside = fidx < n_bins
-    total = energy[:, inside].sum(1).clamp(min=1e-300)
-    hf = energy[:, (fr > 0.25) & inside].sum(1) / total
-    return bins, hf
+            amp[:, i] = flat[:, cells].mean(1)
+    energy, inside = flat**2, fidx < n_bins
+    return dict(amp=amp, dc=flat[:, fidx == -1][:, 0], e_hf=energy[:, (fr > 0.25) & inside].sum(1),
+                e_total=energy[:, inside].sum(1))
+
+
+def _bins_and_ratio(parts: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """bin_i = log(mean amplitude in bin i) - log(DC amplitude); hf_ratio = high-frequency energy / total."""
+    bins = torch.log(parts["amp"].clamp(min=1e-300)) - torch.log(parts["dc"].clamp(min=1e-300))[:, None]
+    return bins, parts["e_hf"] / parts["e_total"].clamp(min=1e-300)
+
+
+def bin_spectrum(spec: Tensor, n_bins: int = N_BINS) -> tuple[Tensor, Tensor]:
+    """Binned log-amplitude relative to DC [head, n_bins] and hf_ratio [head] of a spectrum."""
+    return _bins_and_ratio(_spectrum_parts(spec, n_bins))
+
+
+def combine_spectra(spectra: dict[tuple, tuple[Tensor, int]], n_bins: int = N_BINS) -> tuple[Tensor, Tensor]:
+    """Bins and hf_ratio of spectra of several shapes (sequence lengths, patch grids).
+
+    ``spectra``: shape -> (sum over items of their amplitude spectra, number of items). Each item
+    counts once: per-bin amplitudes, DC amplitudes and energies of each shape's mean spectrum are
+    averaged with the shapes' item counts as weights. With one shape this is ``bin_spectrum`` of
+    the mean spectrum; it does not depend on how the items were batched.
+    """
+    parts = {shape: _spectrum_parts(total / n, n_bins) for shape, (total, n) in spectra.items()}
+    counts = {shape: n for shape, (_, n) in spectra.items()}
+    n_all = sum(counts.values())
+    mean = {key: sum(counts[s] * p[key] for s, p in parts.items()) / n_all for key in ("amp", "dc", "e_hf", "e_total")}
+    return _bins_and_ratio(mean)
 
 
 def _pixel_distances(grid: tuple[int, int], patch: int) -> Tensor:
@@ -88,36 +118,62 @@ def _pixel_distances(grid: tuple[int, int], patch: int) -> Tensor:
 
 
 def _vision_terms(info: ModelInfo, z: Tensor, pat: Tensor, image_hw: tuple[int, int]) -> dict[str, Any]:
-    """Per-head sums over the batch: spectrum, pixel distance, sink mass, entropy (ViT)."""
+    """Per-head sums over the batch's query rows: spectrum, pixel distance, sink mass, entropy (ViT)."""
     n_pre, ps, b = info.n_prefix_tokens, info.patch_size, z.shape[0]
     grid = (image_hw[0] // ps, image_hw[1] // ps)
     pp = pat[:, :, n_pre:, n_pre:]
     return dict(
-        spec=head_spectrum(z[:, n_pre:], grid) * b, n_spec=b, n=float(b),
-        dist=(pp * _pixel_distances(grid, ps).to(pp.device)).sum(-1).mean(-1).sum(0),
-        sink=pat[:, :, n_pre:, :n_pre].sum(-1).mean(-1).sum(0),
-        ent=-(pat * pat.clamp(min=1e-300).log()).sum(-1).mean(-1).sum(0),
+        spectra={grid: (head_spectrum(z[:, n_pre:], grid) * b, b)},
+        n_query=float(b * pp.shape[2]), n_rows=float(b * pat.shape[2]),
+        dist=(pp * _pixel_distances(grid, ps).to(pp.device)).sum((-1, -2)).sum(0),
+        sink=pat[:, :, n_pre:, :n_pre].sum((-1, -2)).sum(0),
+        ent=-(pat * pat.clamp(min=1e-300).log()).sum((-1, -2)).sum(0),
     )
+
+
+def _sequence_spectra(z: Tensor, mask: Tensor) -> dict[tuple, tuple[Tensor, int]]:
+    """length -> (sum of amplitude spectra, count) of each sequence over its real tokens only (no padding)."""
+    out: dict[tuple, tuple[Tensor, int]] = {}
+    for row, keep in zip(z, mask):
+        real = row[keep]  # [real_pos, head, d_head]
+        if real.shape[0] == 0:
+            continue
+        key = (real.shape[0],)
+        total, n = out.get(key, (0, 0))
+        out[key] = (total + head_spectrum(real[None], None), n + 1)
+    return out
 
 
 def _text_terms(z: Tensor, pat: Tensor, attention_mask: Optional[Tensor]) -> dict[str, Any]:
-    """Per-head sums over the batch: spectrum (unpadded rows), token distance, first-token mass, entropy."""
+    """Per-head sums over real query tokens: spectrum (per sequence, padding cut), token distance,
+    first-token mass, entropy."""
     mask = attention_mask.to(z.device).bool() if attention_mask is not None else \
         torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
-    full = mask.all(-1)
-    zz = z[full] if full.any() else z * mask[..., None, None]
+    if not bool(mask.any()):
+        raise InputError("no real tokens in a batch: its attention mask is all 0")
     pos = torch.arange(z.shape[1], device=z.device)
     d = (pos[:, None] - pos[None, :]).abs().double()
     qmask = mask[:, None, :].double()  # [batch, 1, query_pos]
-    if not bool(qmask.any()):
-        raise InputError("no real tokens in a batch: its attention mask is all 0")
-    scale = z.shape[0] / qmask.sum()
+    first = mask.double().argmax(-1)  # each sequence's first real token (left padding)
+    first_mass = pat.gather(-1, first[:, None, None, None].expand(*pat.shape[:3], 1))[..., 0]
+    n_tok = float(mask.sum())
     return dict(
-        spec=head_spectrum(zz, None) * zz.shape[0], n_spec=zz.shape[0], n=float(z.shape[0]),
-        dist=((pat * d).sum(-1) * qmask).sum((0, 2)) * scale,
-        sink=(pat[..., 0] * qmask).sum((0, 2)) * scale,
-        ent=(-(pat * pat.clamp(min=1e-300).log()).sum(-1) * qmask).sum((0, 2)) * scale,
+        spectra=_sequence_spectra(z, mask), n_query=n_tok, n_rows=n_tok,
+        dist=((pat * d).sum(-1) * qmask).sum((0, 2)),
+        sink=(first_mass * qmask).sum((0, 2)),
+        ent=(-(pat * pat.clamp(min=1e-300).log()).sum(-1) * qmask).sum((0, 2)),
     )
+
+
+def _add_terms(acc: dict[str, Any], terms: dict[str, Any]) -> None:
+    for key, val in terms.items():
+        if key == "spectra":
+            spectra = acc.setdefault("spectra", {})
+            for shape, (total, n) in val.items():
+                old_total, old_n = spectra.get(shape, (0, 0))
+                spectra[shape] = (old_total + total.cpu(), old_n + n)
+        else:
+            acc[key] = acc.get(key, 0) + (val.cpu() if isinstance(val, Tensor) else val)
 
 
 def _accumulate(model: InterpBridge, batch: Batch, layers: Sequence[int], hooks: list,
@@ -136,8 +192,7 @@ def _accumulate(model: InterpBridge, batch: Batch, layers: Sequence[int], hooks:
             terms = _vision_terms(info, z, pat, (x.shape[2], x.shape[3]))
         else:
             terms = _text_terms(z, pat, batch.attention_mask)
-        for key, val in terms.items():
-            acc[l][key] = acc[l].get(key, 0) + (val.cpu() if isinstance(val, Tensor) else val)
+        _add_terms(acc[l], terms)
 
 
 def _profile_batches(model: InterpBridge, batches: list, layers: Sequence[int], hooks_for_layer=None,
@@ -151,11 +206,11 @@ def _profile_batches(model: InterpBridge, batches: list, layers: Sequence[int], 
     rows = []
     for l in layers:
         a = acc[l]
-        bins, hf = bin_spectrum(a["spec"] / a["n_spec"])
+        bins, hf = combine_spectra(a["spectra"])
         for h in range(info.n_heads):
             row = dict(layer=l, head=h, hf_ratio=float(hf[h]),
-                       mean_attention_distance=float(a["dist"][h] / a["n"]),
-                       entropy=float(a["ent"][h] / a["n"]), sink_mass=float(a["sink"][h] / a["n"]),
+                       mean_attention_distance=float(a["dist"][h] / a["n_query"]),
+                       entropy=float(a["ent"][h] / a["n_rows"]), sink_mass=float(a["sink"][h] / a["n_query"]),
                        distance_unit="pixels" if info.modality == "vision" else "tokens")
             row.update({f"bin_{i}": float(bins[h, i]) for i in range(bins.shape[1])})
             rows.append(row)

@@ -90,6 +90,7 @@ class InterpBridge(TransformerBridge):
 
     def forward(self, input: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
         info = self.interp
+        refuse_active_dropout(self.hf_model)
         pixel_values = kwargs.get("pixel_values")
         check = not checked_on_host()  # record and the sweeps check each batch on the host once
         if info.modality == "vision":
@@ -156,6 +157,34 @@ def _out_features(module: nn.Module) -> int:
     return int(weight.shape[1] if type(module).__name__ == "Conv1D" else weight.shape[0])
 
 
+DROPOUT_FIELDS = ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop", "attn_drop_rate", "attn_drop")
+
+
+def active_dropout(hf_model: nn.Module) -> str:
+    """What would make a forward of ``hf_model`` random ("" when nothing): a dropout module with p > 0,
+    or an attention-probability dropout rate in the config, in a module left in training mode."""
+    for name, module in hf_model.named_modules():
+        if not module.training:
+            continue
+        p = getattr(module, "p", None) if isinstance(module, nn.modules.dropout._DropoutNd) else None
+        if p:
+            return f"{name or type(module).__name__} (dropout p={p})"
+        rate = next((getattr(module, f) for f in DROPOUT_FIELDS if isinstance(getattr(module, f, None), float)), 0.0)
+        if rate:
+            return f"{name or type(module).__name__} (attention dropout {rate})"
+    config = getattr(hf_model, "config", None)
+    rate = next((getattr(config, f) for f in DROPOUT_FIELDS if isinstance(getattr(config, f, None), float)), 0.0)
+    return f"the config's attention dropout {rate}" if hf_model.training and rate else ""
+
+
+def refuse_active_dropout(hf_model: nn.Module) -> None:
+    """Refuse a forward in training mode with dropout: every number it gave would be random."""
+    active = active_dropout(hf_model)
+    if active:
+        raise InputError(f"the model is in training mode with dropout active ({active}), so every analysis would "
+                         "give random numbers: call model.eval() first (interp.load_model returns it in eval mode)")
+
+
 def require_bridge(model: Any, what: str = "this analysis") -> InterpBridge:
     """``model`` if it is an ``InterpBridge``; else one clear error naming ``interp.load_model``."""
     if isinstance(model, InterpBridge):
@@ -205,7 +234,11 @@ def _adapter(hf_model: nn.Module, info: ModelInfo) -> Any:
     try:
         adapter = ArchitectureAdapterFactory.select_architecture_adapter(cfg)
     except ValueError as exc:
-        raise UnsupportedModelError(f"unsupported architecture {info.architecture}: {exc}") from None
+        classes = [c for c in info.spec.hf_classes if c != info.architecture]
+        fix = (f": interp bridges the {info.spec.label} family through {' or '.join(classes)}; load that class "
+               f"(e.g. transformers.{classes[0]}.from_pretrained(folder); a bare body's weights load into it)"
+               if classes else "")
+        raise UnsupportedModelError(f"unsupported architecture {info.architecture} ({exc}){fix}") from None
     adapter.cfg.device = str(param.device)
     return adapter
 

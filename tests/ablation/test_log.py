@@ -101,3 +101,69 @@ def test_ids_and_mask_as_one_pair_are_one_batch(models):
     explicit = interp.record_qkv(a, [{"input_ids": ids, "attention_mask": mask}], progress=False)
     assert pair.count(0) == explicit.count(0) == 2 * 8 - 3
     assert torch.equal(pair.mean(0, "q"), explicit.mean(0, "q"))
+
+
+def _metric_for_token(token):
+    def metric(out, batch):  # a closure: its code is the same for every token
+        return out[..., token].float().mean()
+    return metric
+
+
+def _logit_of(out, batch, token):
+    return out[..., token].float().mean()
+
+
+def test_closure_metrics_capturing_different_values_do_not_collide(models, tmp_path):
+    a, _ = models
+    ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False)
+    with pytest.raises(StaleResultsError, match="metric:"):
+        ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(7), out=tmp_path, progress=False)
+    resumed = ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False)
+    assert len(resumed) == 8  # the same closure value resumes
+
+
+def test_partial_metrics_with_different_arguments_do_not_collide(models, tmp_path):
+    import functools
+    a, _ = models
+    ablate_bias(a, data(), kinds=("q",), metric=functools.partial(_logit_of, token=5), out=tmp_path, progress=False)
+    with pytest.raises(StaleResultsError, match="metric:"):
+        ablate_bias(a, data(), kinds=("q",), metric=functools.partial(_logit_of, token=7), out=tmp_path,
+                    progress=False)
+
+
+def test_a_metric_capturing_an_unhashable_object_never_resumes(models, tmp_path):
+    a, _ = models
+    holder = type("Holder", (), {})()
+    holder.token = 5
+    metric = lambda out, batch: out[..., holder.token].float().mean()  # noqa: E731
+    ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False)
+    with pytest.raises(StaleResultsError, match="cannot hash"):
+        ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False)
+
+
+def test_weights_changed_in_place_are_noticed(tmp_path):
+    model = interp.load_model(tiny_hf_model("gpt2", seed=0), device="cpu")
+    before = ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False)
+    stats = interp.record_qkv(model, data(), progress=False)
+    with torch.no_grad():  # a fine-tuning step in a notebook: the weights change in place
+        model.hf_model.transformer.h[0].attn.c_attn.weight.mul_(1.5)
+    with pytest.raises(StaleResultsError, match="model:"):
+        ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False)
+    with pytest.raises(interp.InterpError, match="record them on this model"):
+        interp.origin_shift(model, stats)
+    after = ablate_bias(model, data(), kinds=("q",), progress=False)
+    assert after.model_fingerprint.iloc[0] != before.model_fingerprint.iloc[0]
+    assert after.baseline.iloc[0] != before.baseline.iloc[0]
+
+
+def test_an_optimizer_step_and_load_state_dict_are_noticed():
+    model = interp.load_model(tiny_hf_model("gpt2", seed=0), device="cpu")
+    first = interp.fingerprint.model_fingerprint(model)
+    assert interp.fingerprint.model_fingerprint(model) == first  # cached while nothing moved
+    saved = {k: v.clone() for k, v in model.hf_model.state_dict().items()}
+    opt = torch.optim.SGD(model.hf_model.parameters(), lr=0.1)
+    model.hf_model.transformer.h[0].attn.c_attn.bias.grad = torch.ones_like(model.hf_model.transformer.h[0].attn.c_attn.bias)
+    opt.step()
+    assert interp.fingerprint.model_fingerprint(model) != first
+    model.hf_model.load_state_dict(saved)
+    assert interp.fingerprint.model_fingerprint(model) == first  # the same bytes again: the same fingerprint

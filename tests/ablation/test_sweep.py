@@ -271,13 +271,65 @@ def test_interp_ablate_under_torchrun_equals_one_process(tmp_path):
     pd.testing.assert_frame_equal(two, one, check_exact=False, rtol=1e-7, atol=1e-12)  # float32 model
 
 
-def test_delta_standard_error_equals_the_spread_of_per_batch_deltas():
+def test_delta_standard_error_equals_the_spread_of_per_item_deltas():
+    """delta_se is the standard error over items (clusters of tokens), recomputed here from one
+    sweep per sequence: d_i = delta_i n_i, se = sqrt(N/(N-1) sum (d_i - delta n_i)^2) / sum n_i."""
     model = interp.load_model(interp.tiny_hf_model("gpt2"), device="cpu")
-    data = lm_batches("gpt2")  # two batches of equal size
+    data = lm_batches("gpt2")
     kw = dict(kinds=("q",), progress=False)
     both = ablate_bias(model, data, **kw)
-    one, two = (ablate_bias(model, [b], **kw) for b in data)
-    expected = (one.delta - two.delta).abs() / 2  # weighted sd * sqrt(n / (n - 1)) / sqrt(n), n = 2
-    np.testing.assert_allclose(both.delta_se, expected, rtol=1e-9, atol=1e-15)
-    np.testing.assert_allclose(both.delta, (one.delta + two.delta) / 2, rtol=1e-9, atol=1e-15)
-    assert one.delta_se.isna().all()  # one batch: no spread to report
+    items = [x[None] for b in data for x in (b.inputs if hasattr(b, "inputs") else b)]
+    singles = [ablate_bias(model, [x], **kw) for x in items]
+    n = np.array([x.shape[1] - 1 for x in items], dtype=float)  # predicted tokens per item
+    d = np.stack([s.delta.to_numpy() for s in singles]) * n[:, None]
+    delta = d.sum(0) / n.sum()
+    se = np.sqrt(len(n) / (len(n) - 1) * ((d - delta * n[:, None]) ** 2).sum(0)) / n.sum()
+    np.testing.assert_allclose(both.delta, delta, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(both.delta_se, se, rtol=1e-4, atol=1e-9)
+    assert singles[0].delta_se.isna().all()  # one item: no spread to report
+
+
+def test_a_model_in_training_mode_with_dropout_is_refused():
+    hf = interp.tiny_hf_model("gpt2", seed=0)
+    hf.config.attn_pdrop = 0.1
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.1
+    model = interp.load_model(hf, device="cpu")
+    model.train()
+    batch = interp.tiny_inputs("gpt2", batch=2, pos=8, seed=0)
+    for call in (lambda: interp.ablate_bias(model, [batch], kinds=("q",), progress=False),
+                 lambda: interp.record_qkv(model, [batch], progress=False),
+                 lambda: interp.frequency_profile(model, [batch], progress=False)):
+        with pytest.raises(interp.InterpError, match=r"model\.eval\(\)"):
+            call()
+    model.eval()
+    a = interp.ablate_bias(model, [batch], kinds=("q",), progress=False)
+    b = interp.ablate_bias(model, [batch], kinds=("q",), progress=False)
+    assert a.delta.tolist() == b.delta.tolist()
+
+
+def test_training_mode_without_dropout_gives_the_eval_numbers():
+    hf = interp.tiny_hf_model("gpt2", seed=0)
+    hf.config.attn_pdrop = 0.0
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    model = interp.load_model(hf, device="cpu")
+    batch = interp.tiny_inputs("gpt2", batch=2, pos=8, seed=0)
+    evaluated = interp.ablate_bias(model, [batch], kinds=("q",), progress=False)
+    model.train()
+    trained = interp.ablate_bias(model, [batch], kinds=("q",), progress=False)
+    assert trained.delta.tolist() == evaluated.delta.tolist()
+
+
+def test_bfloat16_deltas_below_rounding_are_flagged():
+    model = interp.load_model(interp.tiny_hf_model("gpt2", seed=0, bias_scale=1e-4), device="cpu", dtype=torch.bfloat16)
+    batch = interp.tiny_inputs("gpt2", batch=2, pos=8, seed=0)
+    df = interp.ablate_bias(model, [batch], kinds=("q", "v"), progress=False)
+    eps = torch.finfo(torch.bfloat16).eps
+    assert (df.below_rounding == (df.delta.abs() < eps * df.baseline.abs())).all()
+    assert df.below_rounding.any()  # biases of 1e-4 change the loss by far less than bfloat16 resolves
+    full = interp.ablate_bias(interp.load_model(interp.tiny_hf_model("gpt2", seed=0, bias_scale=1e-4), device="cpu"),
+                              [batch], kinds=("q", "v"), progress=False)
+    assert not full.below_rounding.any()  # float32: no flag

@@ -1,0 +1,133 @@
+"""Batching invariance, as a property: every public analyzer gives the same numbers whether the
+same sequences arrive in one padded batch, in random padded groups, or one at a time.
+
+The weighting is the one ``docs/mathematics.md`` states: each real token (query row) counts once
+in token means, each sequence or image once in item means; padding never counts. Models run in
+float64 so that equal means equal to rounding (1e-9).
+"""
+
+import random
+
+import pandas as pd
+import pytest
+import torch
+
+import interp
+from interp.data import Batch
+
+LENGTHS = (11, 3, 7, 12, 5, 9)  # different real lengths, so that every padded batch has padding
+FAMILIES = ("gpt2", "bert", "qwen2")
+
+
+def _model(family):
+    torch.manual_seed(0)
+    hf = interp.tiny_hf_model(family, n_layers=2, n_heads=4, d_head=8, n_kv_heads=2 if family == "qwen2" else 4,
+                              seed=3).double()
+    return interp.load_model(hf)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def lm(request):
+    return _model(request.param)
+
+
+def _sequences(n_vocab=97, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, n_vocab, (n,), generator=g) for n in LENGTHS]
+
+
+def _padded(seqs):
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)], mask[row, : len(s)] = s, 1
+    return Batch(ids, mask)
+
+
+def splits(seqs, seed=1):
+    """(name, batches): one padded batch; random padded groups in a shuffled order; one at a time."""
+    rng = random.Random(seed)
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    cuts = sorted(rng.sample(range(1, len(seqs)), 2))
+    groups = [order[a:b] for a, b in zip([0] + cuts, cuts + [len(seqs)])]
+    return {
+        "one_batch": [_padded(seqs)],
+        "random_groups": [_padded([seqs[i] for i in g]) for g in groups],
+        "one_at_a_time": [Batch(s[None], torch.ones(1, len(s), dtype=torch.long)) for s in seqs],
+    }
+
+
+def _numbers(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    numeric = [c for c in df.columns if c not in keys and pd.api.types.is_float_dtype(df[c])]
+    return df.sort_values(keys).reset_index(drop=True)[keys + numeric]
+
+
+def _assert_same(frames: dict, keys: list[str], atol=1e-9, rtol=1e-7):
+    ref_name, ref = next(iter(frames.items()))
+    ref = _numbers(ref, keys)
+    for name, df in frames.items():
+        df = _numbers(df, keys)
+        pd.testing.assert_frame_equal(df, ref, check_exact=False, atol=atol, rtol=rtol,
+                                      obj=f"{name} vs {ref_name}")
+
+
+def _analyses(model, batches):
+    stats = interp.record_qkv(model, batches, progress=False)
+    return {
+        "record": stats.to_frame(),
+        "origin": interp.origin_shift(model, stats),
+        "scores": interp.score_decomposition(model, batches, progress=False),
+        "frequency": interp.frequency_profile(model, batches, progress=False),
+        "ablation_exact": interp.ablate_bias(model, batches, kinds=("q", "v"), estimate="exact", progress=False),
+    }
+
+
+KEYS = {"record": None, "origin": ["layer", "head", "kind"], "scores": ["layer", "head", "term"],
+        "frequency": ["layer", "head"], "ablation_exact": ["kind", "layer", "head", "estimate"]}
+
+
+def test_every_analyzer_is_invariant_to_batching(lm):
+    results = {name: _analyses(lm, batches) for name, batches in splits(_sequences()).items()}
+    for analysis, keys in KEYS.items():
+        frames = {split: r[analysis] for split, r in results.items()}
+        if keys is None:
+            keys = [c for c in frames["one_batch"].columns if not pd.api.types.is_float_dtype(frames["one_batch"][c])]
+        _assert_same(frames, keys)
+
+
+def test_one_pass_estimates_are_invariant_to_batching():
+    model = _model("gpt2")  # a task metric (next-token cross-entropy): AtP* and attribution
+    for estimate in ("atp", "attribution"):
+        frames = {name: interp.ablate_bias(model, b, kinds=("q",), estimate=estimate, progress=False)
+                  for name, b in splits(_sequences()).items()}
+        _assert_same(frames, ["kind", "layer", "head", "estimate"])
+
+
+def test_vision_analyzers_are_invariant_to_batching():
+    model = interp.load_model(interp.tiny_hf_model("vit", n_layers=2, n_heads=4, d_head=8, seed=2).double())
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(5, 3, 32, 32, generator=g, dtype=torch.float64)
+    ways = {"one_batch": [images], "groups": [images[:2], images[2:]], "one_at_a_time": list(images.split(1))}
+    results = {name: _analyses(model, batches) for name, batches in ways.items()}
+    for analysis, keys in KEYS.items():
+        if keys is not None:
+            _assert_same({split: r[analysis] for split, r in results.items()}, keys)
+
+
+def test_frequency_profile_takes_batches_of_different_lengths_and_ignores_padding():
+    """A text spectrum over sequences of different lengths is taken per sequence over its real tokens:
+    padding added to a batch changes nothing (it used to enter the FFT, or fail on mixed lengths)."""
+    model = _model("gpt2")
+    seqs = _sequences()[:2]
+    alone = interp.frequency_profile(model, [Batch(seqs[0][None])], progress=False)
+    padded = _padded([seqs[0], seqs[0][:4]])  # no row of full length... except the first: pad more
+    wide = Batch(torch.cat([padded.inputs, torch.zeros(2, 5, dtype=torch.long)], 1),
+                 torch.cat([padded.attention_mask, torch.zeros(2, 5, dtype=torch.long)], 1))
+    two = interp.frequency_profile(model, [wide], progress=False)
+    short = interp.frequency_profile(model, [Batch(seqs[0][None, :4])], progress=False)
+    # both sequences count once: the spectra of length 11 and 4 averaged, as two separate batches give
+    separate = interp.frequency_profile(model, [Batch(seqs[0][None]), Batch(seqs[0][None, :4])], progress=False)
+    _assert_same({"padded": two, "separate": separate}, ["layer", "head"])
+    assert not alone.hf_ratio.equals(short.hf_ratio)  # the lengths do differ: the check above is not vacuous
