@@ -22,6 +22,8 @@ Shape glossary (TransformerLens' axis names, used in the jaxtyping annotations):
 Importing interp has no side effects (no backend switches, no downloads).
 """
 
+import inspect as _inspect
+
 from interp import errors, plots
 from interp._version import __version__
 from interp.ablation import ablate_bias
@@ -39,6 +41,7 @@ from interp.analysis import (
 )
 from interp.data import Batch, builtin_batches, iter_batches
 from interp.errors import InterpError
+from interp.errors import public as _public
 from interp.heads import attention_weights, bias_spec, kv_group
 from interp.models import (
     Family,
@@ -65,3 +68,9 @@ __all__ = [
     "origin_shift", "plots", "QKVStats", "record_qkv", "require_bridge", "resolve_data", "score_decomposition",
     "sink_profile", "sink_shares", "tiny_hf_model", "tiny_inputs",
 ]
+
+# The public API's last line of defence: every function above checks its inputs with one clear
+# error; what such a check misses leaves as interp.errors.InternalError (a bug to report), never raw.
+for _name in __all__:
+    if _inspect.isfunction(globals()[_name]):
+        globals()[_name] = _public(globals()[_name])

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from typing import Any, Callable
+
 
 class InterpError(Exception):
     """Base class for every error this library raises on purpose."""
@@ -37,3 +41,57 @@ class RegistryError(InterpError, ValueError):
 
 class StaleResultsError(InterpError, ValueError):
     """A results folder holds results of another model, data or settings than this run's."""
+
+
+class InternalError(InterpError, RuntimeError):
+    """An unexpected failure inside interp: a bug to report (raised only by ``public``, the last line of
+    defence, when no specific check caught the problem first)."""
+
+
+_PASS_THROUGH = ("MemoryError", "OutOfMemoryError")  # resources, not bugs: they leave unchanged
+
+
+def _describe(value: Any) -> str:
+    """A short, safe description of an argument for an error message."""
+    info = getattr(value, "interp", None)
+    if getattr(info, "name", None) is not None:
+        return f"model {info.name!r}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{type(value).__name__} {value.dtype} {tuple(value.shape)}"
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    if isinstance(value, (list, tuple, dict)):
+        return f"{type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
+def public(func: Callable) -> Callable:
+    """Guard a public function: arguments that do not fit its signature are an ``InputError``
+    naming its parameters, and any exception outside ``InterpError`` (KeyboardInterrupt, SystemExit,
+    MemoryError and CUDA out-of-memory excepted) leaves as ``InternalError``, saying what failed, on
+    which input, and that it is a bug to report (the original exception is its ``__cause__``).
+    Specific, clear errors are raised by the checks inside; this only catches what they missed."""
+    sig = inspect.signature(func)
+
+    @functools.wraps(func)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InputError(f"{func.__qualname__}(): {exc}; its parameters are {sig}") from None
+        try:
+            return func(*args, **kwargs)
+        except InterpError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, Warning) or any(c.__name__ in _PASS_THROUGH for c in type(exc).__mro__):
+                raise
+            on = ", ".join(f"{k}={_describe(v)}" for k, v in bound.arguments.items())
+            raise InternalError(
+                f"{func.__qualname__} failed unexpectedly on ({on}): {type(exc).__name__}: {exc}. This is a bug in "
+                "interp (an input it should have checked, or an internal error): please report it with this "
+                "message; the original traceback is this error's __cause__ (--debug on the command line)") from exc
+
+    guarded.__interp_public__ = True  # type: ignore[attr-defined]
+    return guarded

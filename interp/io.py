@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Iterator, Union
 
 import pandas as pd
+from safetensors import SafetensorError
 
 from interp.errors import InterpError
 
@@ -20,9 +22,27 @@ class OutputError(InterpError, OSError):
     """An output file or folder could not be written (read-only path, full disk, ...)."""
 
 
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def _fix(path: Path, exc: BaseException) -> str:
+    """What to do about a failed write into ``path``'s folder."""
+    text = f"{_why(exc)} {exc}".lower()
+    if getattr(exc, "errno", None) == errno.ENOSPC or "no space" in text or "storagefull" in text:
+        return f"the disk holding {path.parent} is full: free space there or choose another output folder"
+    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS) or "permission" in text:
+        return f"{path.parent} is not writable: choose another output folder"
+    return f"check that {path.parent} is a writable folder with free space, or choose another output folder"
+
+
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it over ``path`` only on success."""
+    """Yield a temporary path beside ``path``; rename it over ``path`` only on success.
+
+    Any failure to write (a full disk, a read-only folder; ``OSError`` or safetensors'
+    ``SafetensorError``) raises ``OutputError`` naming the folder and the fix, and leaves
+    nothing partial behind."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -31,20 +51,20 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
             stale.unlink(missing_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise OutputError(f"cannot write to output folder {path.parent}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write to output folder {path.parent}: {_why(exc)} ({_fix(path, exc)})") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         try:
             yield tmp_path
-        except OSError as exc:
-            raise OutputError(f"writing {path} failed ({exc.strerror or exc}); nothing was written") from None
-        with open(tmp_path, "rb") as fh:
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode
-        os.replace(tmp_path, path)
+            with open(tmp_path, "rb") as fh:
+                os.fsync(fh.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode
+            os.replace(tmp_path, path)
+        except (OSError, SafetensorError) as exc:
+            raise OutputError(f"writing {path} failed ({_why(exc)}); nothing was written: {_fix(path, exc)}") from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

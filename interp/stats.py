@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -27,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from interp.errors import ActivationError, InputError, InterpError
+from interp.errors import ActivationError, InputError, InterpError, public
 from interp.fingerprint import combine, model_fingerprint
 from interp.io import atomic_path
 from interp.models.bridge import InterpBridge
@@ -121,7 +122,7 @@ class QKVStats:
         key = (layer, kind)
         if key not in self.moments:
             raise InputError(
-                f"no statistics for layer {layer}, kind {kind!r}: recorded layers "
+                f"no statistics for layer {layer!r}, kind {kind!r}: recorded layers "
                 f"{self.layers}, kinds {self.kinds}"
             )
         return key
@@ -156,7 +157,7 @@ class QKVStats:
     def input_mean(self, layer: int) -> Float[Tensor, " d_model"]:
         """E[x], the mean attention input (the residual after the layer norm)."""
         if layer not in self.input_moments:
-            raise InputError(f"no statistics for layer {layer}; recorded layers {self.layers}")
+            raise InputError(f"no statistics for layer {layer!r}; recorded layers {self.layers}")
         return self.input_moments[layer].mean[0].clone()
 
     # ----- combining -----------------------------------------------------------------
@@ -303,17 +304,23 @@ class QKVStats:
         return path
 
     @classmethod
+    @public
     def load(cls, path: str | Path, device: Any = "cpu") -> "QKVStats":
         """Read statistics written by ``save`` (safetensors only: no pickle)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError(f"QKVStats.load takes the path of a file stats.save wrote; got {type(path).__name__}")
         path = Path(path)
-        if not path.exists():
-            raise InterpError(f"no statistics file at {path}")
+        if not path.is_file():
+            raise InterpError(f"no statistics file at {path}" + (" (a folder)" if path.is_dir() else ""))
         try:
             with safe_open(str(path), framework="pt") as fh:
                 meta = json.loads((fh.metadata() or {})["interp"])
             tensors = load_file(str(path))
         except Exception as exc:
             raise InterpError(f"{path} is not a readable interp statistics file ({exc})") from None
+        _check_meta(meta, path)
+        _check_shapes(meta, tensors)
+        _check_values(tensors, path)
         return cls._from_state({"meta": meta, "tensors": tensors}, device)
 
     def check_finite(self) -> None:
@@ -353,6 +360,41 @@ def _check_shapes(meta: dict, t: dict[str, Tensor]) -> None:
         if tuple(t[name].shape) != shape:
             raise InterpError(f"statistics file tensor {name!r} has shape {tuple(t[name].shape)}, expected {shape}: "
                               "the file is damaged")
+
+
+META_FIELDS = {"format": int, "model_name": str, "n_layers": int, "layers": list, "kinds": list, "heads": dict,
+               "d_head": int, "d_model": int}
+
+
+def _check_meta(meta: Any, path: Path) -> None:
+    """The metadata a statistics file must carry, with the types ``save`` gives them."""
+    if not isinstance(meta, dict):
+        raise InterpError(f"{path}: its interp metadata is not a JSON object: the file is damaged; record again")
+    if meta.get("format") not in READABLE_FORMATS:
+        raise InterpError(f"statistics file format {meta.get('format')} is not {STATS_FORMAT}: "
+                          "re-record with this version of interp")
+    bad = [k for k, t in META_FIELDS.items() if not isinstance(meta.get(k), t) or isinstance(meta.get(k), bool)]
+    if bad:
+        raise InterpError(f"{path}: metadata field(s) {', '.join(bad)} missing or of the wrong type: the file is "
+                          "damaged or not written by QKVStats.save; record again")
+    if (not all(isinstance(x, int) and 0 <= x < meta["n_layers"] for x in meta["layers"])
+            or not set(meta["kinds"]) <= set(QKV) or not set(meta["kinds"]) <= set(meta["heads"])):
+        raise InterpError(f"{path}: metadata layers {meta['layers']} / kinds {meta['kinds']} / heads {meta['heads']} "
+                          "do not fit together: the file is damaged; record again")
+
+
+def _check_values(t: dict[str, Tensor], path: Path) -> None:
+    """Counts positive, finite and equal within a layer; means and co-moments finite."""
+    for name, value in t.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise InterpError(f"{path}: tensor {name!r} holds NaN or inf: the file is damaged; record again")
+    layers = {name.split(".")[0] for name in t if name.endswith(".count")}
+    for layer in sorted(layers):
+        counts = {name: float(v.reshape(-1)[0]) for name, v in t.items() if name.startswith(f"{layer}.")
+                  and name.endswith(".count")}
+        if any(c <= 0 or c != int(c) for c in counts.values()) or len(set(counts.values())) > 1:
+            raise InterpError(f"{path}: counts of {layer} are {counts}: each must be the same positive whole "
+                              "number of positions; the file is damaged; record again")
 
 
 def require_stats(stats: object) -> QKVStats:
