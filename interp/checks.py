@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextvars
+import operator
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -50,6 +51,12 @@ def check_pixel_values(x: Any, info: ModelInfo) -> None:
     p = info.patch_size or 1
     if x.shape[2] % p or x.shape[3] % p:
         raise InputError(f"{info.name}: image size {tuple(x.shape[2:])} is not a multiple of the patch size {p}")
+    size = info.image_size
+    if size is not None and tuple(x.shape[2:]) != (size, size) and not info.spec.any_image_size:
+        raise InputError(
+            f"{info.name} takes {size} x {size} images (its position embeddings are fixed), got "
+            f"{x.shape[2]} x {x.shape[3]}: resize the pixels first, or pass images as files, PIL images or "
+            f"uint8 arrays, which interp resizes to {size} px (interp.resolve_data)")
 
 
 def check_token_ids(x: Any, info: ModelInfo) -> None:
@@ -102,6 +109,8 @@ def check_kinds(kinds: Any, allowed: tuple[str, ...] = QKV) -> list[str]:
     """``kinds`` as a list of distinct names among ``allowed``."""
     if isinstance(kinds, str):
         kinds = [kinds]
+    if not isinstance(kinds, (list, tuple, set, frozenset)):
+        raise InputError(f"kinds must be a non-empty subset of {', '.join(allowed)} (a list or tuple); got {kinds!r}")
     kinds = list(kinds)
     bad = [k for k in kinds if k not in allowed]
     if bad or not kinds:
@@ -112,7 +121,20 @@ def check_kinds(kinds: Any, allowed: tuple[str, ...] = QKV) -> list[str]:
 
 
 def check_layers(layers: Any, info: ModelInfo) -> list[int]:
-    layers = list(range(info.n_layers)) if layers is None else sorted({int(layer) for layer in layers})
+    """None (every layer), one layer index, or a collection of them, each in range."""
+    if layers is None:
+        return list(range(info.n_layers))
+    bad = InputError(f"layers must be None (all), a layer index or a list of them in 0..{info.n_layers - 1}; "
+                     f"got {layers!r}")
+    if isinstance(layers, (str, bytes, bool, float)):
+        raise bad
+    try:
+        items = [layers] if not isinstance(layers, Iterable) else list(layers)
+        if any(isinstance(layer, bool) for layer in items):
+            raise TypeError
+        layers = sorted({operator.index(layer) for layer in items})
+    except TypeError:
+        raise bad from None
     if any(not 0 <= layer < info.n_layers for layer in layers):
         raise InputError(f"layers must lie in 0..{info.n_layers - 1}; got {layers}")
     return layers
@@ -130,3 +152,25 @@ def check_max_batches(max_batches: Any) -> Optional[int]:
     if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
         raise InputError(f"max_batches must be a positive integer or None (all batches); got {max_batches!r}")
     return max_batches
+
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def check_dtype(dtype: Any) -> Optional[torch.dtype]:
+    """None (keep the model's) or a floating dtype a model can run in."""
+    if dtype is None:
+        return None
+    if not isinstance(dtype, torch.dtype):
+        raise InputError(f"dtype must be a torch.dtype such as torch.float64, got {dtype!r}")
+    if dtype not in FLOAT_DTYPES:
+        raise InputError(f"dtype must be one of torch.float32, torch.float64, torch.float16, torch.bfloat16; got "
+                         f"{dtype} (integer / quantised weights cannot run the analyses: load in floating point)")
+    return dtype
+
+
+def check_count(name: str, value: Any, minimum: int = 1) -> int:
+    """An integer option (not a bool, not a float) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"{name} must be an integer >= {minimum}; got {value!r}")
+    return value

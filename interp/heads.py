@@ -21,7 +21,7 @@ from einops import einsum, rearrange
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from interp.checks import check_kind
+from interp.checks import check_dtype, check_kind
 from interp.errors import InputError, UnsupportedModelError
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.types import KINDS
@@ -52,12 +52,18 @@ class AttentionWeights:
 
 def kv_group(n_heads: int, n_kv_heads: int) -> list[int]:
     """The kv head each query head reads under grouped-query attention."""
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (n_heads, n_kv_heads)) \
+            or n_heads % n_kv_heads:
+        shown = [repr(n) if isinstance(n, int) else type(n).__name__ for n in (n_heads, n_kv_heads)]
+        raise InputError(f"kv_group takes two head counts, n_heads a multiple of n_kv_heads (both >= 1); got "
+                         f"{', '.join(shown)}")
     return [h // (n_heads // n_kv_heads) for h in range(n_heads)]
 
 
 def _projection(model: InterpBridge, layer: int, kind: str) -> nn.Module:
-    if not 0 <= layer < model.interp.n_layers:
-        raise InputError(f"layer {layer} out of range: {model.interp.name} has {model.interp.n_layers} layers")
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < model.interp.n_layers:
+        raise InputError(f"layer {layer!r} out of range: {model.interp.name} has {model.interp.n_layers} layers "
+                         f"(an integer in 0..{model.interp.n_layers - 1})")
     return getattr(model.blocks[layer].attn, kind).original_component
 
 
@@ -82,6 +88,7 @@ def bias_present(model: InterpBridge, layer: int) -> dict[str, bool]:
 def attention_weights(model: InterpBridge, layer: int, dtype: torch.dtype | None = None) -> AttentionWeights:
     """The raw (unfolded) per-head weights and biases of one attention layer."""
     info = require_bridge(model, "attention_weights").interp
+    check_dtype(dtype)
     out: dict[str, Tensor] = {}
     present: dict[str, bool] = {}
     for kind in ("q", "k", "v"):

@@ -65,6 +65,7 @@ class Family:
     source: str = "transformers"  # the library whose model classes the family covers (timm, open_clip)
     describe: Optional[Callable[[nn.Module], Any]] = None  # non-HF model -> an HF config of its sizes
     note: str = ""
+    any_image_size: bool = False  # vision: the model itself adapts its positions to any multiple of the patch size
 
     @property
     def rotary(self) -> bool:
@@ -217,17 +218,18 @@ register_family(Family("deit", "DeiT", ("deit",), ("DeiTModel", "DeiTForImageCla
                        **_ALL, **_VISION))
 register_family(Family("dinov2", "DINOv2", ("dinov2",), ("Dinov2Model", "Dinov2ForImageClassification"),
                        positions="learned", prefix_tokens=1, tiny=builders.dinov2, adapter=Dinov2ArchitectureAdapter,
-                       note="layer-scale", **_ALL, **_VISION))
+                       note="layer-scale", any_image_size=True, **_ALL, **_VISION))
 register_family(Family(
     "dinov2-registers", "DINOv2 with registers", ("dinov2_with_registers",),
     ("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification"), positions="learned", prefix_tokens=1,
     prefix_tokens_field="num_register_tokens", tiny=builders.dinov2_registers,
-    adapter=Dinov2RegistersArchitectureAdapter, note="CLS + register tokens; layer-scale", **_ALL, **_VISION))
+    adapter=Dinov2RegistersArchitectureAdapter, note="CLS + register tokens; layer-scale", any_image_size=True,
+    **_ALL, **_VISION))
 register_family(Family("beit", "BEiT", ("beit",), ("BeitModel", "BeitForImageClassification"),
                        positions="relative", default_biases="qvo", bias="q, v, o (no k bias)", prefix_tokens=1,
                        softmax_float32=True, tiny=builders.beit, adapter=BeitArchitectureAdapter,
                        extra_score_term="the relative position bias", note="relative position bias, layer-scale",
-                       **_VISION))
+                       any_image_size=True, **_VISION))
 register_family(Family(
     "clip-vision", "CLIP vision tower", ("clip_vision_model",), ("CLIPVisionModel",), positions="learned",
     prefix_tokens=1, softmax_float32=True, tiny=builders.clip_vision, adapter=ClipVisionArchitectureAdapter,

@@ -164,6 +164,17 @@ def _first(cfg: Any, *names: str) -> Any:
     return None
 
 
+def _max_positions(hf_model: nn.Module, cfg: Any) -> Optional[int]:
+    """The longest sequence the model can embed. A position table with a padding index (RoBERTa and
+    its kin) numbers positions from padding_idx + 1, so it holds padding_idx + 1 fewer."""
+    n = _first(cfg, "max_position_embeddings", "n_positions")
+    for name, module in hf_model.named_modules():
+        if (name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(module, nn.Embedding)
+                and module.padding_idx is not None):
+            return min(int(n or module.num_embeddings), module.num_embeddings) - module.padding_idx - 1
+    return None if n is None else int(n)
+
+
 def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool = False) -> ModelInfo:
     """Read sizes from the HF config; family facts from the registry."""
     cfg = hf_model.config
@@ -183,7 +194,7 @@ def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool
         registers = int(getattr(cfg, family.prefix_tokens_field, 0) or 0) if family.prefix_tokens_field else 0
         info.n_prefix_tokens = family.prefix_tokens + registers
     else:
-        info.max_positions = _first(cfg, "max_position_embeddings", "n_positions")
+        info.max_positions = _max_positions(hf_model, cfg)
         info.vocab_size = _first(cfg, "vocab_size")
     if random_head:
         info.notes.append("task head freshly initialised: read hidden states, not logits")
