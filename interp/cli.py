@@ -233,7 +233,7 @@ def _cmd_analysis(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device)
     out = Path(args.out or f"out/{args.command}")
-    ctx = make_context(model, args.data, args.quick, out)
+    ctx = make_context(model, args.data, args.quick, out, data_options=_data_options(args))
     begin_outputs(out)
     for section in run_steps(ctx, ANALYSES[args.command][0]):
         write_section(section, out)
@@ -248,8 +248,34 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from interp.demo import run_demo
 
     run_demo(model=args.model, data=args.data, out=Path(args.out), quick=args.quick,
-             ablation_estimate=args.ablation_estimate, top_k=args.top_k)
+             ablation_estimate=args.ablation_estimate, top_k=args.top_k, data_options=_data_options(args))
     return 0
+
+
+def _data_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The data flags a command was given (unset ones left out: the command's defaults apply)."""
+    names = ("text_column", "image_column", "batch_size", "seq_len", "max_items", "max_tokens", "normalize", "strict")
+    given = {n: getattr(args, n) for n in names if getattr(args, n, None) not in (None, False)}
+    if given.get("normalize") == "model":
+        del given["normalize"]
+    return given
+
+
+# integer flags, checked before a command does anything (the name its error uses, the least value)
+COUNTS = {"batch_size": 1, "seq_len": 1, "max_items": 1, "max_tokens": 1, "top_k": 0}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option's value, before the first step runs (a bad one never waits behind a long step)."""
+    from interp.checks import check_count, check_kinds, check_max_batches
+
+    for name, least in COUNTS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            check_count(name, value, minimum=least)
+    check_max_batches(getattr(args, "max_batches", None))
+    if getattr(args, "kinds", None) is not None:
+        check_kinds([k.strip() for k in args.kinds.split(",") if k.strip()])
 
 
 DATA_HELP = ("a built-in data set (photos, digits, python-docs); a folder of images (PNG/JPEG/WebP, recursive, "
@@ -257,10 +283,10 @@ DATA_HELP = ("a built-in data set (photos, digits, python-docs); a folder of ima
              ".jsonl/.csv/.parquet table (--text-column, or --image-column of image paths)")
 
 
-def _add_data_options(p: argparse.ArgumentParser) -> None:
+def _add_data_options(p: argparse.ArgumentParser, batch_size: int = 8) -> None:
     p.add_argument("--text-column", default=None, help="table column holding text (default: text)")
     p.add_argument("--image-column", default=None, help="table column holding image paths (default: image)")
-    p.add_argument("--batch-size", type=int, default=8, help="items per batch (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=batch_size, help="items per batch (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per text window (default: 128, or the model's positions when fewer)")
     p.add_argument("--max-items", "--max-images", dest="max_items", type=int, default=None,
@@ -325,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: every head estimated in one pass (AtP*), the top --top-k per kind run exactly; "
                         "exact: every head run exactly (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under auto (default: %(default)s)")
+    _add_data_options(p, batch_size=4)
     p.set_defaults(func=_cmd_demo)
     return parser
 
@@ -333,7 +360,7 @@ def _add_ablate_parser(sub: Any) -> None:
     p = sub.add_parser("ablate", help="patch biases out per head and measure the task metric")
     p.add_argument("--model", required=True, help="zoo name (interp models), local HF folder or hub id")
     p.add_argument("--data", required=True, help=DATA_HELP)
-    p.add_argument("--kinds", default="q,k,v", help="comma-separated biases to ablate, of q, k, v, o "
+    p.add_argument("--kinds", default="q,k,v", help="comma-separated biases to ablate, of q, k, v "
                    "(default: %(default)s)")
     p.add_argument("--scope", default="head", choices=["head", "layer", "all"],
                    help="patch one head, every head of a layer, or every head of a kind at a time "
@@ -376,6 +403,7 @@ def _add_analysis_parsers(sub: Any) -> None:
         p.add_argument("--out", default=None, help=f"output folder (default: out/{name})")
         p.add_argument("--quick", action="store_true", help="8 items and 1 batch per expensive step")
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+        _add_data_options(p, batch_size=4)
         p.set_defaults(func=_cmd_analysis)
 
 
@@ -392,6 +420,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        check_args(args)
         return func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -401,7 +430,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         if getattr(args, "debug", False):
             raise
-        kind = "error" if isinstance(exc, InterpError) else f"error ({type(exc).__name__})"
+        kind = "error" if isinstance(exc, InterpError) else \
+            f"error ({type(exc).__name__}, unexpected: a bug in interp; rerun with --debug and report it)"
         sys.stdout.flush()  # a progress bar's line ends before the error starts its own
         print(f"\ninterp {args.command}: {kind}: {exc}", file=sys.stderr)
         return 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
@@ -23,11 +22,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, image_norm, normalise, square_resize
-from interp.checks import check_max_batches
+from interp.checks import check_count, check_max_batches
 from interp.errors import InputError, MissingWeightsError
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.zoo import DATASETS
-from interp.sources import DataSource, resolve_data
+from interp.sources import BUILTIN, DataSource, data_kind, is_dataset, resolve_data
 
 __all__ = ["BUILTIN", "Batch", "builtin_batches", "digits", "iter_batches", "mnist", "model_inputs", "photos",
            "python_docs", "python_docs_text"]
@@ -43,7 +42,6 @@ DOC_MODULES = (
     "contextlib", "dataclasses", "enum", "typing", "shutil", "csv", "fractions",
     "decimal", "logging", "unittest", "difflib", "inspect", "abc", "copy", "pprint",
 )
-BUILTIN = ("photos", "digits", "mnist", "python-docs")
 
 
 def photos(
@@ -167,6 +165,10 @@ def builtin_batches(
 ) -> list[Batch]:
     """A built-in dataset as batches shaped for ``model``."""
     info = require_bridge(model, "builtin_batches").interp
+    check_count("batch_size", batch_size)
+    check_count("seq_len", seq_len)
+    if n is not None:
+        check_count("n", n)
     if name not in BUILTIN:
         raise InputError(f"unknown dataset {name!r}; built-in datasets: {', '.join(BUILTIN)}")
     if name in ("photos", "digits", "mnist") and info.modality != "vision":
@@ -184,6 +186,21 @@ def builtin_batches(
         return [Batch(x[i : i + batch_size], labels=y[i : i + batch_size]) for i in range(0, len(x), batch_size)]
     ids, mask = python_docs(model.tokenizer, seq_len=seq_len, n_seqs=n or 32)
     return [Batch(ids[i : i + batch_size], mask[i : i + batch_size]) for i in range(0, len(ids), batch_size)]
+
+
+def builtin_options(name: str, options: dict[str, Any], n: Optional[int] = None) -> dict[str, Any]:
+    """``builtin_batches`` keywords from data options (``resolve_data``'s names); an option that has no
+    meaning for a built-in data set (a column, a normalisation, a token budget) is refused, not ignored."""
+    moot = {k: v for k, v in options.items() if k in ("text_column", "image_column", "max_tokens", "rank", "world")
+            or (k == "normalize" and v != "model")}
+    if moot:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in moot)
+        raise InputError(f"{flags} applies to your own files, not to the built-in dataset {name!r}: drop it, or pass "
+                         "a folder or table as data")
+    kw: dict[str, Any] = {"batch_size": options.get("batch_size", 4), "n": options.get("max_items", n)}
+    if "seq_len" in options:
+        kw["seq_len"] = options["seq_len"]
+    return kw
 
 
 def model_inputs(model: InterpBridge, batch: Batch) -> tuple[Tensor, dict]:
@@ -239,17 +256,10 @@ def _to_batch(model: InterpBridge, item: Any) -> Batch:
     )
 
 
-def _is_text(model: InterpBridge, data: str) -> bool:
-    """A string with a space, for a language model, that names no data set or file: text itself."""
-    return (model.interp.modality == "text" and any(c.isspace() for c in data.strip())
-            and data not in BUILTIN and not Path(data).expanduser().exists())
-
-
 def check_data_name(data: Any) -> None:
-    """A built-in data set name or an existing path; else one error naming both kinds."""
-    if isinstance(data, (str, os.PathLike)) and data not in BUILTIN and not Path(data).expanduser().exists():
-        raise InputError(f"unknown dataset or path {str(data)!r}: built-in datasets are {', '.join(BUILTIN)}; "
-                         "or pass a folder of images, an image, a .txt file or a .jsonl/.csv/.parquet table")
+    """A built-in data set name or an existing path; else one error naming both kinds (``data_kind``)."""
+    if isinstance(data, (str, os.PathLike)):
+        data_kind(data, text_ok=False)
 
 
 def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
@@ -262,17 +272,17 @@ def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = No
     """
     model = require_bridge(model)
     max_batches = check_max_batches(max_batches)
-    if isinstance(data, str) and data in BUILTIN:
+    kind = data_kind(data, model.interp.modality == "text") if isinstance(data, (str, os.PathLike)) else ""
+    if kind == "builtin":
         items: Iterable[Any] = builtin_batches(model, data)
-    elif isinstance(data, str) and _is_text(model, data):
+    elif kind == "text":
         items = [[data]]  # a sentence for a language model: one batch of one text
-    elif isinstance(data, (str, os.PathLike)):
-        check_data_name(data)
+    elif kind == "path":
         items = resolve_data(model, data)
     elif isinstance(data, DataSource):
         items = data
-    elif isinstance(data, np.ndarray) or (hasattr(data, "column_names") and hasattr(data, "features")):
-        items = resolve_data(model, data)  # a numpy array, a datasets.Dataset
+    elif isinstance(data, np.ndarray) or is_dataset(data):
+        items = resolve_data(model, data)  # a numpy array, a datasets.Dataset / IterableDataset
     elif isinstance(data, (Tensor, Batch, dict)):
         items = [data]
     elif isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):

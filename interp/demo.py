@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from interp._version import __version__
-from interp.errors import MissingWeightsError
+from interp.checks import check_count
+from interp.errors import InputError, MissingWeightsError
 from interp.models.loading import load_model
 from interp.models.zoo import ZOO
 from interp.pipeline import make_context, run_steps
@@ -22,17 +23,21 @@ DEFAULT_MODEL = "dinov2-s14"
 
 
 def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool = False,
-             ablation_estimate: str = "auto", top_k: int = 5) -> Path:
+             ablation_estimate: str = "auto", top_k: int = 5, data_options: Optional[dict] = None) -> Path:
     """Run the main job on ``model`` (default dinov2-s14) and write everything into ``out``.
 
     The ablation step estimates every head in one pass and runs the ``top_k`` per kind exactly
-    (``ablation_estimate="auto"``); ``"exact"`` runs every head exactly."""
+    (``ablation_estimate="auto"``); ``"exact"`` runs every head exactly. Every option is checked
+    before the first step runs. ``data_options``: ``resolve_data``'s options for your own data."""
     name = model or DEFAULT_MODEL
+    if ablation_estimate not in ("auto", "exact"):
+        raise InputError(f"ablation_estimate must be 'auto' or 'exact'; got {ablation_estimate!r}")
+    check_count("top_k", top_k, minimum=0)
     if model is None and not ZOO[name].available():
         raise MissingWeightsError(f"{name} weights are not cached: run `make models` (interp fetch) first")
     t0 = time.time()
     print(f"loading {name}")
-    ctx = make_context(load_model(name), data, quick, out, ablation_estimate, top_k)
+    ctx = make_context(load_model(name), data, quick, out, ablation_estimate, top_k, data_options)
     begin_outputs(out)
     sections = run_steps(ctx)
     info = ctx.model.interp

@@ -22,8 +22,8 @@ from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
-from interp.data import BUILTIN, Batch, builtin_batches
-from interp.sources import resolve_data
+from interp.data import Batch, builtin_batches, builtin_options
+from interp.sources import data_kind, resolve_data
 from interp.heads import bias_spec
 from interp.models.bridge import InterpBridge
 from interp.record import record_qkv
@@ -329,15 +329,19 @@ STEPS: dict[str, Step] = {
 
 
 def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False,
-                 out: Optional[Path] = None, ablation_estimate: str = "auto", top_k: int = 5) -> Context:
+                 out: Optional[Path] = None, ablation_estimate: str = "auto", top_k: int = 5,
+                 data_options: Optional[dict[str, Any]] = None) -> Context:
     """The shared context for ``model`` on a built-in dataset (its modality's default when None) or a
     researcher's own (a path ``resolve_data`` reads: the first 8 items in quick mode, else 32).
-    ``ablation_estimate`` / ``top_k``: how the ablation step measures (see ``ablate_bias``)."""
+    ``ablation_estimate`` / ``top_k``: how the ablation step measures (see ``ablate_bias``);
+    ``data_options``: ``resolve_data``'s options (text_column, batch_size, max_items, ...)."""
     dataset = dataset or ("photos" if model.interp.modality == "vision" else "python-docs")
-    if dataset in BUILTIN:
-        batches = builtin_batches(model, dataset, batch_size=4, n=8 if quick else None)
+    options = {k: v for k, v in (data_options or {}).items() if v is not None}
+    if data_kind(dataset, text_ok=False) == "builtin":
+        batches = builtin_batches(model, dataset, **builtin_options(dataset, options, 8 if quick else None))
     else:
-        batches = list(resolve_data(model, dataset, batch_size=4, max_items=8 if quick else 32))
+        options = {"batch_size": 4, "max_items": 8 if quick else 32, **options}
+        batches = list(resolve_data(model, dataset, **options))
     return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +44,46 @@ TABLE_SUFFIXES = (".jsonl", ".csv", ".parquet")
 TEXT_SUFFIXES = (".txt",)
 NORMALIZE = ("model", "imagenet", "none")
 DEFAULT_SEQ_LEN = 128
+BUILTIN = ("photos", "digits", "mnist", "python-docs")
+# a string ending in one of these names a file, never a sentence (even with spaces in it)
+FILE_SUFFIXES = (*IMAGE_SUFFIXES, *TABLE_SUFFIXES, *TEXT_SUFFIXES, ".json", ".tsv", ".gif", ".bmp", ".tif", ".tiff",
+                 ".npy", ".npz", ".arrow", ".pt", ".pth", ".safetensors", ".gz", ".zip", ".tar", ".md")
+KNOWN_DATA = ("built-in datasets are photos, digits, mnist, python-docs; or pass a folder of images, an image, a "
+              ".txt file or a .jsonl/.csv/.parquet table")
+
+
+def looks_like_path(text: str) -> bool:
+    """One line with a path separator, or ending in a file suffix: a path, even with spaces in it."""
+    one = text.strip()
+    return "\n" not in one and ("/" in one or "\\" in one or one.lower().endswith(FILE_SUFFIXES))
+
+
+def _exists(text: str) -> bool:
+    try:
+        return Path(text).expanduser().exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte: not a file
+        return False
+
+
+def data_kind(data: Any, text_ok: bool) -> str:
+    """What a ``data`` string means, decided in this one place for every entry point (the API, the
+    pipeline, the CLI): "builtin" (a built-in data set), "path" (an existing file or folder) or "text"
+    (a sentence, only where ``text_ok``: a language model's own API). Anything else is one clear error:
+    a missing path is never read as a sentence."""
+    text = str(data)
+    if isinstance(data, str) and text in BUILTIN:
+        return "builtin"
+    if not text.strip():
+        raise InputError(f"data is an empty string: pass a built-in dataset name ({', '.join(BUILTIN)}), a path, "
+                         "or text as a list of strings")
+    if _exists(text):
+        return "path"
+    if isinstance(data, os.PathLike) or looks_like_path(text):
+        raise InputError(f"no such file or folder: {text!r} (it looks like a path, so it is not read as text): "
+                         "check the path; to pass text that looks like one, wrap it in a list: [text]")
+    if text_ok and any(c.isspace() for c in text.strip()):
+        return "text"
+    raise InputError(f"unknown dataset or path {text!r}: {KNOWN_DATA}")
 
 
 @dataclass
@@ -207,37 +248,70 @@ def _missing_column(path: Path, column: Optional[str], columns: list[str], what:
                       f"(name one with {hint})")
 
 
-def _table_rows(path: Path, column: Optional[str], what: str) -> Iterator[Any]:
-    """The values of one column, row by row, without loading the table."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
+def _parquet_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
-        if column not in names:
-            raise _missing_column(path, column, names, what)
-        for record_batch in pf.iter_batches(columns=[column], batch_size=256):
-            yield from record_batch.column(0).to_pylist()
-    elif suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            if column not in (reader.fieldnames or []):
-                raise _missing_column(path, column, list(reader.fieldnames or []), what)
-            for row in reader:
-                yield row[column]
-    else:
-        with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path} line {number} is not JSON ({exc.msg})") from None
-                if column not in row:
-                    raise _missing_column(path, column, list(row), what)
-                yield row[column]
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if column not in names:
+        raise _missing_column(path, column, names, what)
+    row = 0
+    for record_batch in pf.iter_batches(columns=[column], batch_size=256):
+        for value in record_batch.column(0).to_pylist():
+            row += 1
+            yield f"row {row}", value
+
+
+def _csv_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        if column not in (reader.fieldnames or []):
+            raise _missing_column(path, column, list(reader.fieldnames or []), what)
+        for row in reader:
+            yield f"line {reader.line_num}", row[column]
+
+
+def _jsonl_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path} line {number} is not JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path} line {number} is a JSON {type(row).__name__}, not an object: each line "
+                                 f"must be an object with a {column!r} field")
+            if column not in row:
+                raise _missing_column(path, column, list(row), what)
+            yield f"line {number}", row[column]
+
+
+def _table_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
+    """(where, value) of one column, row by row, without loading the table."""
+    suffix = path.suffix.lower()
+    read = _parquet_rows if suffix == ".parquet" else _csv_rows if suffix == ".csv" else _jsonl_rows
+    try:
+        yield from read(path, column, what)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start} of a chunk): "
+                         "re-encode it as UTF-8") from None
+
+
+def checked_value(value: Any, where: str, column: Optional[str], what: str) -> Any:
+    """A table or dataset cell as the text or image it must be; anything else is one error naming
+    the column and the row (an integer or a list is never tokenised as its string form)."""
+    if what == "text" and isinstance(value, str):
+        return value
+    if what == "image" and (isinstance(value, (str, os.PathLike, np.ndarray)) or hasattr(value, "convert")):
+        return value
+    expected = "text (a string)" if what == "text" else "an image (a path, a PIL image or a uint8 array)"
+    kind = type(value).__name__
+    found = "empty (null)" if value is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({str(value)[:40]!r})"
+    fix = "drop or fill the empty rows first" if value is None else f"convert the column to {expected.split(' (')[0]}"
+    raise InputError(f"{where} of column {column!r} is {found}, not {expected}: {fix}, or name another column "
+                     f"with {what}_column= / --{what}-column")
 
 
 # ----- resolving ------------------------------------------------------------------------
@@ -261,13 +335,16 @@ class Options:
 
 def _check_options(model: InterpBridge, opts: Options) -> None:
     info = model.interp
-    for name in ("batch_size", "seq_len", "world"):
-        if getattr(opts, name) is not None and getattr(opts, name) < 1:
-            raise InputError(f"{name} must be >= 1, got {getattr(opts, name)}")
-    for name in ("max_items", "max_tokens"):
-        if getattr(opts, name) is not None and getattr(opts, name) < 1:
-            raise InputError(f"{name} must be >= 1 (or None for no limit), got {getattr(opts, name)}")
-    if not 0 <= opts.rank < opts.world:
+    for name in ("batch_size", "seq_len", "world", "max_items", "max_tokens"):
+        value = getattr(opts, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            none = {"seq_len": " (or None: the default)", "max_items": " (or None: no limit)",
+                    "max_tokens": " (or None: no limit)"}.get(name, "")
+            raise InputError(f"{name} must be an integer >= 1{none}, got {value!r}")
+    for name in ("text_column", "image_column"):
+        if getattr(opts, name) is not None and not isinstance(getattr(opts, name), str):
+            raise InputError(f"{name} must be a column name (a string), got {getattr(opts, name)!r}")
+    if isinstance(opts.rank, bool) or not isinstance(opts.rank, int) or not 0 <= opts.rank < opts.world:
         raise InputError(f"rank {opts.rank} is not in 0..{opts.world - 1}")
     if opts.normalize not in NORMALIZE:
         raise InputError(f"normalize must be one of {', '.join(NORMALIZE)}, got {opts.normalize!r}")
@@ -321,15 +398,18 @@ def _folder(model: InterpBridge, root: Path, opts: Options) -> DataSource:
 
 
 def _table(model: InterpBridge, path: Path, opts: Options) -> DataSource:
-    if model.interp.modality == "vision":
-        column = opts.image_column or "image"
-        rows = lambda: ((path.parent / str(value), None) for value in _table_rows(path, column, "image"))  # noqa: E731
-        next(iter(_table_rows(path, column, "image")), None)  # a missing column fails now, not mid-run
+    vision = model.interp.modality == "vision"
+    what = "image" if vision else "text"
+    column = (opts.image_column or "image") if vision else (opts.text_column or "text")
+    first = next(iter(_table_rows(path, column, what)), None)  # a missing column fails now, not mid-run
+    if first is not None:
+        checked_value(first[1], f"{path} {first[0]}", column, what)
+    values = lambda: (checked_value(v, f"{path} {where}", column, what)  # noqa: E731
+                      for where, v in _table_rows(path, column, what))
+    if vision:
+        rows = lambda: ((path.parent / v if isinstance(v, str) else v, None) for v in values())  # noqa: E731
         return _image_source(model, rows, None, f"column {column!r} of {path} (paths)", opts)
-    column = opts.text_column or "text"
-    next(iter(_table_rows(path, column, "text")), None)
-    return _text_source(model, lambda: (str(v) for v in _table_rows(path, column, "text") if v is not None),
-                        f"column {column!r} of {path}", opts)
+    return _text_source(model, values, f"column {column!r} of {path}", opts)
 
 
 def _path_source(model: InterpBridge, path: Path, opts: Options) -> DataSource:
@@ -348,21 +428,81 @@ def _path_source(model: InterpBridge, path: Path, opts: Options) -> DataSource:
                      f".jsonl/.csv/.parquet table")
 
 
+def _check_feature(ds: Any, column: str, what: str) -> None:
+    """A ``datasets`` column whose declared type cannot hold text (or images) is refused before any row."""
+    feature = (getattr(ds, "features", None) or {}).get(column)
+    if feature is None:
+        return
+    kind = type(feature).__name__
+    dtype = getattr(feature, "dtype", None)
+    fits = dtype in ("string", "large_string") if what == "text" else kind == "Image" or dtype == "string"
+    if not fits:
+        raise InputError(f"the dataset's column {column!r} holds {dtype or kind} values (its feature type), not "
+                         f"{what}s: name {'an image' if what == 'image' else 'a text'} column with {what}_column= / "
+                         f"--{what}-column, or convert it (ds.cast_column / ds.map)")
+
+
+def _dataset_rows(ds: Any, column: str, what: str, opts: Options) -> tuple[Callable[[], Iterator], Optional[int]]:
+    """(this rank's cells, checked; the row count when the dataset knows it)."""
+    if hasattr(ds, "__len__"):  # a Dataset: read only this rank's rows, by index
+        n = len(ds) if opts.max_items is None else min(len(ds), opts.max_items)
+        mine = [i for i in range(n) if (i // opts.batch_size) % opts.world == opts.rank]
+        return lambda: (checked_value(ds[i][column], f"dataset row {i + 1}", column, what) for i in mine), n
+
+    def stream() -> Iterator:  # an IterableDataset: streamed, this rank's rows kept
+        for i, row in _shard(enumerate(ds), opts):
+            if column not in row:
+                raise InputError(f"dataset row {i + 1} has no column {column!r}; its columns: {', '.join(row)} "
+                                 f"(name one with {what}_column= / --{what}-column)")
+            yield checked_value(row[column], f"dataset row {i + 1}", column, what)
+    return stream, None
+
+
 def _dataset_source(model: InterpBridge, ds: Any, opts: Options) -> DataSource:
-    """An in-memory HF ``datasets.Dataset``, read row by row (this rank's rows only)."""
+    """An HF ``datasets.Dataset`` (this rank's rows, by index) or ``IterableDataset`` (streamed)."""
+    if isinstance(getattr(ds, "column_names", None), dict):
+        raise InputError(f"a DatasetDict holds splits ({', '.join(ds.column_names)}), not rows: pass one split, "
+                         f"e.g. ds[{next(iter(ds.column_names), 'train')!r}]")
     vision = model.interp.modality == "vision"
+    what = "image" if vision else "text"
     column = (opts.image_column or "image") if vision else (opts.text_column or "text")
-    if column not in ds.column_names:
-        raise InputError(f"the dataset has no column {column!r}; its columns: {', '.join(ds.column_names)}")
-    n = len(ds) if opts.max_items is None else min(len(ds), opts.max_items)
-    mine = [i for i in range(n) if (i // opts.batch_size) % opts.world == opts.rank]  # read only these rows
-    rows = lambda: (ds[i][column] for i in mine)  # noqa: E731
+    if ds.column_names is not None and column not in ds.column_names:
+        raise InputError(f"the dataset has no column {column!r}; its columns: {', '.join(ds.column_names)} "
+                         f"(name one with {what}_column= / --{what}-column)")
+    if hasattr(ds, "__len__") and len(ds) == 0:
+        raise InputError("the dataset has no rows: data is empty")
+    _check_feature(ds, column, what)
+    rows, n = _dataset_rows(ds, column, what, opts)
+    shard = replace(opts, rank=0, world=1, max_items=None)  # the rows are already this rank's
+    kind = "datasets.Dataset" if n is not None else "datasets.IterableDataset, streamed"
     if vision:
-        shard = Options(**{**opts.__dict__, "rank": 0, "world": 1, "max_items": None})  # rows are already this rank's
-        return _image_source(model, lambda: ((img, None) for img in rows()), n, f"a datasets.Dataset ({column!r})",
-                             shard)
-    shard = Options(**{**opts.__dict__, "rank": 0, "world": 1, "max_items": None})
-    return _text_source(model, rows, f"a datasets.Dataset ({column!r}, {n} rows)", shard)
+        return _image_source(model, lambda: ((img, None) for img in rows()), n, f"a {kind} ({column!r})", shard)
+    return _text_source(model, rows, f"a {kind} ({column!r}{'' if n is None else f', {n} rows'})", shard)
+
+
+def _pad_id(model: InterpBridge) -> tuple[Optional[int], bool]:
+    """(the tokenizer's pad id or None, whether eos or bos shares it: then it is also a real token)."""
+    tok = model.tokenizer
+    pad = None if tok is None else tok.pad_token_id
+    return pad, pad is not None and pad in (tok.eos_token_id, tok.bos_token_id)
+
+
+def _unpadded(array: np.ndarray, pad: Optional[int], shared: bool) -> Iterator[list[int]]:
+    """Each row without its trailing run of ``pad`` (right padding, masked out); a row that is all
+    padding is skipped. A pad id before real tokens is refused, unless eos or bos shares it."""
+    for number, row in enumerate(array.tolist(), 1):
+        if pad is None:
+            yield row
+            continue
+        end = len(row)
+        while end and row[end - 1] == pad:
+            end -= 1
+        if not shared and pad in row[:end]:
+            raise InputError(f"token row {number} holds the pad id {pad} before real tokens (left padding, or "
+                             "padding inside the text): only trailing padding can be read from bare ids; pass "
+                             "{'input_ids': ..., 'attention_mask': ...} batches instead")
+        if end:
+            yield row[:end]
 
 
 def _array_source(model: InterpBridge, array: np.ndarray, opts: Options) -> DataSource:
@@ -371,9 +511,11 @@ def _array_source(model: InterpBridge, array: np.ndarray, opts: Options) -> Data
         if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
             raise InputError(f"a numpy array for a language model must be integer token ids [N, pos]; got "
                              f"{array.dtype} {array.shape}")
-        rows = lambda: _shard(iter(array.tolist()), opts)  # noqa: E731
-        return DataSource(f"a numpy array of {len(array)} token-id rows", rows, _collate_text(0), opts.batch_size,
-                          max_tokens=opts.max_tokens)
+        pad, shared = _pad_id(model)
+        rows = lambda: _shard(_unpadded(array, pad, shared), opts)  # noqa: E731
+        note = "" if pad is None else f", trailing pad id {pad} masked out"
+        return DataSource(f"a numpy array of {len(array)} token-id rows{note}", rows, _collate_text(pad or 0),
+                          opts.batch_size, max_tokens=opts.max_tokens)
     if array.dtype == np.uint8 and array.ndim in (3, 4):
         return _image_source(model, lambda: ((img, None) for img in array), len(array),
                              f"a numpy uint8 array {array.shape}", opts)
@@ -386,6 +528,11 @@ def _array_source(model: InterpBridge, array: np.ndarray, opts: Options) -> Data
                      f"values [N, C, H, W]; got {array.dtype} {array.shape}")
 
 
+def is_dataset(data: Any) -> bool:
+    """An HF ``datasets`` object: a Dataset, an IterableDataset or a DatasetDict of splits."""
+    return hasattr(data, "column_names") and (hasattr(data, "features") or isinstance(data.column_names, dict))
+
+
 def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
     """A folder of images, an image, a .txt file, a .jsonl/.csv/.parquet table, a ``datasets.Dataset``
     or a numpy array, resolved for ``model`` (see the module doc; ``options``: ``Options`` fields)."""
@@ -396,13 +543,13 @@ def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
     _check_options(model, opts)
     if opts.seq_len is None:
         opts = replace(opts, seq_len=min(DEFAULT_SEQ_LEN, model.interp.max_positions or DEFAULT_SEQ_LEN))
-    if isinstance(data, (str, Path)):
-        path = Path(data).expanduser()
-        if not path.exists():
-            raise InputError(f"no such file or folder: {data}")
-        return _path_source(model, path, opts)
+    if isinstance(data, (str, os.PathLike)):
+        if data_kind(data, text_ok=False) == "builtin":
+            raise InputError(f"{data!r} is a built-in dataset: pass it to record_qkv / the analyses as it is; "
+                             "resolve_data reads your own files")
+        return _path_source(model, Path(data).expanduser(), opts)
     if isinstance(data, np.ndarray):
         return _array_source(model, data, opts)
-    if hasattr(data, "column_names") and hasattr(data, "features"):
+    if is_dataset(data):
         return _dataset_source(model, data, opts)
     raise InputError(f"cannot resolve {type(data).__name__} as data")
