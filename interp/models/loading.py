@@ -14,10 +14,13 @@ from typing import Any, Optional, Union
 
 import torch
 import transformers
+from safetensors import SafetensorError
 from torch import nn
 from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
 
+from interp.checks import check_dtype
 from interp.errors import InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError
+from interp.models import folder
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.families import family_for_model_type
 from interp.models.info import family_of, require_family
@@ -38,6 +41,7 @@ def from_hf(hf_model: nn.Module, *, name: Optional[str] = None, tokenizer: Any =
     """Move/cast an in-memory HF model, then wrap it in an ``InterpBridge`` (in place)."""
     if isinstance(hf_model, nn.Module):
         family_of(hf_model)  # refuse an unsupported model before moving it
+        _refuse_meta(hf_model)
         if dtype is not None:
             hf_model = hf_model.to(dtype=dtype)
         if device is not None:
@@ -45,18 +49,51 @@ def from_hf(hf_model: nn.Module, *, name: Optional[str] = None, tokenizer: Any =
     return InterpBridge(hf_model, name=name, tokenizer=tokenizer, processor=processor)
 
 
+def _refuse_meta(hf_model: nn.Module) -> None:
+    meta = next((n for n, t in [*hf_model.named_parameters(), *hf_model.named_buffers()] if t.is_meta), None)
+    if meta is not None:
+        raise InputError(f"{type(hf_model).__name__} has weights on the meta device (e.g. {meta}): they hold no "
+                         "values, so nothing can be measured. Load real weights (from_pretrained without "
+                         "device_map='meta' or init_empty_weights), or model.to_empty(device='cpu') and "
+                         "load_state_dict(...)")
+
+
+def resolve_tokenizer(tokenizer: Any) -> Any:
+    """None, a transformers tokenizer, or a local folder holding one (read from it); else one clear error."""
+    if tokenizer is None or isinstance(tokenizer, transformers.PreTrainedTokenizerBase):
+        return tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = Path(tokenizer).expanduser()
+        if not path.is_dir():
+            raise InputError(f"tokenizer={str(tokenizer)!r} is not a local folder; interp does not fetch tokenizers: "
+                             "pass a folder holding tokenizer.json / tokenizer_config.json, or a tokenizer object "
+                             "(AutoTokenizer.from_pretrained(folder))")
+        try:
+            return transformers.AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise InputError(f"no tokenizer could be read from {path} ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}): it needs tokenizer.json or "
+                             "tokenizer_config.json with its vocabulary files") from None
+    raise InputError(f"tokenizer must be a transformers tokenizer (AutoTokenizer.from_pretrained(folder)) or a local "
+                     f"folder path; got {type(tokenizer).__name__}")
+
+
 def _load_local_dir(path: Path, *, tokenizer: Any, device: Device, dtype: Optional[torch.dtype],
                     name: Optional[str] = None) -> InterpBridge:
-    if not (path / "config.json").exists():
-        raise UnknownSourceError(f"{path} is a folder but has no config.json (not an HF model)")
-    cfg = transformers.AutoConfig.from_pretrained(path)
-    archs = getattr(cfg, "architectures", None) or []
-    if not archs:
-        raise UnsupportedModelError(f"{path}/config.json names no architecture")
-    require_family(cfg.model_type, archs[0])
-    hf_model = _hf_model_class(archs[0]).from_pretrained(
-        path, attn_implementation="eager", use_safetensors=True, dtype=dtype or torch.float32
-    )
+    raw = folder.read_config_json(path)  # every check below runs before anything is built
+    arch = raw["architectures"][0]
+    require_family(raw["model_type"], arch)
+    cls = _hf_model_class(arch)
+    folder.check_architecture(path, raw, cls)
+    cfg = folder.load_config(path)
+    folder.check_sizes(path, cls, cfg, dtype or torch.float32)
+    try:
+        hf_model = cls.from_pretrained(path, attn_implementation="eager", use_safetensors=True,
+                                       dtype=dtype or torch.float32)
+    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
+        raise MissingWeightsError(f"the weights in {path} do not load into {arch} ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0]}): save config.json and weights together again "
+                                  "(model.save_pretrained(folder))") from None
     if tokenizer is None and ((path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()):
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     processor = None
@@ -135,8 +172,8 @@ def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] 
     if isinstance(source, InterpBridge):
         return source
     device = check_device(device)
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise InputError(f"dtype must be a torch.dtype such as torch.float64, got {dtype!r}")
+    dtype = check_dtype(dtype)
+    tokenizer = resolve_tokenizer(tokenizer)
     if isinstance(source, nn.Module):
         return from_hf(source, tokenizer=tokenizer, device=device, dtype=dtype)
     if isinstance(source, os.PathLike):
@@ -181,6 +218,7 @@ def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> Int
     original bridge's state dict into it (both carry the same parameter names).
     """
     model = require_bridge(model, "clone_model")
+    dtype = check_dtype(dtype)
     hf = model.hf_model
     if model.interp.spec.source != "transformers":  # timm / open_clip: no config to rebuild from
         fresh = unwrapped_copy(hf).to(dtype=dtype or next(hf.parameters()).dtype)
