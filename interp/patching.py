@@ -22,7 +22,7 @@ from torch import Tensor
 from interp.data import Batch
 from interp.errors import InputError
 from interp.heads import attention_weights, kv_group, v_fold_vector
-from interp.models.bridge import InterpBridge
+from interp.models.bridge import InterpBridge, require_bridge
 from interp.stats import QKVStats, require_stats
 from interp.types import METHODS, Method
 
@@ -59,7 +59,7 @@ def _add(delta: Tensor) -> Callable[[Tensor, Any], Tensor]:
 def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method = "zero",
                      stats: Optional[QKVStats] = None) -> list[Hook]:
     """Forward hooks that patch the biases of ``targets`` out (see the module doc for methods)."""
-    info = model.interp
+    info = require_bridge(model, "bias_patch_hooks").interp
     check_method(method, targets, stats)
     if stats is not None:
         require_stats(stats).require_model(model)

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from interp.batch import Batch, image_norm, normalise, square_resize
 from interp.errors import InputError
-from interp.models.bridge import InterpBridge
+from interp.models.bridge import InterpBridge, require_bridge
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 TABLE_SUFFIXES = (".jsonl", ".csv", ".parquet")
@@ -345,7 +345,8 @@ def _check_options(model: InterpBridge, opts: Options) -> None:
         if getattr(opts, name) is not None and not isinstance(getattr(opts, name), str):
             raise InputError(f"{name} must be a column name (a string), got {getattr(opts, name)!r}")
     if isinstance(opts.rank, bool) or not isinstance(opts.rank, int) or not 0 <= opts.rank < opts.world:
-        raise InputError(f"rank {opts.rank} is not in 0..{opts.world - 1}")
+        raise InputError(f"rank must be an integer in 0..{opts.world - 1} (this process's place among world="
+                         f"{opts.world}); got {opts.rank!r}")
     if opts.normalize not in NORMALIZE:
         raise InputError(f"normalize must be one of {', '.join(NORMALIZE)}, got {opts.normalize!r}")
     if info.modality == "text" and None not in (info.max_positions, opts.seq_len) and opts.seq_len > info.max_positions:
@@ -536,6 +537,7 @@ def is_dataset(data: Any) -> bool:
 def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
     """A folder of images, an image, a .txt file, a .jsonl/.csv/.parquet table, a ``datasets.Dataset``
     or a numpy array, resolved for ``model`` (see the module doc; ``options``: ``Options`` fields)."""
+    require_bridge(model, "resolve_data")
     unknown = set(options) - set(Options.__dataclass_fields__)
     if unknown:
         raise InputError(f"unknown data option(s) {sorted(unknown)}; known: {', '.join(Options.__dataclass_fields__)}")

@@ -39,6 +39,7 @@ from interp.ablation.log import ResultLog
 from interp.ablation.prefix import first_layer, output_bytes, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
+from interp.checks import check_count
 from interp.data import Batch, batch_to_device, iter_batches
 from interp.errors import InputError
 from interp.fingerprint import callable_identity, data_fingerprint, model_fingerprint
@@ -79,7 +80,7 @@ class _Run:
     def items(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> tuple[Tensor, Tensor]:
         """(per-item sums, per-item counts) of the metric on one batch's output."""
         if callable(self.metric) and not isinstance(self.metric, str):
-            return metrics.custom_items(self.metric(out, batch), batch)
+            return metrics.custom_items(metrics.call_metric(self.metric, out, batch), batch)
         return metrics.metric_items(self.metric_name, out, hidden, ref, batch)
 
     def value(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
@@ -164,6 +165,7 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     batches = [batch_to_device(b, device) for b in host]  # moved once, not per variant
     name = metrics.metric_name(model, metric, batches[0])
     _check_estimate(estimate, name, batches)
+    metrics.check_labels(model, name, host)  # on the host, once
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], 0.0, [], 0.0)
     _run_intact(run, reuse_prefix)
     identity = callable_identity(metric) if callable(metric) and not isinstance(metric, str) else name
@@ -377,10 +379,9 @@ def ablate_bias(
     model = require_bridge(model, "ablate_bias")
     variants = make_variants(model.interp, kinds, scope)
     check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
-    if estimate == "auto" and int(top_k) < 0:
-        raise InputError(f"top_k must be >= 0; got {top_k}")
-    if int(n_projections) < 1:
-        raise InputError(f"n_projections must be >= 1 (random projections of the features); got {n_projections}")
+    top_k, stack = check_count("top_k", top_k, minimum=0), check_count("stack", stack)
+    if isinstance(n_projections, bool) or not isinstance(n_projections, int) or n_projections < 1:
+        raise InputError(f"n_projections must be >= 1 (random projections of the features); got {n_projections!r}")
     rank, world = check_shard(shard)
     run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"))
     if world > 1:
