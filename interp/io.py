@@ -70,6 +70,20 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+def append_line(path: PathLike, line: str) -> None:
+    """Append ``line`` and a newline to ``path``, flushed and fsynced (a resumable log); a failed write
+    (a full disk) is ``OutputError`` naming the folder and the fix. A torn last line is the reader's
+    to drop."""
+    path = Path(path)
+    try:
+        with open(path, "a") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise OutputError(f"appending to {path} failed ({_why(exc)}): {_fix(path, exc)}; rerun to resume") from None
+
+
 def sha256_file(path: PathLike) -> str:
     """The sha256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()

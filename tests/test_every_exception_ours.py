@@ -24,6 +24,7 @@ import interp
 import interp.io
 import interp.pipeline
 import interp.stats
+from interp.ablation.log import ResultLog
 from interp.cli import build_parser
 from interp.cli import main as cli_main
 from interp.errors import InternalError, InterpError
@@ -121,6 +122,11 @@ def ce(c, labels):
 
 def lm_sweep(c, data=None, **kw):
     return interp.ablate_bias(c.lm, [c.ids] if data is None else data, **{"kinds": ("v",), "progress": False, **kw})
+
+
+def sweep_log_full(c):
+    log = ResultLog(c.tmp / "sweep" / "ablation.jsonl", {"model": "m"}, overwrite=True)
+    return _failing(interp.io.os, "fsync", NO_SPACE)(lambda: log.add({"_key": "a"}))
 
 
 def zero_counts(t, meta):
@@ -311,6 +317,7 @@ CASES = [
         lambda: interp.io.write_table(pd.DataFrame({"a": [1]}), c.tmp / "t")), "nothing was written.*full"),
     ("disk full at fsync", lambda c: _failing(interp.io.os, "fsync", NO_SPACE)(
         lambda: c.stats.save(c.tmp / "f.st")), "free space there"),
+    ("disk full appending a sweep row", lambda c: sweep_log_full(c), "appending to .*ablation.jsonl failed.*full"),
     ("out folder is a file", lambda c: lm_sweep(c, out=c.stats_file), "cannot write to output folder"),
     # ---- wrong types and values ---------------------------------------------------------------------------
     ("layers as a string", lambda c: interp.record_qkv(c.vit, [c.x], layers="12", progress=False),

@@ -8,12 +8,11 @@ mix its rows with these (or, with ``overwrite=True``, starts a new log).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
 from interp.errors import StaleResultsError
-from interp.io import atomic_path
+from interp.io import append_line, atomic_path
 
 HEADER = "_fingerprint"
 
@@ -77,7 +76,4 @@ class ResultLog:
         self.rows[row["_key"]] = row
         if self.path is None:
             return
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_line(self.path, json.dumps(row))
