@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import MaxNLocator
 
 from interp.io import atomic_path
 
@@ -279,5 +280,83 @@ def cluster_grid_figure(clustered: pd.DataFrame, model_name: str, data: str = ""
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(f"{model_name}: head families by frequency profile" + (f"\n{data}" if data else ""))
+    fig.tight_layout()
+    return fig
+
+
+# ----- implicit biases: sinks, implicit value bias, massive activations ------------------------------------
+
+SHORT_POSITION = {"first": "first", "cls": "cls", "sep": "sep", "bos": "bos", "distillation": "dist",
+                  "top_content": "top"}
+
+
+def _model_of(frame: pd.DataFrame, model_name: Optional[str]) -> str:
+    return model_name or (str(frame.model.iloc[0]) if "model" in frame and len(frame) else "model")
+
+
+def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
+    """From ``sink_profile``: per layer x head, the position class that receives the most attention
+    (the cell's label; * where its mass exceeds the profile's threshold, i.e. a sink) and that mass
+    (the colour, on 0-1)."""
+    threshold = float(profile.threshold.iloc[0])
+    top = profile.loc[profile.groupby(["layer", "head"]).mass.idxmax()]
+    grid = _grid(top, "mass")
+    short = top.position.map(lambda p: SHORT_POSITION.get(p, p.replace("register_", "r")))
+    labels = (short + top.sink.map({True: "*", False: ""})).to_numpy()
+    annot = pd.DataFrame(labels.reshape(grid.shape), index=grid.index, columns=grid.columns)
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.62 * grid.shape[1] + 3), max(3.5, 0.3 * grid.shape[0] + 2.4)))
+    sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=0.0, vmax=1.0, annot=annot, fmt="", annot_kws={"fontsize": 7},
+                cbar_kws={"label": "attention mass (share of a row, mean over queries)"})
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    n_sinks = int(profile.groupby(["layer", "head"]).sink.any().sum())
+    ax.set_title(f"{_model_of(profile, model_name)}: where each head parks its attention\n"
+                 f"label: most-attended position (top = top content token)\n* = sink (mass > {threshold:g}): "
+                 f"{n_sinks} of {len(grid.stack())} heads" + (f"; {data}" if data else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def implicit_vs_explicit(frame: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
+    """From ``implicit_value_bias``: each head's implicit value bias ||mean c_i|| against its explicit
+    ||b_v W_O||, both in residual-stream units on the same axes (y = x dashed)."""
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    sns.scatterplot(data=frame, x="explicit_norm", y="implicit_norm", hue="layer", palette="viridis", ax=ax, s=35)
+    hi = 1.05 * float(max(frame.explicit_norm.max(), frame.implicit_norm.max(), 1e-12))
+    ax.plot([0, hi], [0, hi], "k--", lw=0.8, label="y = x")
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_aspect("equal")
+    ax.set_xlabel("explicit value bias ||b_v W_O|| (residual-stream units)")
+    ax.set_ylabel(f"implicit value bias ||mean c_i|| from {frame.positions.iloc[0]} (same units)")
+    if not frame.has_b_v.any():
+        ax.text(0.03, 0.5, "no b_v in this model:\nevery head sits at explicit = 0", transform=ax.transAxes,
+                fontsize=9, bbox=dict(boxstyle="round", facecolor="#f2f2f2", edgecolor="#999999"))
+    ax.legend(title="layer", fontsize=8)
+    ax.set_title(f"{_model_of(frame, model_name)}: implicit (sink) vs explicit (b_v) value bias, one point per head"
+                 + (f"\n{data}" if data else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def massive_activations_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
+    """From ``massive_activations``: the top |residual values| per layer and the median |value|, log scale
+    (Sun et al. 2024, Fig. 1); ringed points are flagged massive."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for rank, part in frame.groupby("rank"):
+        ax.plot(part.layer, part.abs_value, marker="o", ms=4, label=f"top {rank}")
+    per_layer = frame.drop_duplicates("layer").sort_values("layer")
+    ax.plot(per_layer.layer, per_layer.median_abs, "k--", lw=1, label="median |value|")
+    flagged = frame[frame.massive]
+    if len(flagged):
+        ax.scatter(flagged.layer, flagged.abs_value, s=120, facecolors="none", edgecolors="red", lw=1.5,
+                   label=f"massive (> {frame.abs_threshold.iloc[0]:g} and > {frame.ratio_threshold.iloc[0]:g}x median)")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("layer (residual stream after the block)")
+    ax.set_ylabel("|residual-stream value| (log scale)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{_model_of(frame, model_name)}: largest residual-stream magnitudes per layer"
+                 + (f"\n{data}" if data else ""), fontsize=10)
     fig.tight_layout()
     return fig

@@ -543,3 +543,25 @@ def test_training_mode_is_left_as_found_and_does_not_change_numbers():
     again = interp.sink_profile(model, [ids], progress=False)
     assert model.training  # restored
     assert (ref.mass - again.mass).abs().max() == 0.0  # ran in eval mode: no dropout
+
+
+# ----- figures ------------------------------------------------------------------------------------------
+
+
+def test_figures_draw_the_frames_with_titles_labels_and_one_scale(tmp_path):
+    from interp import plots
+
+    model = interp.load_model(tiny_hf_model("bert"), device="cpu")
+    ids = tiny_ids()
+    profile = interp.sink_profile(model, [ids], progress=False)
+    grid = plots.sink_mass_grid(profile, data="two random sequences")
+    ax = grid.axes[0]
+    assert ax.get_title().startswith(model.interp.name) and (ax.get_xlabel(), ax.get_ylabel()) == ("head", "layer")
+    top = profile.groupby(["layer", "head"]).mass.max().unstack().to_numpy()
+    assert abs(ax.collections[0].get_array().reshape(top.shape) - top).max() < 1e-12  # colour = the top mass
+    implicit = plots.implicit_vs_explicit(interp.implicit_value_bias(model, [ids], progress=False)).axes[0]
+    assert implicit.get_xlim() == implicit.get_ylim() and "b_v" in implicit.get_xlabel()
+    massive = plots.massive_activations_plot(interp.massive_activations(model, [ids], progress=False)).axes[0]
+    assert massive.get_yscale() == "log" and massive.get_title() and "layer" in massive.get_xlabel()
+    for i, fig in enumerate((grid, implicit.figure, massive.figure)):
+        assert plots.save_figure(fig, tmp_path / f"{i}.png").stat().st_size > 1000
