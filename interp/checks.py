@@ -174,3 +174,23 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InputError(f"{name} must be an integer >= {minimum}; got {value!r}")
     return value
+
+
+def check_heads(heads: Any, info: ModelInfo) -> list[int]:
+    """None (every head), one head index, or a collection of them, each below the model's query heads."""
+    if heads is None:
+        return list(range(info.n_heads))
+    bad = InputError(f"heads must be None (all), a head index or a list of them in 0..{info.n_heads - 1}; "
+                     f"got {heads!r}")
+    if isinstance(heads, (str, bytes, bool, float)):
+        raise bad
+    try:
+        items = [heads] if not isinstance(heads, Iterable) else list(heads)
+        if not items or any(isinstance(h, bool) for h in items):
+            raise TypeError
+        heads = sorted({operator.index(h) for h in items})
+    except TypeError:
+        raise bad from None
+    if any(not 0 <= h < info.n_heads for h in heads):
+        raise bad
+    return heads

@@ -102,3 +102,37 @@ def write_table(df: pd.DataFrame, stem: PathLike) -> tuple[Path, Path]:
     with atomic_path(parquet) as tmp:
         df.to_parquet(tmp, index=False)
     return csv, parquet
+
+
+STARTED = ".interp-started"  # touched when a command begins writing: its mtime bounds what the command wrote
+MANIFEST = "manifest.json"
+_begun: set[Path] = set()  # folders this process has begun (the demo begins twice: the first start counts)
+
+
+def begin_outputs(out: PathLike) -> None:
+    """Remove ``out``'s manifest before writing (until the new one lands, the folder is incomplete) and
+    mark the start, so that the manifest lists only files this command wrote, not earlier commands' files."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if out.resolve() not in _begun:
+            (out / STARTED).unlink(missing_ok=True)
+            (out / STARTED).touch()
+            _begun.add(out.resolve())
+        (out / MANIFEST).unlink(missing_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write to output folder {out}: {exc.strerror or exc}") from None
+
+
+def written_since_begin(out: PathLike) -> list[Path]:
+    """Files of ``out`` written since ``begin_outputs`` (all files when it was not called), marker excluded."""
+    out = Path(out)
+    marker = out / STARTED
+    since = marker.stat().st_mtime_ns if marker.exists() else 0
+    return [p for p in sorted(out.rglob("*")) if p.is_file() and p.name != STARTED
+            and not p.name.endswith(".tmp") and p.stat().st_mtime_ns >= since]
+
+
+def forget_outputs(out: PathLike) -> None:
+    """This command is done with ``out``: the next ``begin_outputs`` starts a new command there."""
+    _begun.discard(Path(out).resolve())

@@ -25,6 +25,7 @@ from interp.analysis.scores import bias_invariances, score_decomposition
 from interp.data import Batch, builtin_batches, builtin_options
 from interp.sources import data_kind, resolve_data
 from interp.heads import bias_spec
+from interp.io import begin_outputs
 from interp.models.bridge import InterpBridge
 from interp.record import record_qkv
 from interp.stats import QKVStats
@@ -194,6 +195,15 @@ def invariance_step(ctx: Context) -> list[Section]:
                     tables={"bias_invariances": inv})]
 
 
+def _families_text(numbers: dict, families: str) -> str:
+    test = (f"permutation null p = {numbers['p_value']:.2f}, separation {numbers['separation']:.1f} resolution "
+            "units (>= 1 needed)")
+    if not numbers["structure"]:
+        return f"No family structure: the best split is noise or too small to see ({test}); {families}."
+    return (f"k = {numbers['k']} families by frequency profile (mean silhouette {numbers['silhouette']:.2f}; "
+            f"{test}); {families}. Cluster 0 is the most low-pass.")
+
+
 def frequency_step(ctx: Context) -> list[Section]:
     shift = frequency_shift_under_ablation(ctx.model, ctx.batches[:2], kinds=("q",))
     clustered = cluster_heads(frequency_profile(ctx.model, ctx.batches[:2]))
@@ -202,6 +212,8 @@ def frequency_step(ctx: Context) -> list[Section]:
     unit = clustered.distance_unit.iloc[0]
     numbers = dict(
         k=int(clustered.k.iloc[0]), silhouette=float(clustered.silhouette_mean.iloc[0]), distance_unit=unit,
+        structure=bool(clustered.structure.iloc[0]), p_value=float(clustered.p_value.iloc[0]),
+        separation=float(clustered.separation.iloc[0]),
         families={int(c): dict(hf_ratio=float(r.hf_ratio), mean_attention_distance=float(r.mean_attention_distance))
                   for c, r in fam.iterrows()})
     distance = dict(
@@ -218,14 +230,14 @@ def frequency_step(ctx: Context) -> list[Section]:
     spectra = dict(n_bins=len(bins), empty_bins=[c for c in bins if clustered[c].isna().all()])
     tables = {"frequency_profile": clustered, "frequency_shift_q_bias": shift}
     return [
-        Section("head_families", "Head families",
-                f"k = {numbers['k']} families by frequency profile (mean silhouette {numbers['silhouette']:.2f}); "
-                f"{families}. Cluster 0 is the most low-pass.", numbers, tables=tables,
+        Section("head_families", "Head families", _families_text(numbers, families), numbers, tables=tables,
                 figures={"clusters": plots.cluster_grid_figure(clustered, ctx.name, ctx.data_label(ctx.batches[:2]))},
                 shown=["clusters"],
                 heatmaps=[Heatmap("frequency_profile", "hf_ratio", "high-frequency share of output power", facet=None,
                                   title=f"{ctx.name}: hf_ratio per head")],
-                headline=f"Heads form {numbers['k']} frequency families (silhouette {numbers['silhouette']:.2f})."),
+                headline=(f"Heads form {numbers['k']} frequency families (silhouette {numbers['silhouette']:.2f}, "
+                          f"permutation p = {numbers['p_value']:.2f})." if numbers["structure"] else
+                          "Heads form no frequency families beyond noise (one family).")),
         Section("attention_distance", "Mean attention distance",
                 f"Per head against layer (ViT paper, Figure 7 style). Layer means range {lo:.1f}-{hi:.1f} {unit}. "
                 "Removing each head's b_q moves its distance by "
@@ -342,6 +354,8 @@ def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool
     else:
         options = {"batch_size": 4, "max_items": 8 if quick else 32, **options}
         batches = list(resolve_data(model, dataset, **options))
+    if out is not None:
+        begin_outputs(out)  # the command starts here: its steps write (ablation logs) before the report
     return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k)
 
 

@@ -17,36 +17,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from interp.interactive import heatmap_html, page_scripts, rows_of, sortable_table
-from interp.io import OutputError, atomic_path, sha256_file, write_table
+from interp.io import atomic_path, begin_outputs, forget_outputs, sha256_file, written_since_begin, write_table
 from interp.pipeline import Section
 from interp.plots import save_figure
 
 
 MANIFEST = "manifest.json"
-STARTED = ".interp-started"  # touched when a command begins writing: its mtime bounds what the command wrote
-_begun: set[Path] = set()  # folders this process has begun (the demo begins twice: one start counts)
-
-
-def begin_outputs(out: Path) -> None:
-    """Remove ``out``'s manifest before writing (until the new one lands, the folder is incomplete) and
-    mark the start, so that the manifest lists only files this command wrote, not earlier commands' files."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if out.resolve() not in _begun:
-            (out / STARTED).unlink(missing_ok=True)
-            (out / STARTED).touch()
-            _begun.add(out.resolve())
-    except OSError as exc:
-        raise OutputError(f"cannot write to output folder {out}: {exc.strerror or exc}") from None
-    (out / MANIFEST).unlink(missing_ok=True)
-
-
-def _written_by_this_command(out: Path) -> list[Path]:
-    """Files of ``out`` written since ``begin_outputs`` (all files when it was not called)."""
-    marker = out / STARTED
-    since = marker.stat().st_mtime_ns if marker.exists() else 0
-    return [p for p in sorted(out.rglob("*")) if p.is_file() and p.name not in (MANIFEST, STARTED)
-            and not p.name.endswith(".tmp") and p.stat().st_mtime_ns >= since]
 
 
 def write_section(section: Section, out: Path) -> dict[str, Path]:
@@ -65,8 +41,8 @@ def write_manifest(out: Path, meta: dict) -> Path:
     Files written together form one unit: a reader that finds no manifest, or a file whose
     hash differs from it, is looking at a run that did not finish.
     """
-    files = {str(p.relative_to(out)): sha256_file(p) for p in _written_by_this_command(out)}
-    _begun.discard(out.resolve())
+    files = {str(p.relative_to(out)): sha256_file(p) for p in written_since_begin(out) if p.name != MANIFEST}
+    forget_outputs(out)
     path = out / MANIFEST
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(_json_ready(dict(meta=meta, files=files)), indent=2))

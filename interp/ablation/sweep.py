@@ -356,6 +356,8 @@ def ablate_bias(
     n_projections: int = 8,
     shard: tuple[int, int] = (0, 1),
     progress: bool = True,
+    layers: Optional[Sequence[int]] = None,
+    heads: Optional[Sequence[int]] = None,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
 
@@ -372,12 +374,14 @@ def ablate_bias(
     version) is refused or, with ``overwrite=True``, replaced. A variant an identity answers
     (``identity_reason``) is not run unless ``force_exact``; its row says why.
     ``reuse_prefix`` (exact): layers below a patch are replayed from the intact run.
+    ``layers`` / ``heads`` (None: all) aim the sweep: variants only for those layers and heads
+    (``scope="head"``: each selected head alone; "layer": the selected heads of a layer together).
     ``shard=(rank, world)``: this process runs every world-th variant (the one-pass estimate
     of "auto" runs whole on every rank, so all choose the same top heads); ``merge_shards``
     joins the ranks' frames into the one-process table.
     """
     model = require_bridge(model, "ablate_bias")
-    variants = make_variants(model.interp, kinds, scope)
+    variants = make_variants(model.interp, kinds, scope, layers, heads)
     check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
     top_k, stack = check_count("top_k", top_k, minimum=0), check_count("stack", stack)
     if isinstance(n_projections, bool) or not isinstance(n_projections, int) or n_projections < 1:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Union
 
-from interp.checks import check_kinds
+from interp.checks import check_heads, check_kinds, check_layers
 from interp.errors import InputError
 from interp.models.info import ModelInfo
 from interp.patching import Target
@@ -59,18 +59,30 @@ def _custom(info: ModelInfo, scope: Iterable[Target]) -> list[Variant]:
     return [Variant(targets, "custom", "+".join(sorted({k for _, _, k in targets})))]
 
 
-def make_variants(info: ModelInfo, kinds: Sequence[str], scope: Union[str, Iterable[Target]]) -> list[Variant]:
-    """Variants for ``scope``: "head" (each head alone), "layer", "all", or explicit targets."""
+def make_variants(info: ModelInfo, kinds: Sequence[str], scope: Union[str, Iterable[Target]],
+                  layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None) -> list[Variant]:
+    """Variants for ``scope`` within the selected ``layers`` and ``heads`` (None: all): "head" (each
+    selected head alone), "layer" (the selected heads of each selected layer together), "all" (every
+    selected head of a kind together), or explicit targets. Under grouped-query attention k and v
+    have fewer heads: their selection is the selected heads below ``n_kv_heads``."""
     kinds = check_kinds(kinds)
     if not isinstance(scope, str):
+        if layers is not None or heads is not None:
+            raise InputError("layers= and heads= select among scope='head' / 'layer' / 'all' variants; a list of "
+                             "targets already names its heads: leave layers and heads out")
         return _custom(info, scope)
-    layers = range(info.n_layers)
+    layers, heads = check_layers(layers, info), check_heads(heads, info)
+    chosen = {k: [h for h in heads if h < info.heads(k)] for k in kinds}
+    empty = [k for k in kinds if not chosen[k]]
+    if empty:
+        raise InputError(f"heads={heads} selects no {'/'.join(empty)} head: {info.name} has {info.n_kv_heads} kv heads "
+                         f"(k and v) and {info.n_heads} query heads")
     if scope == "head":
-        return [Variant(((l, h, k),), "head", k, l, h) for k in kinds for l in layers for h in range(info.heads(k))]
+        return [Variant(((l, h, k),), "head", k, l, h) for k in kinds for l in layers for h in chosen[k]]
     if scope == "layer":
-        return [Variant(tuple((l, h, k) for h in range(info.heads(k))), "layer", k, l) for k in kinds for l in layers]
+        return [Variant(tuple((l, h, k) for h in chosen[k]), "layer", k, l) for k in kinds for l in layers]
     if scope == "all":
-        return [Variant(tuple((l, h, k) for l in layers for h in range(info.heads(k))), "all", k) for k in kinds]
+        return [Variant(tuple((l, h, k) for l in layers for h in chosen[k]), "all", k) for k in kinds]
     raise InputError(
         f"scope must be one of {', '.join(s for s in SCOPES if s != 'custom')} or a list of "
         f"(layer, head, kind); got {scope!r}"

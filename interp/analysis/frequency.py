@@ -261,38 +261,111 @@ def frequency_shift_under_ablation(model: InterpBridge, data: Any, kinds: Sequen
 FEATURES = ("hf_ratio", "mean_attention_distance", "entropy", "sink_mass")
 
 
-def _fit_clusters(X: np.ndarray, k: int, method: str, seed: int) -> np.ndarray:
+def _fit_clusters(X: np.ndarray, k: int, method: str, seed: int, n_init: int = 10) -> np.ndarray:
     with warnings.catch_warnings():
         # duplicate heads (e.g. planted copies) yield fewer distinct clusters than k
         warnings.simplefilter("ignore", ConvergenceWarning)
         if method == "kmeans":
-            return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(X)
+            return KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(X)
         return AgglomerativeClustering(n_clusters=k).fit_predict(X)
 
 
-def _best_k(X: np.ndarray, method: str, seed: int) -> tuple[int, np.ndarray]:
-    """The k in 2..8 with the best mean silhouette, and its labels."""
+def _best_k(X: np.ndarray, method: str, seed: int, n_init: int = 10) -> Optional[tuple[float, int, np.ndarray]]:
+    """(mean silhouette, k, labels) of the k in 2..8 with the best mean silhouette; None if no k splits."""
     best = None
     for k in range(2, min(8, len(X) - 1) + 1):
-        labels = _fit_clusters(X, k, method, seed)
+        labels = _fit_clusters(X, k, method, seed, n_init)
         if len(set(labels)) < 2:
             continue
         score = silhouette_score(X, labels)
         if best is None or score > best[0] + 1e-12:
             best = (score, k, labels)
-    if best is None:
-        raise InputError("heads are indistinguishable: no clustering with >= 2 clusters")
-    return best[1], best[2]
+    return best
+
+
+# The smallest difference between two families' mean that counts, per headline feature: a split whose
+# every pair of families differs by less in all four is no family structure, however high its silhouette
+# (standardised features make 115.89 vs 115.85 px look like two families).
+RESOLUTION = dict(hf_ratio=0.01, entropy=0.05, sink_mass=0.02)
+DISTANCE_RESOLUTION = 0.02  # of the mean attention distance
+
+
+def family_separation(profile: pd.DataFrame, labels: np.ndarray) -> float:
+    """min over pairs of families of max over headline features of |mean difference| / resolution."""
+    res = {**RESOLUTION, "mean_attention_distance": DISTANCE_RESOLUTION * abs(profile.mean_attention_distance.mean())}
+    cols = [c for c in res if c in profile]
+    means = profile[cols].assign(_c=labels).groupby("_c").mean()
+    scale = np.array([max(res[c], 1e-12) for c in cols])
+    values = means.to_numpy() / scale
+    gaps = [np.abs(values[i] - values[j]).max() for i in range(len(values)) for j in range(i + 1, len(values))]
+    return float(min(gaps)) if gaps else 0.0
+
+
+def permutation_null(X: np.ndarray, method: str, seed: int, n_null: int) -> np.ndarray:
+    """The best mean silhouette (over k in 2..8) of ``n_null`` copies of X with each feature column
+    permuted across heads on its own: each feature keeps its distribution (outliers included), any
+    structure shared by the features is destroyed."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_null):
+        Xp = np.column_stack([rng.permutation(col) for col in X.T])
+        best = _best_k(Xp, method, seed, n_init=3)  # 3 restarts: the null needs many fits, not the best one
+        out.append(best[0] if best is not None else 0.0)
+    return np.asarray(out)
 
 
 def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = "kmeans",
-                  seed: int = 0) -> pd.DataFrame:
-    """Group heads into families on standardised profile features (scikit-learn).
+                  seed: int = 0, n_null: int = 19, alpha: float = 0.05) -> pd.DataFrame:
+    """Group heads into families on standardised profile features (scikit-learn), or say there are none.
 
-    ``k`` is chosen by the best mean silhouette over 2..8 when not given. Clusters are
-    relabelled so that cluster 0 has the lowest mean hf_ratio (most low-pass). Adds
-    columns ``cluster``, ``silhouette`` (per head) and ``silhouette_mean``, ``k``.
+    ``k`` is chosen by the best mean silhouette over 2..8 when not given, and that silhouette is
+    compared with a permutation null: the same best silhouette on ``n_null`` copies of the features
+    with each column permuted across heads on its own (``permutation_null``). p = (1 + #null >=
+    observed) / (1 + n_null). Families must also differ by a visible amount: ``separation`` = min over
+    pairs of families of max over hf_ratio, mean_attention_distance, entropy and sink_mass of the
+    difference of their means in units of ``RESOLUTION`` (0.01, 2% of the mean distance, 0.05 nats,
+    0.02). With p > ``alpha`` or separation < 1 the heads form one family: ``k`` = 1, ``cluster`` = 0,
+    ``structure`` = False (standardised features give noise, or a random-init model's layer 0, a high
+    silhouette too). A given ``k`` is used as asked, with p and separation reported. Clusters are
+    relabelled so that cluster 0 has the lowest mean hf_ratio (most low-pass). Adds columns
+    ``cluster``, ``silhouette`` (per head), ``silhouette_mean``, ``k``, ``null_silhouette`` (mean of the null's), ``p_value``, ``separation``
+    (of the best k's families), ``structure``.
     """
+    X = _cluster_features(profile, method)
+    if not isinstance(n_null, int) or n_null < 1:
+        raise InputError(f"n_null must be a positive int (copies of the permutation null); got {n_null!r}")
+    if not 0 < alpha < 1:
+        raise InputError(f"alpha must lie in (0, 1); got {alpha!r}")
+    n = len(X)
+    if k is not None and (not isinstance(k, int) or not 2 <= k < n):
+        raise InputError(f"k must lie in 2..{n - 1}; got {k}")
+    best = _best_k(X, method, seed)
+    if best is None:
+        raise InputError("heads are indistinguishable: no clustering with >= 2 clusters")
+    null = permutation_null(X, method, seed, n_null)
+    p_value = (1 + int((null >= best[0] - 1e-12).sum())) / (1 + n_null)
+    separation = family_separation(profile, best[2])
+    structure = p_value <= alpha and separation >= 1.0
+    if k is not None:
+        labels = _fit_clusters(X, k, method, seed)
+    elif structure:
+        k, labels = best[1], best[2]
+    else:
+        k, labels = 1, np.zeros(n, dtype=int)
+    out = profile.copy()
+    order = out.assign(_c=labels).groupby("_c").hf_ratio.mean().sort_values().index.tolist()
+    remap = {old: new for new, old in enumerate(order)}
+    out["cluster"] = [remap[c] for c in labels]
+    out["silhouette"] = silhouette_samples(X, labels) if len(set(labels)) > 1 else float("nan")
+    out["silhouette_mean"] = float(np.mean(out["silhouette"])) if len(set(labels)) > 1 else float("nan")
+    out["k"] = k
+    out["null_silhouette"], out["p_value"], out["structure"] = float(null.mean()), p_value, bool(structure)
+    out["separation"] = separation
+    return out
+
+
+def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
+    """The standardised feature matrix [head, feature] of a profile, checked."""
     if not isinstance(profile, pd.DataFrame):
         raise InputError(f"cluster_heads takes the DataFrame from frequency_profile, got {type(profile).__name__}")
     if method not in ("kmeans", "agglomerative"):
@@ -300,21 +373,6 @@ def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = 
     cols = [c for c in profile.columns if c.startswith("bin_")] + [c for c in FEATURES if c in profile]
     if not cols:
         raise InputError("profile has no feature columns: pass the output of frequency_profile")
-    X = np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(profile[cols].to_numpy(dtype=float))))
-    n = len(X)
-    if n < 3:
-        raise InputError(f"need at least 3 heads to cluster, got {n}")
-    if k is None:
-        k, labels = _best_k(X, method, seed)
-    else:
-        if not isinstance(k, int) or not 2 <= k < n:
-            raise InputError(f"k must lie in 2..{n - 1}; got {k}")
-        labels = _fit_clusters(X, k, method, seed)
-    out = profile.copy()
-    order = out.assign(_c=labels).groupby("_c").hf_ratio.mean().sort_values().index.tolist()
-    remap = {old: new for new, old in enumerate(order)}
-    out["cluster"] = [remap[c] for c in labels]
-    out["silhouette"] = silhouette_samples(X, labels) if len(set(labels)) > 1 else 0.0
-    out["silhouette_mean"] = float(np.mean(out["silhouette"]))
-    out["k"] = k
-    return out
+    if len(profile) < 3:
+        raise InputError(f"need at least 3 heads to cluster, got {len(profile)}")
+    return np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(profile[cols].to_numpy(dtype=float))))

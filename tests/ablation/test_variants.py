@@ -1,5 +1,6 @@
 """Ablation variants: a scope column says what each row patched; custom sets are keyed by their targets."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -55,3 +56,30 @@ def test_rows_round_trip_through_csv(lm, tmp_path):
     again = pd.read_csv(tmp_path / "ablation_zero_exact.csv")
     assert again["head"].isna().all() and (again.scope == "layer").all()
     assert again.delta.tolist() == pytest.approx(df.delta.tolist())
+
+
+def test_layers_and_heads_aim_the_sweep_and_equal_the_full_sweeps_rows():
+    model = interp.load_model(interp.tiny_hf_model("qwen2", n_layers=3, n_heads=4, n_kv_heads=2), device="cpu")
+    data = [interp.tiny_inputs("qwen2", batch=2, pos=8, seed=0)]
+    full = interp.ablate_bias(model, data, kinds=("q", "k"), estimate="exact", progress=False)
+    aimed = interp.ablate_bias(model, data, kinds=("q", "k"), estimate="exact", layers=[1], heads=[0, 3],
+                               progress=False)
+    # q: heads 0 and 3 of layer 1; k (2 kv heads): head 0 only
+    assert sorted(zip(aimed.kind, aimed.layer, aimed["head"])) == [("k", 1, 0), ("q", 1, 0), ("q", 1, 3)]
+    merged = aimed.merge(full, on=["kind", "layer", "head"], suffixes=("", "_full"))
+    assert np.allclose(merged.delta, merged.delta_full, atol=1e-7)
+    layer = interp.ablate_bias(model, data, kinds=("q",), scope="layer", estimate="exact", layers=0, heads=[1, 2],
+                               progress=False)
+    assert len(layer) == 1 and layer.n_targets.iloc[0] == 2
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(layers=[5]), "layers must"), (dict(heads=[-1]), "heads must be"), (dict(heads="0"), "heads must be"),
+    (dict(heads=[]), "heads must be"), (dict(scope=[(0, 0, "q")], heads=[0]), "leave layers and heads out"),
+    (dict(kinds=("k",), heads=[3]), "selects no k head"),
+])
+def test_bad_layer_and_head_selections_are_refused(kw, words):
+    model = interp.load_model(interp.tiny_hf_model("qwen2", n_layers=3, n_heads=4, n_kv_heads=2), device="cpu")
+    kw = {"kinds": ("q",), **kw}
+    with pytest.raises(InputError, match=words):
+        interp.ablate_bias(model, [interp.tiny_inputs("qwen2")], progress=False, **kw)
