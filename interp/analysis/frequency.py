@@ -328,8 +328,8 @@ def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = 
     ``structure`` = False (standardised features give noise, or a random-init model's layer 0, a high
     silhouette too). A given ``k`` is used as asked, with p and separation reported. Clusters are
     relabelled so that cluster 0 has the lowest mean hf_ratio (most low-pass). Adds columns
-    ``cluster``, ``silhouette`` (per head), ``silhouette_mean``, ``k``, ``null_silhouette`` (mean of the null's), ``p_value``, ``separation``
-    (of the best k's families), ``structure``.
+    ``cluster``, ``silhouette`` (per head), ``silhouette_mean``, ``k``, ``null_silhouette`` (mean of
+    the null's), ``p_value``, ``separation`` (of the best k's families), ``structure``.
     """
     X = _cluster_features(profile, method)
     if not isinstance(n_null, int) or n_null < 1:
