@@ -70,19 +70,26 @@ def _record_batches(model: Any, args: argparse.Namespace, rank: int, world: int)
     from interp.data import BUILTIN, iter_batches
 
     if args.data in BUILTIN:  # small, in memory: shard the batches
-        return itertools.islice(iter_batches(model, args.data, max_batches=args.max_batches), rank, None, world), None
+        batches = iter_batches(model, _data_source(model, args), max_batches=args.max_batches)
+        return itertools.islice(batches, rank, None, world), None
     source = _data_source(model, args, rank, world)
     return (source if args.max_batches is None else itertools.islice(source, args.max_batches)), source
 
 
 def _data_source(model: Any, args: argparse.Namespace, rank: int = 0, world: int = 1) -> Any:
-    """``--data`` and the data flags as a ``DataSource`` (a built-in name stays a name); says what it read."""
-    from interp.data import BUILTIN, check_data_name
+    """``--data`` and the data flags as a ``DataSource``, or a built-in data set's batches built with the
+    same flags (--batch-size, --seq-len, --max-items: never ignored); says what it read."""
+    from interp.data import BUILTIN, builtin_batches, builtin_options, check_data_name
     from interp.sources import resolve_data
 
     check_data_name(args.data)
     if args.data in BUILTIN:
-        return args.data
+        options = {k: getattr(args, k) for k in ("batch_size", "seq_len", "max_items") if getattr(args, k) is not None}
+        batches = builtin_batches(model, args.data, **builtin_options(args.data, options))
+        if rank == 0:
+            print(f"data: built-in {args.data!r}, {sum(len(b.inputs) for b in batches)} items in {len(batches)} "
+                  f"batches", flush=True)
+        return batches
     source = resolve_data(model, args.data, text_column=args.text_column, image_column=args.image_column,
                           batch_size=args.batch_size, seq_len=args.seq_len, max_items=args.max_items,
                           max_tokens=args.max_tokens, normalize=args.normalize, rank=rank, world=world,
@@ -130,6 +137,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
         write_section(summarise_recording(stats, args.data), out)
         write_manifest(out, dict(command="record", model=args.model, data=args.data, max_batches=args.max_batches,
                                  data_description=None if source is None else source.description,
+                                 data_options=dict(batch_size=args.batch_size, seq_len=args.seq_len,
+                                                   max_items=args.max_items),
+                                 tokens_recorded=stats.count(stats.layers[0]),
                                  skipped_items=skipped, skipped_examples=[] if source is None else source.skipped_items,
                                  peak_rss_mb_per_rank=peak_rss_mb,
                                  model_fingerprint=stats.model_fingerprint, data_fingerprint=stats.data_fingerprint))

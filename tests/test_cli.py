@@ -78,3 +78,16 @@ def test_version_and_debug_anywhere():
                                                                        "--debug")):
         r = run(*argv)
         assert r.returncode != 0 and "Traceback" in r.stderr  # --debug shows it, before or after the subcommand
+
+
+def test_record_uses_the_data_flags_on_a_built_in_set_and_says_so(tmp_path):
+    """--seq-len, --max-items and --batch-size on python-docs were ignored (1,322 tokens recorded)."""
+    import json
+
+    from interp.cli import main as cli_main
+
+    out = tmp_path / "rec"
+    assert cli_main(["record", "--model", "minilm-l6", "--data", "python-docs", "--seq-len", "16", "--max-items",
+                     "2", "--batch-size", "1", "--out", str(out)]) == 0
+    meta = json.loads((out / "manifest.json").read_text())["meta"]
+    assert meta["tokens_recorded"] <= 2 * 16 and meta["data_options"] == dict(batch_size=1, seq_len=16, max_items=2)
