@@ -18,7 +18,9 @@ the named classes that receives the most attention (largest column sum over real
   ``k``-th smallest value lies in a known bin; ``lower_median`` returns that bin's midpoint, within
   a relative 2^-11 (0.05%) of the exact lower median. Memory: 80 x 1,024 float64 counts (640 KiB).
 * ``RunningTopK``: the ``k`` largest scores seen so far with integer payloads (sequence, position,
-  channel, token), merged batch by batch on the model's device (no host sync per batch).
+  channel, token), merged batch by batch on the model's device (no host sync per batch); equal
+  scores are broken by data order (the earliest sequence, position, channel wins), so the
+  result does not depend on how the data were batched.
 """
 
 from __future__ import annotations
@@ -128,6 +130,20 @@ def _edge(i: int) -> float:
     return float(bits.view(torch.float32)[0])
 
 
+def stable_topk(score: Float[Tensor, " n"], k: int) -> Int[Tensor, " k"]:
+    """Indices of the ``k`` largest scores, ties broken by the lower index (data order), largest first.
+
+    Unlike ``torch.topk`` the choice among equal scores is fixed (the same token at the same
+    position in many sequences, e.g. BOS, gives equal values), with no host sync."""
+    k = min(k, score.numel())
+    kth = score.topk(k).values[-1]
+    n = score.numel()
+    rank = n - torch.arange(n, device=score.device, dtype=torch.float64)  # earlier = larger
+    key = torch.where(score > kth, 2.0 * n + rank, torch.where(score == kth, rank, torch.zeros_like(rank)))
+    chosen = key.topk(k).indices.sort().values  # in data order
+    return chosen[torch.sort(score[chosen], descending=True, stable=True).indices]
+
+
 class RunningTopK:
     """The ``k`` largest ``score``s seen so far, each with a signed ``value`` and integer ``payload`` columns."""
 
@@ -138,12 +154,12 @@ class RunningTopK:
         self.payload: Optional[Tensor] = None
 
     def add(self, score: Float[Tensor, " n"], value: Float[Tensor, " n"], payload: Int[Tensor, "n fields"]) -> None:
-        """Merge candidates (score -inf = never chosen); stays on the candidates' device."""
-        if self.score is not None:
+        """Merge candidates given in data order (score -inf = never chosen); stays on their device."""
+        if self.score is not None:  # the kept entries came earlier in the data: they win ties
             score = torch.cat([self.score, score])
             value = torch.cat([self.value, value])
             payload = torch.cat([self.payload, payload])
-        top = score.topk(min(self.k, score.numel())).indices
+        top = stable_topk(score, self.k)
         self.score, self.value, self.payload = score[top], value[top], payload[top]
 
     def rows(self) -> list[tuple[float, float, list[int]]]:
@@ -286,6 +302,15 @@ def patterns_of(model: InterpBridge, store: dict[str, Tensor], layers: Sequence[
             f"{impl!r} attention kernel, which never materialises the pattern. Load it with interp.load_model "
             "(eager attention), or set its config's _attn_implementation = 'eager'")
     return {layer: store[f"blocks.{layer}.attn.hook_pattern"] for layer in layers}
+
+
+def patterns_and_classes(model: InterpBridge, batch: Batch, store: dict[str, Tensor], layers: Sequence[int],
+                         acc: dict) -> tuple[dict[int, Tensor], Tensor, ClassMasks]:
+    """(each layer's pattern, real tokens, class masks) of one batch; counts its real query rows into acc["rows"]."""
+    patterns = patterns_of(model, store, layers)
+    real, masks = class_masks(model, batch, patterns[layers[0]].shape[-1], patterns[layers[0]].device)
+    acc["rows"] = acc.get("rows", 0) + real.sum()
+    return patterns, real, masks
 
 
 def add_sums(acc: dict, key: Any, sums: dict[str, Tensor]) -> None:

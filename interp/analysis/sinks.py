@@ -40,10 +40,11 @@ from interp.analysis.sink_parts import (
     check_top_k,
     column_sums,
     keeper,
-    patterns_of,
+    patterns_and_classes,
     provenance,
     rows_or_fail,
     sink_weights,
+    stable_topk,
     check_positions,
     check_threshold,
     class_masks,
@@ -138,9 +139,7 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, laye
     acc: dict = {}
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
-        patterns = patterns_of(model, store, layers)
-        real, masks = class_masks(model, batch, patterns[layers[0]].shape[-1], patterns[layers[0]].device)
-        acc["rows"] = acc.get("rows", 0) + real.sum()
+        patterns, real, masks = patterns_and_classes(model, batch, store, layers, acc)
         for layer in layers:
             add_sums(acc, (layer, "mass"), _class_sums(patterns[layer], real, masks, names))
             if "key_prior" in removals and has_b_q[layer]:
@@ -240,9 +239,7 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     acc: dict = {}
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
-        patterns = patterns_of(model, store, layers)
-        real, masks = class_masks(model, batch, patterns[layers[0]].shape[-1], patterns[layers[0]].device)
-        acc["rows"] = acc.get("rows", 0) + real.sum()
+        patterns, real, masks = patterns_and_classes(model, batch, store, layers, acc)
         for layer in layers:
             sink = sink_weights(column_sums(patterns[layer], real), real, masks, sink_names)
             v = store[f"blocks.{layer}.attn.hook_v"][:, :, group]
@@ -294,14 +291,14 @@ class _LayerActivations:
         absval = h.abs()
         self.values.add(absval.flatten(), w.flatten())
         score = absval.masked_fill(~w, float("-inf")).flatten()
-        top = score.topk(min(self.top.k, score.numel())).indices
+        top = stable_topk(score, self.top.k)
         tok, channel = top // h.shape[-1], top % h.shape[-1]
         self.top.add(score[top], h.flatten()[top], torch.cat([payload.flatten(0, 1)[tok], channel[:, None]], 1))
         norms = h.double().norm(dim=-1)
         self.norms.add(norms.flatten(), real.flatten())
         self.norm_sum = self.norm_sum + (norms * real).sum()
         score = norms.masked_fill(~real, float("-inf")).flatten()
-        best = score.topk(1).indices
+        best = stable_topk(score, 1)
         self.norm_top.add(score[best], score[best], payload.flatten(0, 1)[best])
 
 
@@ -326,7 +323,8 @@ def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequ
     ``median_abs`` = lower median of |h_ic| (from a histogram of float32 bit patterns, within a
     relative 2^-11 of the exact value: ``interp.analysis.streaming``), ``ratio_to_median`` =
     |value| / median_abs, ``massive`` = |value| > ``abs_threshold`` and ratio > ``ratio_threshold``
-    (Sun et al. 2024: 100 and 1000). Token norms ||h_i||: ``norm_mean`` (exact), ``norm_median``
+    (Sun et al. 2024: 100 and 1000). Equal values (the same token at the same position of many
+    sequences, e.g. BOS) are ranked in data order. Token norms ||h_i||: ``norm_mean`` (exact), ``norm_median``
     (histogram, as above), ``norm_max`` with its ``norm_max_sequence`` / ``norm_max_position``.
     """
     info = require_bridge(model, "massive_activations").interp
