@@ -12,7 +12,7 @@ LAYERS = [
     ["interp._version", "interp.errors", "interp.types"],
     ["interp.io", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder"],
     ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip",
-     "interp.models.adapters.timm_vit", "interp.plots", "interp.interactive"],
+     "interp.models.adapters.timm_vit", "interp.plots", "interp.interactive", "interp.models.audit"],
     ["interp.models.adapters.open_clip_vit"],
     ["interp.models.adapters"],
     ["interp.models.families"],

@@ -13,7 +13,6 @@ keys along u = W_k b_q. Under rotary every term depends on i - j.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import pandas as pd
@@ -45,8 +44,10 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((rot * c + _rotate_half(rot) * s, rest), dim=-1)
 
 
-def _key_mask(model: InterpBridge, batch: Batch, n_pos: int, device: Any) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
-    """Which (query, key) pairs are attended (causal, padding)."""
+def _key_mask(model: InterpBridge, batch: Batch, n_pos: int, device: Any,
+              layer: Optional[int] = None) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+    """Which (query, key) pairs are attended (causal, padding; with ``layer``, its sliding window too:
+    keys j with i - window < j <= i, HF's ``sliding_window_overlay``)."""
     b = batch.inputs.shape[0]
     allowed = torch.ones(b, 1, n_pos, n_pos, dtype=torch.bool, device=device)
     if batch.attention_mask is not None and model.interp.modality == "text":
@@ -54,6 +55,10 @@ def _key_mask(model: InterpBridge, batch: Batch, n_pos: int, device: Any) -> Boo
         allowed &= m[:, None, None, :] & m[:, None, :, None]
     if model.interp.causal:
         allowed &= torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).tril()[None, None]
+    window = model.interp.window(layer) if layer is not None else None
+    if window is not None:
+        i = torch.arange(n_pos, device=device)
+        allowed &= (i[None, :] > i[:, None] - window)[None, None]
     return allowed
 
 
@@ -84,7 +89,7 @@ def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreT
         bq_full, bk_full = apply_rotary(bq_full, cos, sin), apply_rotary(bk_full, cos, sin)
     group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads), device=q.device)
     ck, bk_full = ck[:, :, group], bk_full[:, :, group]
-    scale = 1.0 / math.sqrt(info.d_head)
+    scale = info.score_scale(layer)  # 1/sqrt(d_head); GPT-2's scale_attn_by_inverse_layer_idx divides by layer + 1
     dot = lambda a, b: torch.einsum("bihd,bjhd->bhij", a, b) * scale  # noqa: E731
     return {
         "content": dot(cq, ck),
@@ -130,11 +135,13 @@ def score_decomposition(
     KL(P || P without the key_prior term), nats), rotary, terms_complete (False where the
     family adds a content-free score term the four leave out: ALiBi, BEiT's relative
     position bias). Refused (``UnsupportedModelError``, with the reason) where the score is
-    not bilinear in content + bias: qk-norm, Gemma 2's soft-capping.
+    not bilinear in content + bias: qk-norm, Gemma 2's soft-capping, OLMo's ``clip_qkv``; and
+    whenever the softmax of the four terms is not the model's own pattern (a config flag the
+    audit does not know). Each layer's rows use its sliding window (Mistral, Qwen2) and its
+    score scale (GPT-2's ``scale_attn_by_inverse_layer_idx``).
     """
     info = require_bridge(model, "score_decomposition").interp
     _require_bilinear_scores(info)
-    names = lambda n: n.endswith(("attn.hook_q", "attn.hook_k", "attn.hook_cos", "attn.hook_sin"))  # noqa: E731
     acc: dict[tuple[int, str], Tensor] = {}
     kl_acc: dict[int, Tensor] = {}
     rows_acc = 0.0
@@ -142,25 +149,88 @@ def score_decomposition(
         for batch in tqdm(iter_batches(model, data, max_batches), desc="score decomposition",
                           disable=not progress, unit="batch"):
             batch.check(info)
-            x, kw = model_inputs(model, batch)
-            _, cache = model.run_with_cache(x, names_filter=names, **kw)
-            n_pos = cache["blocks.0.attn.hook_q"].shape[1]
-            allowed = _key_mask(model, batch, n_pos, x.device)
-            valid_rows = allowed.any(-1).to(torch.float64)  # [b, 1, q]
-            n_rows = valid_rows.sum()
-            for layer in range(info.n_layers):
-                terms = score_terms(model, cache, layer)
-                total = _accumulate_terms(terms, allowed, valid_rows, acc, layer)
-                neg = torch.finfo(torch.float64).min
-                s = total.double().masked_fill(~allowed, neg)
-                s_wo = (total - terms["key_prior"].double()).masked_fill(~allowed, neg)
-                logp, logq = s.log_softmax(-1), s_wo.log_softmax(-1)
-                kl = (logp.exp() * (logp - logq)).masked_fill(~allowed, 0).sum(-1)
-                kl_acc[layer] = kl_acc.get(layer, 0) + (kl * valid_rows).sum((0, 2))
-            rows_acc += float(n_rows)
+            rows_acc += _decompose_batch(model, batch, acc, kl_acc)
     if rows_acc == 0:
         raise InputError("data is empty: no query rows to decompose")
     return _decomposition_table(info, acc, kl_acc, rows_acc)
+
+
+_KEPT = {"attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "attn.hook_cos": "attn.hook_cos",
+         "attn.hook_sin": "attn.hook_sin"}
+
+
+def _decompose_batch(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict) -> float:
+    """One forward; each layer's terms are accumulated in its pattern hook (q, k, cos and sin of that
+    layer have been kept by then) and checked against the model's own pattern. Returns the query rows."""
+    x, kw = model_inputs(model, batch)
+    store: dict[str, Tensor] = {}
+    rows: list[Tensor] = []
+
+    def keep(t: Tensor, hook: Any) -> None:
+        head, _, tail = hook.name.partition(".attn.")
+        store[f"{head}.{_KEPT['attn.' + tail]}"] = t.detach()
+
+    def at_pattern(pattern: Tensor, hook: Any) -> None:
+        layer = int(hook.name.split(".")[1])
+        allowed = _key_mask(model, batch, pattern.shape[-1], pattern.device, layer)
+        valid_rows = allowed.any(-1).to(torch.float64)  # [b, 1, q]
+        terms = score_terms(model, store, layer)
+        total = _accumulate_terms(terms, allowed, valid_rows, acc, layer)
+        _check_terms_give_pattern(model.interp, layer, total, pattern, allowed)
+        kl_acc[layer] = kl_acc.get(layer, 0) + _kl_without_key_prior(total, terms["key_prior"], allowed, valid_rows)
+        rows.append(valid_rows.sum())
+        store.clear()
+
+    kept = lambda n: n.startswith("blocks.") and n.split(".", 2)[-1] in _KEPT  # noqa: E731
+    patterns = lambda n: n.startswith("blocks.") and n.endswith(".attn.hook_pattern")  # noqa: E731
+    model.run_with_hooks(x, fwd_hooks=[(kept, keep), (patterns, at_pattern)], **kw)
+    if len(rows) != model.interp.n_layers:
+        raise UnsupportedModelError(f"{model.interp.name}: hook_pattern fired for {len(rows)} of "
+                                    f"{model.interp.n_layers} layers; the decomposition needs every layer's pattern")
+    return float(rows[0])
+
+
+def _kl_without_key_prior(total: Tensor, key_prior: Tensor, allowed: Tensor, valid_rows: Tensor) -> Tensor:
+    """Per head: the sum over query rows of KL(P || P without the key_prior term), nats."""
+    neg = torch.finfo(torch.float64).min
+    s = total.double().masked_fill(~allowed, neg)
+    s_wo = (total - key_prior.double()).masked_fill(~allowed, neg)
+    logp, logq = s.log_softmax(-1), s_wo.log_softmax(-1)
+    kl = (logp.exp() * (logp - logq)).masked_fill(~allowed, 0).sum(-1)
+    return (kl * valid_rows).sum((0, 2))
+
+
+def _check_terms_give_pattern(info: Any, layer: int, total: Tensor, pattern: Tensor, allowed: Tensor) -> None:
+    """Refuse when the softmax of the four terms over the allowed keys is not the model's own pattern.
+
+    The config audit covers the flags it knows; this catches the ones it does not (a scale, window,
+    norm or cap the decomposition does not model). Families with a content-free extra term (ALiBi,
+    relative position bias) are not checked: the four terms leave it out by design. ``gap``: the largest
+    |log p_model - log p_terms| over attended pairs where either exceeds 1e-4 (log p is the score less
+    a row constant); allowed: 1e-3 (5e-2 in half precision) of 1 + the largest spread of a score row, plus
+    rounding (16 eps of 1 + max |score|). The model's pattern mass on keys the mask excludes must stay
+    below the same relative bound (rows of padding queries, which attend nothing, are left out).
+    """
+    if info.spec.extra_score_term:
+        return
+    p, s = pattern.double(), total.double()
+    logq = s.masked_fill(~allowed, float("-inf")).log_softmax(-1)
+    both = allowed & ((p > 1e-4) | (logq.exp() > 1e-4))
+    zero = torch.zeros_like(p)
+    gap = float(torch.where(both, (p.clamp_min(1e-300).log() - logq).abs(), zero).amax())
+    hi, lo = s.masked_fill(~allowed, float("-inf")).amax(-1), s.masked_fill(~allowed, float("inf")).amin(-1)
+    spread = float((hi - lo).nan_to_num(0.0, 0.0, 0.0).amax())  # rows with no allowed key: 0
+    largest = float(torch.where(allowed, s.abs(), zero).amax())
+    outside = float(torch.where(allowed, zero, p).sum(-1).masked_fill(~allowed.any(-1), 0).amax())  # real rows
+    rtol = 5e-2 if pattern.dtype in (torch.float16, torch.bfloat16) else 1e-3
+    allowed_gap = rtol * (1 + spread) + 16 * torch.finfo(pattern.dtype).eps * (1 + largest)
+    if gap > allowed_gap or outside > rtol:
+        raise UnsupportedModelError(
+            f"{info.name}, layer {layer}: the four score terms do not reproduce the model's attention pattern "
+            f"(log-pattern gap {gap:.2g}, allowed {allowed_gap:.2g}; pattern mass outside the key mask "
+            f"{outside:.2g}), so its config changes the attention math in a way interp does not model (a scale, "
+            "window, norm or cap); no numbers are returned. The config audit (interp/models/audit.py) lists what "
+            "is handled: report the config so that it gets an entry")
 
 
 def _decomposition_table(info: Any, acc: dict, kl_acc: dict, rows_acc: float) -> pd.DataFrame:
@@ -199,7 +269,7 @@ def _layer_invariances(m: InterpBridge, layer: int, batches: list[Batch]) -> tup
         base_out, base = m.run_with_cache(x, names_filter=[pat], **kw)
         store: dict[str, Tensor] = {}
         m.run_with_hooks(x, fwd_hooks=remove_k + [(pat, _grab(store, "patched"))], **kw)
-        allowed = _key_mask(m, batch, base[pat].shape[-1], base[pat].device)
+        allowed = _key_mask(m, batch, base[pat].shape[-1], base[pat].device, layer)
         k_diff = max(k_diff, float((store["patched"] - base[pat]).abs().masked_fill(~allowed, 0).max()))
         folded = m.run_with_hooks(x, fwd_hooks=fold_v, **kw)
         v_diff = max(v_diff, float((_final_output(folded) - _final_output(base_out)).abs().max()))

@@ -170,6 +170,12 @@ def stablelm(s: TinySize) -> nn.Module:
     return tf.StableLmForCausalLM(tf.StableLmConfig(**_lm(s), use_qkv_bias=True, partial_rotary_factor=0.25))
 
 
+def stablelm_qknorm(s: TinySize) -> nn.Module:
+    """StableLM 2 12B style: per-head LayerNorm on q and k, q/k/v biases, partial rotary."""
+    return tf.StableLmForCausalLM(tf.StableLmConfig(**_lm(s), use_qkv_bias=True, partial_rotary_factor=0.25,
+                                                    qk_layernorm=True))
+
+
 def roberta(s: TinySize) -> nn.Module:
     return tf.RobertaForMaskedLM(tf.RobertaConfig(
         intermediate_size=2 * s.d_model, **{**_text(s), "max_position_embeddings": MAX_POSITIONS + 2}, pad_token_id=1))
@@ -189,6 +195,7 @@ def siglip_vision(s: TinySize) -> nn.Module:
 
 
 # ----- timm and open_clip (imported when built: optional for users who never use them) ----
+# ``extra`` overrides constructor arguments (the config audit's probes).
 
 
 def _timm_size(s: TinySize) -> dict:
@@ -196,54 +203,63 @@ def _timm_size(s: TinySize) -> dict:
                 mlp_ratio=2.0, num_classes=0)
 
 
-def timm_vit(s: TinySize) -> nn.Module:
+def timm_vit(s: TinySize, **extra) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(**_timm_size(s), qkv_bias=True)
+    return VisionTransformer(**{**_timm_size(s), "qkv_bias": True, **extra})
 
 
-def timm_vit_qknorm(s: TinySize) -> nn.Module:
+def timm_vit_qknorm(s: TinySize, **extra) -> nn.Module:
     """timm ViT with ``qk_norm=True``: q and k pass a LayerNorm per head after the bias is added."""
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(**_timm_size(s), qkv_bias=True, qk_norm=True)
+    return VisionTransformer(**{**_timm_size(s), "qkv_bias": True, "qk_norm": True, **extra})
 
 
-def timm_vit_nobias(s: TinySize) -> nn.Module:
+def timm_vit_nobias(s: TinySize, **extra) -> nn.Module:
     """timm ViT built with ``qkv_bias=False`` (as in some ViT-22B-style recipes): no q, k, v bias at all."""
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(**_timm_size(s), qkv_bias=False)
+    return VisionTransformer(**{**_timm_size(s), "qkv_bias": False, **extra})
 
 
-def timm_vit_registers(s: TinySize) -> nn.Module:
+def timm_vit_registers(s: TinySize, **extra) -> nn.Module:
     """timm ViT without a class token, with 4 register tokens, average-pooled."""
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(**_timm_size(s), qkv_bias=True, class_token=False, reg_tokens=4, global_pool="avg")
+    return VisionTransformer(**{**_timm_size(s), "qkv_bias": True, "class_token": False, "reg_tokens": 4,
+                                "global_pool": "avg", **extra})
 
 
-def timm_deit(s: TinySize) -> nn.Module:
+def timm_deit(s: TinySize, **extra) -> nn.Module:
     from timm.models.deit import VisionTransformerDistilled
 
-    return VisionTransformerDistilled(**_timm_size(s), qkv_bias=True)
+    return VisionTransformerDistilled(**{**_timm_size(s), "qkv_bias": True, **extra})
 
 
-def timm_eva(s: TinySize) -> nn.Module:
+def timm_deit_qknorm(s: TinySize, **extra) -> nn.Module:
+    from timm.models.deit import VisionTransformerDistilled
+
+    return VisionTransformerDistilled(**{**_timm_size(s), "qkv_bias": True, "qk_norm": True, **extra})
+
+
+def timm_eva(s: TinySize, **extra) -> nn.Module:
     """EVA-02 style: q and v bias (no k bias), 2D rotary on the patches, SwiGLU-free MLP for size."""
     from timm.models.eva import Eva
 
-    return Eva(**_timm_size(s), qkv_bias=True, use_rot_pos_emb=True, use_abs_pos_emb=True, ref_feat_shape=(4, 4))
+    return Eva(**{**_timm_size(s), "qkv_bias": True, "use_rot_pos_emb": True, "use_abs_pos_emb": True,
+                  "ref_feat_shape": (4, 4), **extra})
 
 
-def timm_beit(s: TinySize) -> nn.Module:
+def timm_beit(s: TinySize, **extra) -> nn.Module:
     from timm.models.beit import Beit
 
-    return Beit(**_timm_size(s), qkv_bias=True, use_rel_pos_bias=True, use_abs_pos_emb=False, init_values=0.5)
+    return Beit(**{**_timm_size(s), "qkv_bias": True, "use_rel_pos_bias": True, "use_abs_pos_emb": False,
+                   "init_values": 0.5, **extra})
 
 
-def open_clip_vit(s: TinySize) -> nn.Module:
+def open_clip_vit(s: TinySize, **extra) -> nn.Module:
     from open_clip.transformer import VisionTransformer
 
-    return VisionTransformer(image_size=IMAGE, patch_size=PATCH, width=s.d_model, layers=s.n_layers,
-                             heads=s.n_heads, mlp_ratio=2.0, output_dim=s.d_model)
+    return VisionTransformer(**{**dict(image_size=IMAGE, patch_size=PATCH, width=s.d_model, layers=s.n_layers,
+                                       heads=s.n_heads, mlp_ratio=2.0, output_dim=s.d_model), **extra})

@@ -22,6 +22,8 @@ from torch import nn
 
 from interp.errors import RegistryError
 import interp.models.builders as builders
+from interp.models.audit import Audit, audit_of
+from interp.models.audit import summary as audit_summary
 from interp.models.adapters import (
     BeitArchitectureAdapter,
     ClipVisionArchitectureAdapter,
@@ -82,6 +84,11 @@ class Family:
         return self.positions != "rotary" and not self.qk_norm and not self.inferred
 
     @property
+    def config_audit(self) -> dict[str, Audit]:
+        """Config attribute -> handled / refused / irrelevant (``interp.models.audit``)."""
+        return audit_of(self)
+
+    @property
     def score_status(self) -> str:
         """What ``score_decomposition`` gives: "exact", "exact + <term> left out" or "refused: <reason>"."""
         if self.score_refusal:
@@ -135,7 +142,7 @@ def list_families(**filters: Any) -> list[Family]:
     ``list_families(modality="vision")``, ``list_families(positions="rotary")``,
     ``list_families(k_bias_inert=True)``.
     """
-    known = {f.name for f in fields(Family)} | {"rotary", "k_bias_inert", "score_status"}
+    known = {f.name for f in fields(Family)} | {"rotary", "k_bias_inert", "score_status", "config_audit"}
     unknown = set(filters) - known
     if unknown:
         raise RegistryError(f"cannot filter families by {sorted(unknown)}; fields: {sorted(known)}")
@@ -176,7 +183,7 @@ _lm("gptj", "GPT-J", "gptj", "GPTJForCausalLM", "rotary", _NONE,
                   "cos/sin hooks", note="rotary on `rotary_dim` of each head, interleaved")
 _lm("bloom", "BLOOM", "bloom", "BloomForCausalLM", "alibi", _ALL, extra_score_term=_ALIBI,
     note="fused query_key_value, split per head")
-_lm("falcon", "Falcon (7B/40B style)", "falcon", "FalconForCausalLM", "rotary",
+_lm("falcon", "Falcon (7B style)", "falcon", "FalconForCausalLM", "rotary",
     dict(default_biases="", bias="none (unless `bias`)"), softmax_float32=False,
     note="multi-query: one kv head")
 register_family(Family(
@@ -201,6 +208,11 @@ _lm("olmo2", "OLMo 2", "olmo2", "Olmo2ForCausalLM", "rotary", _NONE, qk_norm=Tru
     note="RMS qk-norm over all heads")
 _lm("stablelm", "StableLM 2", "stablelm", "StableLmForCausalLM", "rotary", _QKV,
     note="`use_qkv_bias` (on in StableLM 2 1.6B); rotary on a quarter of each head")
+register_family(Family(
+    "stablelm-qknorm", "StableLM, `qk_layernorm=True`", ("stablelm",), ("StableLmForCausalLM",), positions="rotary",
+    tiny=builders.stablelm_qknorm, qk_norm=True, score_refusal=_QK_NORM, variant_of="stablelm",
+    matches=lambda cfg: bool(getattr(cfg, "qk_layernorm", False)), softmax_float32=True,
+    note="per-head LayerNorm on q and k (StableLM 2 12B)", **_QKV, **_TEXT_CAUSAL))
 register_family(Family(
     "bert", "BERT / MiniLM", ("bert",), ("BertForMaskedLM", "BertModel"), positions="learned", tiny=builders.bert,
     promote={"BertModel": "BertForMaskedLM"}, **_ALL, **_ENCODER,
@@ -265,6 +277,9 @@ _timm("timm-vit-registers", "timm ViT, registers, no class token", "VisionTransf
       note="`class_token=False, reg_tokens=n`: every prefix token is a register")
 _timm("timm-deit", "timm DeiT (distilled)", "VisionTransformerDistilled", "learned", _ALL,
       note="class + distillation token")
+_timm("timm-deit-qknorm", "timm DeiT, `qk_norm=True`", "VisionTransformerDistilled", "learned", _ALL,
+      variant_of="timm-deit", matches=lambda cfg: cfg.qk_norm, qk_norm=True, score_refusal=_QK_NORM,
+      note="LayerNorm on q and k per head: b_k is not inert without rotary")
 _timm("timm-eva", "timm EVA-02", "Eva", "rotary", dict(default_biases="qvo", bias="q, v, o (no k bias)"),
       score_refusal="EVA's 2D rotary runs inside timm's attention, with no cos/sin hooks to rotate the terms",
       note="2D rotary on the patches (not the prefix tokens)")
@@ -286,13 +301,13 @@ README_END = "<!-- families:end -->"
 def families_markdown() -> str:
     """The README's table of supported families, from the registry."""
     lines = ["| family | classes | QKV bias (present) | positions | b_k inert by identity | score decomposition "
-             "| adapter | notes |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| config audit | adapter | notes |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for f in _REGISTRY.values():
         classes = ", ".join(f"`{c}`" for c in f.hf_classes)
         adapter = f"ours (`{f.adapter.__module__}`)" if f.adapter else "TransformerLens"
         inert = "yes" if f.k_bias_inert else "no (" + ("qk-norm" if f.qk_norm else f.positions) + ")"
         lines.append(f"| {f.label} | {classes} | {f.bias} | {f.positions} | {inert} | {f.score_status} "
-                     f"| {adapter} | {f.note} |")
+                     f"| {audit_summary(f)} | {adapter} | {f.note} |")
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import transformers
@@ -11,6 +11,7 @@ from torch import nn
 from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
 
 from interp.errors import RegistryError, UnknownSourceError, UnsupportedModelError
+from interp.models.audit import ATTENTION_RELEVANT, COMMON, check_config, refusals
 from interp.models.families import Family, family_for_model_type, get_family, list_families
 from interp.types import Attention, Modality, Positions
 
@@ -39,11 +40,26 @@ class ModelInfo:
     random_head: bool = False  # True when the task head was freshly initialised by us
     notes: list[str] = field(default_factory=list)
     inferred_family: Optional[Family] = None  # an architecture outside the registry: what was inferred
+    windows: tuple[Optional[int], ...] = ()  # per layer: HF's sliding window (keys j with i - w < j <= i), or None
+    score_scales: tuple[float, ...] = ()  # per layer: the factor on q.k (1/sqrt(d_head), GPT-2's 1/(layer + 1))
+    config_refusal: str = ""  # why this model's config refuses the four score terms (the config audit)
 
     @property
     def spec(self) -> Family:
-        """The registry entry of this model's family (or the family inferred for an unregistered one)."""
-        return self.inferred_family or get_family(self.family)
+        """The registry entry of this model's family (or the family inferred for an unregistered one); a
+        config the audit refuses for the score terms (``clip_qkv``) says so in its ``score_refusal``."""
+        family = self.inferred_family or get_family(self.family)
+        if self.config_refusal and not family.score_refusal:
+            return replace(family, score_refusal=self.config_refusal)
+        return family
+
+    def window(self, layer: int) -> Optional[int]:
+        """The sliding window of ``layer`` (None: every earlier key)."""
+        return self.windows[layer] if self.windows else None
+
+    def score_scale(self, layer: int) -> float:
+        """The factor HF puts on q.k at ``layer``."""
+        return self.score_scales[layer] if self.score_scales else self.d_head ** -0.5
 
     @property
     def rotary(self) -> bool:
@@ -98,9 +114,14 @@ def family_of(hf_model: nn.Module) -> Family:
     model_type, architecture = source_key(hf_model)
     family = require_family(model_type, architecture)
     if family is _UNDESCRIBED:
-        return infer_family(hf_model)
+        family = infer_family(hf_model)
+        check_config(family, hf_model)
+        return family
+    check_config(family, hf_model)  # before ``describe``, which reads the modules the audit may refuse
     config = family.describe(hf_model) if family.describe is not None else getattr(hf_model, "config", None)
-    return family_for_model_type(model_type, config) or family
+    family = family_for_model_type(model_type, config) or family
+    check_config(family, hf_model)  # the variant's own entries
+    return family
 
 
 def _no_tiny(size: Any) -> nn.Module:
@@ -145,7 +166,7 @@ def infer_family(hf_model: nn.Module) -> Family:
                   for n, _ in hf_model.named_modules())
     what = (f"positions={positions} (from {source}), attention={'causal' if causal else 'bidirectional'} "
             f"(from the class name), qk-norm={'yes' if qk_norm else 'no'} (from module names); "
-            "bias presence is read from the modules")
+            "bias presence is read from the modules") + _unaudited(cfg)
     return Family(
         f"inferred:{cfg.model_type}", f"{arch} (inferred)", (cfg.model_type,), (arch,), modality="text",
         attention="causal" if causal else "bidirectional", positions=positions, bias="read from the modules",
@@ -154,6 +175,20 @@ def infer_family(hf_model: nn.Module) -> Family:
         score_refusal="the registry does not describe this architecture, so its score scale and extra score "
                       "terms (ALiBi, soft-capping, norms) are not known",
     )
+
+
+def _unaudited(cfg: Any) -> str:
+    """The attention-relevant config attributes that differ from the class's defaults and that the common
+    audit does not cover, for the inferred family's note: TransformerLens' bridge gets them unverified."""
+    try:
+        default = type(cfg)()
+    except Exception:  # noqa: BLE001 - a config class that needs arguments: compare with nothing
+        default = None
+    covered = {name for name, entry in COMMON.items() if entry.status != "refused"}
+    differ = [f"{k}={v!r}" for k, v in sorted(vars(cfg).items()) if not k.startswith("_") and k not in covered
+              and ATTENTION_RELEVANT.search(k) and (default is None or getattr(default, k, None) != v)]
+    return ("; attention settings not in the config audit, taken as TransformerLens' bridge runs them: "
+            + ", ".join(differ)) if differ else ""
 
 
 def _first(cfg: Any, *names: str) -> Any:
@@ -173,6 +208,19 @@ def _max_positions(hf_model: nn.Module, cfg: Any) -> Optional[int]:
                 and module.padding_idx is not None):
             return min(int(n or module.num_embeddings), module.num_embeddings) - module.padding_idx - 1
     return None if n is None else int(n)
+
+
+def _windows(cfg: Any, n_layers: int) -> tuple[Optional[int], ...]:
+    """Each layer's sliding window as HF's masks apply it: ``sliding_window`` on the layers ``layer_types``
+    marks "sliding_attention" (Qwen2, Qwen3, Gemma 2), on every layer without ``layer_types`` (Mistral,
+    Mixtral, Phi-3); () when there is none (None, or Qwen2-MoE's 0)."""
+    window = getattr(cfg, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0:
+        return ()
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return tuple(window if t == "sliding_attention" else None for t in list(types)[:n_layers])
+    return (window,) * n_layers
 
 
 def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool = False) -> ModelInfo:
@@ -196,6 +244,10 @@ def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool
     else:
         info.max_positions = _max_positions(hf_model, cfg)
         info.vocab_size = _first(cfg, "vocab_size")
+    info.windows = _windows(cfg, info.n_layers)
+    if getattr(cfg, "scale_attn_by_inverse_layer_idx", False):  # GPT-2: layer l's scores divided by l + 1
+        info.score_scales = tuple(info.d_head ** -0.5 / (layer + 1) for layer in range(info.n_layers))
+    info.config_refusal = "; ".join(refusals(family, hf_model, scope="terms"))
     if random_head:
         info.notes.append("task head freshly initialised: read hidden states, not logits")
     if family.inferred:

@@ -21,6 +21,7 @@ from transformer_lens.model_bridge.generalized_components.base import Generalize
 from interp.checks import check_dtype
 from interp.errors import InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError
 from interp.models import folder
+from interp.models.audit import check_config
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.families import family_for_model_type
 from interp.models.info import family_of, require_family
@@ -86,6 +87,9 @@ def _load_local_dir(path: Path, *, tokenizer: Any, device: Device, dtype: Option
     cls = _hf_model_class(arch)
     folder.check_architecture(path, raw, cls)
     cfg = folder.load_config(path)
+    family = require_family(cfg.model_type, arch, cfg)
+    if not family.inferred:
+        check_config(family, config=cfg)  # a config the audit refuses fails before its weights are read
     folder.check_sizes(path, cls, cfg, dtype or torch.float32)
     try:
         hf_model = cls.from_pretrained(path, attn_implementation="eager", use_safetensors=True,
