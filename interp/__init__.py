@@ -39,7 +39,7 @@ from interp.analysis import (
     sink_profile,
     sink_shares,
 )
-from interp.analysis.single_input import SingleInput, single_input
+from interp.analysis.one_input import SingleInput, single_input
 from interp.data import Batch, builtin_batches, iter_batches
 from interp.errors import InterpError
 from interp.errors import public as _public
@@ -69,7 +69,7 @@ __all__ = [
     "origin_shift", "plots", "QKVStats", "record_qkv", "require_bridge", "resolve_data", "score_decomposition",
     "sink_profile", "sink_shares", "tiny_hf_model", "tiny_inputs",
 ]
-__all__ += ["SingleInput", "single_input"]  # one input, looked at closely (interp.analysis.single_input)
+__all__ += ["SingleInput", "single_input"]  # one input, looked at closely (interp.analysis.one_input)
 
 # The public API's last line of defence: every function above checks its inputs with one clear
 # error; what such a check misses leaves as interp.errors.InternalError (a bug to report), never raw.

@@ -27,7 +27,7 @@ LAYERS = [
     ["interp.patching", "interp.record"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log", "interp.ablation.prefix"],
-    ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.single_input"],
+    ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"],
     ["interp.analysis", "interp.ablation.attribution"],
     ["interp.ablation.distance"],
     ["interp.ablation.sweep"],

@@ -1,0 +1,294 @@
+"""One input, looked at closely (``interp.single_input``).
+
+Every pattern is checked against an independent computation on the plain HF model (a deep copy,
+eager attention, ``output_attentions=True``): the pattern without b_q against HF's own pattern with
+that head's b_q zeroed in its weights; the pattern without the key prior against the softmax of the
+other three score terms computed from HF's weights (and HF's own rotary); the b_k and b_v identities;
+bad inputs raise ``InterpError`` subclasses that name the fix.
+"""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import interp
+from interp.errors import InputError, InternalError, InterpError
+from interp.fingerprint import model_fingerprint
+from interp.models import tiny_hf_model
+
+TOL = 1e-6  # float64 models
+MEASURED = {}  # printed at the end of the module (-s): the max abs diffs the report quotes
+
+
+def pair(family):
+    """(bridge over a float64 tiny model, an untouched float64 copy of the HF model)."""
+    hf = tiny_hf_model(family).double()
+    return interp.load_model(copy.deepcopy(hf), device="cpu"), hf
+
+
+def ids(n=7, seed=0):
+    return torch.randint(3, 97, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def q_linear(ref, family, layer):
+    """(weight [out, in], bias [out]) of the query projection inside HF layer ``layer`` (views, writable)."""
+    if family == "gpt2":
+        attn = ref.transformer.h[layer].attn.c_attn  # Conv1D, fused: x @ W + b, q first
+        d = ref.config.n_embd
+        return attn.weight[:, :d].T, attn.bias[:d]
+    lin = ref.model.layers[layer].self_attn.q_proj
+    return lin.weight, lin.bias
+
+
+def k_linear(ref, family, layer):
+    if family == "gpt2":
+        attn = ref.transformer.h[layer].attn.c_attn
+        d = ref.config.n_embd
+        return attn.weight[:, d:2 * d].T, attn.bias[d:2 * d]
+    lin = ref.model.layers[layer].self_attn.k_proj
+    return lin.weight, lin.bias
+
+
+def hf_patterns(ref, x):
+    with torch.no_grad():
+        return [a[0] for a in ref(input_ids=x[None], output_attentions=True).attentions]
+
+
+def table_pattern(result, condition, layer, head, n):
+    """The [query, key] pattern of one head and condition from the long table (unattended pairs: NaN)."""
+    rows = result.patterns.query("condition == @condition and layer == @layer and head == @head")
+    out = torch.full((n, n), float("nan"), dtype=torch.float64)
+    out[rows.query_pos.to_numpy().copy(), rows.key_pos.to_numpy().copy()] = torch.tensor(rows.weight.to_numpy().copy())
+    return out
+
+
+def max_diff(got, expected):
+    seen = ~got.isnan()
+    assert torch.equal(seen, expected > 0) or torch.equal(seen, torch.ones_like(seen).tril().bool()), \
+        "the table holds exactly the attended pairs"
+    return float((got[seen] - expected.detach()[seen]).abs().max())
+
+
+# ----- the pattern without b_q is HF's pattern with that head's b_q zeroed ------------------------------
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_pattern_without_b_q_equals_hf_with_that_heads_b_q_zeroed_in_the_weights(family):
+    model, ref = pair(family)
+    info, x = model.interp, ids()
+    result = interp.single_input(model, x)
+    worst = 0.0
+    for layer in range(info.n_layers):
+        for head in range(info.n_heads):
+            zeroed = copy.deepcopy(ref)
+            _, b = q_linear(zeroed, family, layer)
+            with torch.no_grad():
+                b[head * info.d_head:(head + 1) * info.d_head] = 0
+            expected = hf_patterns(zeroed, x)[layer][head]
+            worst = max(worst, max_diff(table_pattern(result, "no_b_q", layer, head, len(x)), expected))
+            intact = hf_patterns(ref, x)[layer][head]
+            assert max_diff(table_pattern(result, "intact", layer, head, len(x)), intact) <= TOL
+    MEASURED[f"no_b_q vs HF b_q zeroed ({family})"] = worst
+    assert worst <= TOL
+    assert result.heads.query("condition == 'no_b_q'").max_abs_diff.max() > 1e-3  # the bias does matter here
+
+
+# ----- the pattern without the key prior is softmax(content + query_const + const) -------------------
+
+
+@torch.no_grad()
+def hf_terms(ref, family, layer, x, info):
+    """The four score terms of ``layer`` from HF's own weights (HF's rotary for qwen2) [head, query, key]."""
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    got = {}
+    block = ref.transformer.h[layer].attn.c_attn if family == "gpt2" else ref.model.layers[layer].self_attn.q_proj
+    handle = block.register_forward_pre_hook(lambda m, a: got.setdefault("x", a[0]))
+    hf_patterns(ref, x)
+    handle.remove()
+    h_in, d, n_kv, p = got["x"][0], info.d_head, info.n_kv_heads, len(x)
+    (Wq, bq), (Wk, bk) = q_linear(ref, family, layer), k_linear(ref, family, layer)
+    cq = (h_in @ Wq.T).view(p, info.n_heads, d).transpose(0, 1)[None]
+    ck = (h_in @ Wk.T).view(p, n_kv, d).transpose(0, 1)[None]
+    bq, bk = bq.view(1, -1, 1, d).expand_as(cq), bk.view(1, -1, 1, d).expand_as(ck)
+    if family == "qwen2":
+        cos, sin = ref.model.rotary_emb(h_in[None], torch.arange(p)[None])
+        cq, ck = apply_rotary_pos_emb(cq, ck, cos, sin)
+        bq, bk = apply_rotary_pos_emb(bq, bk, cos, sin)
+    rep = info.n_heads // n_kv
+    ck, bk = ck.repeat_interleave(rep, 1), bk.repeat_interleave(rep, 1)
+    dot = lambda a, c: (a @ c.transpose(-1, -2) / math.sqrt(d))[0]  # noqa: E731
+    return dict(content=dot(cq, ck), query_const=dot(cq, bk), key_prior=dot(bq, ck), const=dot(bq, bk))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_key_prior_removed_pattern_is_softmax_of_the_other_three_terms(family):
+    model, ref = pair(family)
+    info, x = model.interp, ids()
+    result = interp.single_input(model, x, top_k=None)
+    causal = torch.ones(len(x), len(x), dtype=torch.bool).tril()
+    worst = worst_kp = 0.0
+    for layer in range(info.n_layers):
+        t = hf_terms(ref, family, layer, x, info)
+        kept = (t["content"] + t["query_const"] + t["const"]).masked_fill(~causal, float("-inf")).softmax(-1)
+        full = (kept.log() + t["key_prior"]).masked_fill(~causal, float("-inf")).softmax(-1)
+        for head in range(info.n_heads):
+            worst = max(worst, max_diff(table_pattern(result, "no_key_prior", layer, head, len(x)), kept[head]))
+            assert max_diff(table_pattern(result, "intact", layer, head, len(x)), full[head]) <= TOL  # the terms are HF's
+            # the ranking's key prior: the mean over the queries that attend each key, by hand
+            kp = t["key_prior"][head].masked_fill(~causal, 0).sum(0) / causal.sum(0)
+            rows = result.key_prior.query("layer == @layer and head == @head")
+            worst_kp = max(worst_kp, float((torch.tensor(rows.key_prior.to_numpy()) - kp[rows.key_pos.to_numpy().copy()]).abs().max()))
+            assert list(rows.key_pos) == sorted(range(len(x)), key=lambda j: -float(kp[j]))[:len(rows)]
+    MEASURED[f"no_key_prior vs softmax(content + query_const + const) ({family})"] = worst
+    MEASURED[f"key_prior ranking vs hand ({family})"] = worst_kp
+    assert worst <= TOL and worst_kp <= TOL
+
+
+def test_key_prior_without_rotary_is_one_number_per_key_the_same_from_every_query():
+    model, _ = pair("gpt2")
+    x = ids()
+    last = interp.single_input(model, x, query="last", top_k=None).key_prior
+    mean = interp.single_input(model, x, query="mean", top_k=None).key_prior
+    merged = last.merge(mean, on=["layer", "head", "key_pos"])
+    assert (merged.key_prior_x - merged.key_prior_y).abs().max() <= 1e-12
+    assert (last.groupby(["layer", "head"]).key_prior_centered.sum().abs() <= 1e-12).all()
+
+
+# ----- the b_k and b_v identities ----------------------------------------------------------------------
+
+
+def test_b_k_removal_is_an_identity_under_learned_positions_and_not_under_rotary():
+    learned = interp.single_input(pair("gpt2")[0], ids()).heads.query("condition == 'no_b_k'")
+    rotary = interp.single_input(pair("qwen2")[0], ids()).heads.query("condition == 'no_b_k'")
+    MEASURED["no_b_k, learned positions (gpt2)"] = learned.max_abs_diff.max()
+    MEASURED["no_b_k, rotary (qwen2)"] = rotary.max_abs_diff.max()
+    assert learned.max_abs_diff.max() <= 1e-12 and (learned.removed_norm > 0.1).all()
+    assert learned.note.str.startswith("identity").all()
+    assert rotary.max_abs_diff.max() > 1e-3 and rotary.note.str.contains("rotary").all()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_b_v_leaves_the_pattern_and_moves_the_output_by_b_v_W_O(family):
+    model, _ = pair(family)
+    result = interp.single_input(model, ids())
+    rows = result.patterns.query("condition == 'no_b_v'")
+    assert rows.delta.abs().max() == 0.0  # the same pattern, bit for bit
+    info = model.interp
+    for layer in range(info.n_layers):
+        w = interp.attention_weights(model, layer)
+        for head in range(info.n_heads):
+            g = interp.kv_group(info.n_heads, info.n_kv_heads)[head]
+            expected = float((w.b_v[g] @ w.W_o[head]).norm())
+            got = result.heads.query("condition == 'no_b_v' and layer == @layer and head == @head")
+            # rows of A sum to 1 up to the softmax's rounding (float32 in HF's Qwen2 even in float64)
+            assert abs(float(got.output_change_rms.iloc[0]) - expected) <= 1e-6 * max(1.0, expected)
+            assert "output moves by -b_v W_O[h]" in got.note.iloc[0]
+
+
+# ----- queries, positions, images, fingerprints -------------------------------------------------------
+
+
+def test_mean_query_is_the_mean_of_the_rows_and_selections_agree():
+    model, _ = pair("gpt2")
+    x = ids()
+    every = interp.single_input(model, x, query="all").patterns
+    mean = interp.single_input(model, x, query="mean").patterns
+    by_hand = every.groupby(["layer", "head", "condition", "key_pos"], observed=True).weight.sum() / len(x)
+    got = mean.set_index(["layer", "head", "condition", "key_pos"]).weight
+    assert (got - by_hand.loc[got.index]).abs().max() <= 1e-12 and (mean.query_pos == -1).all()
+    row = interp.single_input(model, x, query=3).patterns
+    assert set(row.query_pos) == {3} and set(row.key_pos) == set(range(4))  # causal: keys 0..3
+    last = interp.single_input(model, x, query=-1, layer=1, heads=[0, 2]).patterns
+    assert set(last.query_pos) == {len(x) - 1} and set(last.layer) == {1} and set(last["head"]) == {0, 2}
+
+
+def test_vit_queries_from_cls_with_patch_coordinates_and_the_image_it_saw():
+    model = interp.load_model(tiny_hf_model("vit").double(), device="cpu")
+    pixels = (np.arange(40 * 48 * 3) % 251).astype(np.uint8).reshape(40, 48, 3)
+    result = interp.single_input(model, pixels)
+    assert result.meta["query"] == "cls" and result.meta["grid"] == (4, 4)
+    pos = result.positions
+    assert list(pos.label[:2]) == ["cls", "patch (0, 0)"] and pos.iloc[-1].label == "patch (3, 3)"
+    assert (pos.iloc[1:].row * 4 + pos.iloc[1:].col + 1 == pos.iloc[1:].pos).all()
+    from interp.batch import square_resize
+
+    assert np.abs(result.image - square_resize(pixels, 32).permute(1, 2, 0).numpy()).max() <= 1e-6
+    intact = result.patterns.query("condition == 'intact'")
+    # one full row, the CLS query's (HF's ViT softmaxes in float32 even in float64)
+    assert (intact.groupby(["layer", "head"]).weight.sum() - 1).abs().max() <= 1e-6
+    assert set(result.key_prior.kind) <= {"prefix", "patch"} and result.key_prior["rank"].max() == 10
+    pil = interp.single_input(model, __import__("PIL.Image").Image.fromarray(pixels))
+    assert pil.patterns.weight.equals(result.patterns.weight)
+
+
+def test_every_table_carries_the_model_fingerprint_and_the_model_mode_is_restored():
+    model, _ = pair("qwen2")
+    model.train()
+    result = interp.single_input(model, "a prompt of words" if model.tokenizer else ids())
+    assert model.training
+    fp = model_fingerprint(model)
+    for frame in (result.patterns, result.heads, result.key_prior, result.positions):
+        assert set(frame.model_fingerprint) == {fp}
+    assert result.meta["model_fingerprint"] == fp and len(result.meta["data_fingerprint"]) == 16
+
+
+def test_float64_copy_matches_a_float64_model():
+    hf = tiny_hf_model("gpt2")
+    x = ids()
+    in32 = interp.single_input(interp.load_model(copy.deepcopy(hf), device="cpu"), x, float64=True)
+    in64 = interp.single_input(interp.load_model(hf.double(), device="cpu"), x)
+    assert in32.meta["dtype"] == "float64"
+    assert (in32.patterns.weight - in64.patterns.weight).abs().max() <= 1e-12
+
+
+# ----- bad inputs --------------------------------------------------------------------------------------
+
+
+def tiny(family):
+    return interp.load_model(tiny_hf_model(family), device="cpu")
+
+
+BAD = [
+    ("a batch of two images", "vit", lambda: torch.randn(2, 3, 32, 32), {}, "one input.*inputs\\[0\\]"),
+    ("a built-in data set", "vit", lambda: "photos", {}, "one input.*built-in data set 'photos'"),
+    ("two prompts", "gpt2", lambda: ["one prompt here", "and another one"], {}, "one input.*list of 2"),
+    ("two token rows", "gpt2", lambda: torch.randint(0, 90, (2, 5)), {}, "one input.*2 sequences"),
+    ("text to a ViT", "vit", lambda: "a photo of a cat", {}, "vision model.*image"),
+    ("pixels to a language model", "gpt2", lambda: torch.randn(1, 3, 32, 32), {}, "token ids|integer"),
+    ("token ids to a ViT", "vit", lambda: torch.randint(0, 90, (1, 7)), {}, "pixel|float|image"),
+    ("layer out of range", "gpt2", lambda: ids(), dict(layer=5), "layers must lie in 0..1"),
+    ("head out of range", "gpt2", lambda: ids(), dict(heads=[9]), "heads must be .* in 0..3"),
+    ("unknown query", "gpt2", lambda: ids(), dict(query="middle"), "query must be a position .* cls, first"),
+    ("query past the end", "gpt2", lambda: ids(), dict(query=40), "outside this input's 7 positions"),
+    ("cls on a model without one", "gpt2", lambda: ids(), dict(query="cls"), "no class token.*query='mean'"),
+    ("top_k of zero", "gpt2", lambda: ids(), dict(top_k=0), "top_k must be an integer >= 1"),
+    ("float64 not a bool", "gpt2", lambda: ids(), dict(float64="yes"), "float64 must be True or False"),
+    ("an unreadable object", "gpt2", lambda: object(), {}, "cannot read one input from object"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_raises_one_clear_error(case):
+    _, family, make, kw, words = case
+    with pytest.raises(InterpError, match=words) as info:
+        interp.single_input(tiny(family), make(), **kw)
+    assert not isinstance(info.value, InternalError) and isinstance(info.value, InputError), info.value
+
+
+def test_a_table_too_large_is_refused_naming_the_way_out(monkeypatch):
+    import interp.analysis.one_input as si
+
+    monkeypatch.setattr(si, "MAX_PATTERN_ROWS", 100)
+    with pytest.raises(InputError, match="choose layer= and heads=, or one query row"):
+        interp.single_input(tiny("vit"), torch.randn(3, 32, 32), query="all")
+    with pytest.warns(UserWarning, match="showing the last token's row"):
+        result = interp.single_input(tiny("gpt2"), ids())  # the default for text falls back
+    assert result.meta["query"] == "last"
+
+
+def test_measured_diffs_are_reported():
+    print("\n".join(f"{k}: {v:.3g}" for k, v in MEASURED.items()))
