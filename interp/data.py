@@ -192,7 +192,7 @@ def builtin_options(name: str, options: dict[str, Any], n: Optional[int] = None)
     """``builtin_batches`` keywords from data options (``resolve_data``'s names); an option that has no
     meaning for a built-in data set (a column, a normalisation, a token budget) is refused, not ignored."""
     moot = {k: v for k, v in options.items() if k in ("text_column", "image_column", "max_tokens", "rank", "world")
-            or (k == "normalize" and v != "model")}
+            or (k == "normalize" and v != "model") or (k == "seq_len" and name != "python-docs")}
     if moot:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in moot)
         raise InputError(f"{flags} applies to your own files, not to the built-in dataset {name!r}: drop it, or pass "
@@ -281,6 +281,10 @@ def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = No
         items = resolve_data(model, data)
     elif isinstance(data, DataSource):
         items = data
+    elif isinstance(data, (bytes, bytearray)) or (hasattr(data, "columns") and hasattr(data, "iloc")):
+        what = "bytes" if isinstance(data, (bytes, bytearray)) else "a pandas DataFrame"
+        raise InputError(f"data is {what}, which would be read item by item (bytes, or column names): pass text "
+                         "as str or a list of str (e.g. df['text'].tolist()), or a table's path (.parquet/.csv)")
     elif isinstance(data, np.ndarray) or is_dataset(data):
         items = resolve_data(model, data)  # a numpy array, a datasets.Dataset / IterableDataset
     elif isinstance(data, (Tensor, Batch, dict)):

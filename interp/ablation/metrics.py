@@ -187,9 +187,9 @@ def check_labels(model: InterpBridge, name: str, batches: list[Batch]) -> None:
         labels, n = batch.labels, batch.inputs.shape[0]
         if labels is None:
             raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
-        if labels.ndim != 1 or labels.shape[0] != n or labels.is_floating_point() or labels.dtype == torch.bool:
-            raise InputError(f"batch {number}: cross_entropy needs labels as integer class ids [{n}] (one per "
-                             f"item); got a {labels.dtype} tensor of shape {tuple(labels.shape)}")
+        if labels.ndim != 1 or labels.shape[0] != n or labels.dtype not in (torch.long, torch.uint8):
+            raise InputError(f"batch {number}: cross_entropy needs labels as int64 class ids [{n}] (one per item); "
+                             f"got a {labels.dtype} tensor of shape {tuple(labels.shape)} (labels.long() converts)")
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or (n_classes is not None and high >= n_classes):
             raise InputError(f"batch {number}: labels run from {low} to {high}, but {model.interp.name} has "

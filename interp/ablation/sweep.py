@@ -21,6 +21,7 @@ finished variant is appended to ``out/ablation.jsonl`` at once; a rerun skips fi
 
 from __future__ import annotations
 
+import math
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -144,6 +145,10 @@ def _run_intact(run: _Run, reuse_prefix: bool) -> None:
     run.base_sums, run.weights_per_item = sums, counts.tolist()
     run.weights = [float(v[1].sum()) for v in values]
     run.baseline = float(sums.sum() / counts.sum())
+    if not math.isfinite(run.baseline):
+        raise InputError(f"the metric {run.metric_name!r} is {run.baseline} on the intact model, before any "
+                         "ablation, so every delta would be too: a callable metric must return finite values; "
+                         "a half-precision model may overflow (load it in float32)")
     run.rounding = rounding_level(run.model, run.baseline)
 
 

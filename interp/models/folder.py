@@ -122,8 +122,24 @@ def _meta_model(cls: type, config: Any) -> Optional[torch.nn.Module]:
         return None
 
 
+SIZE_FIELDS = ("num_hidden_layers", "n_layer", "num_attention_heads", "n_head", "num_key_value_heads", "hidden_size",
+               "n_embd", "intermediate_size", "head_dim", "vocab_size", "max_position_embeddings", "n_positions",
+               "image_size", "patch_size", "num_channels")
+
+
+def check_size_fields(path: Path, config: Any) -> None:
+    """Sizes that cannot describe a model (zero or negative layers, heads, widths) are refused."""
+    bad = [f"{name}={getattr(config, name)}" for name in SIZE_FIELDS
+           if isinstance(getattr(config, name, None), int) and not isinstance(getattr(config, name), bool)
+           and getattr(config, name) < 1]
+    if bad:
+        raise UnknownSourceError(f"{path / 'config.json'} gives {', '.join(bad)}: a model needs at least one of "
+                                 "each; use the config.json saved with these weights")
+
+
 def _mismatches(model: torch.nn.Module, shapes: dict[str, list[int]]) -> list[str]:
-    """Tensors whose shape in the file differs from the shape the config gives them."""
+    """Tensors whose shape in the file differs from the shape the config gives them (names the model does
+    not hold as they are, e.g. renamed by transformers on load, are not compared)."""
     own = {k: list(v.shape) for k, v in model.state_dict().items()}
     prefix = getattr(model, "base_model_prefix", "") or "-"
     found = []
@@ -151,6 +167,7 @@ def _free_bytes() -> Optional[int]:
 def check_sizes(path: Path, cls: type, config: Any, dtype: torch.dtype) -> None:
     """Refuse, before building: tensors of other shapes than the config implies, a config implying far
     more parameters than the weights hold, or a model larger than the free memory."""
+    check_size_fields(path, config)
     shapes = read_weights(path)
     model = _meta_model(cls, config)
     if model is None:

@@ -158,6 +158,8 @@ def check_device(device: Device) -> Union[str, torch.device]:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
         raise InputError(f"device {device!r} is not a device torch knows (try 'cpu', 'cuda' or 'cuda:0')") from None
+    if parsed.type == "meta":
+        raise InputError(f"device {device!r} holds shapes, not values: nothing could be measured; use 'cpu' or 'cuda'")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"device {device!r} asks for CUDA, but no CUDA device is available here: use 'cpu'")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
