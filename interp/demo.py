@@ -13,7 +13,8 @@ from typing import Optional
 
 from interp._version import __version__
 from interp.checks import check_count
-from interp.errors import InputError, MissingWeightsError
+from interp.errors import InputError, MissingWeightsError, StepFailedError
+from interp.fingerprint import model_fingerprint
 from interp.models.loading import load_model
 from interp.models.zoo import ZOO
 from interp.pipeline import make_context, run_steps
@@ -39,14 +40,20 @@ def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool =
     print(f"loading {name}")
     ctx = make_context(load_model(name), data, quick, out, ablation_estimate, top_k, data_options)
     begin_outputs(out)
-    sections = run_steps(ctx)
-    info = ctx.model.interp
+    sections = run_steps(ctx, keep_partial=True)
+    info, stats = ctx.model.interp, ctx.stats
+    failed = sections[-1].numbers if sections and sections[-1].key == "failed" else None
     meta = dict(model=name, family=info.family, dataset=ctx.dataset, batches=len(ctx.batches),
-                positions_counted=ctx.stats.count(ctx.stats.layers[0]), quick=quick,
+                positions_counted=stats.count(stats.layers[0]) if stats is not None else 0, quick=quick,
                 ablation_estimate=ablation_estimate, top_k=top_k,
-                model_fingerprint=ctx.stats.model_fingerprint, data_fingerprint=ctx.stats.data_fingerprint,
-                interp_version=__version__, seconds=round(time.time() - t0, 1))
+                model_fingerprint=model_fingerprint(ctx.model),
+                data_fingerprint=stats.data_fingerprint if stats is not None else None,
+                interp_version=__version__, seconds=round(time.time() - t0, 1),
+                failed_step=None if failed is None else failed["failed_step"])
     report = write_report(sections, meta, out)
+    if failed is not None:
+        raise StepFailedError(f"step '{failed['failed_step']}' failed ({failed['error']}); the earlier steps' tables, "
+                              f"figures and a report saying so are in {out}")
     print(f"wrote {report}, summary.json and tables/figures in {out} ({meta['seconds']:.0f}s)")
     return report
 

@@ -43,6 +43,10 @@ class StaleResultsError(InterpError, ValueError):
     """A results folder holds results of another model, data or settings than this run's."""
 
 
+class StepFailedError(InterpError, RuntimeError):
+    """A pipeline step failed; the earlier steps' results and a report saying so were written."""
+
+
 class InternalError(InterpError, RuntimeError):
     """An unexpected failure inside interp: a bug to report (raised only by ``public``, the last line of
     defence, when no specific check caught the problem first)."""

@@ -359,15 +359,36 @@ def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool
     return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k)
 
 
-def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print) -> list[Section]:
-    """Run ``steps`` (default all, in order) and return every section they made."""
+def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print,
+              keep_partial: bool = False) -> list[Section]:
+    """Run ``steps`` (default all, in order) and return every section they made.
+
+    ``keep_partial``: a step that raises ends the run without losing the earlier steps: the
+    sections made so far are returned with a last ``failed`` section naming the step and the error
+    (later steps read earlier steps' results, so none runs after a failure). Otherwise the error
+    propagates."""
     names = list(STEPS) if steps is None else steps
     sections: list[Section] = []
     for i, name in enumerate(names, 1):
         log(f"[{i}/{len(names)}] {name}")
         t0 = time.time()
-        made = STEPS[name](ctx)
+        try:
+            made = STEPS[name](ctx)
+        except Exception as exc:  # noqa: BLE001 - reported in the partial report, then raised by the caller
+            if not keep_partial:
+                raise
+            sections.append(failed_section(name, names[i:], exc))
+            return sections
         for section in made:
             section.seconds = round(time.time() - t0, 1)
         sections += made
     return sections
+
+
+def failed_section(step: str, skipped: list[str], exc: BaseException) -> Section:
+    """The report's account of a failed step: which, why, and what did not run."""
+    error = f"{type(exc).__name__}: {exc}"
+    text = (f"Step '{step}' failed: {error}. The sections above are complete; "
+            f"{'steps not run: ' + ', '.join(skipped) if skipped else 'it was the last step'}.")
+    return Section("failed", f"Step '{step}' failed", text, dict(failed_step=step, error=error, not_run=skipped),
+                   headline=f"Incomplete: step '{step}' failed ({type(exc).__name__}); see the last section.")

@@ -149,3 +149,24 @@ def test_a_model_without_bias_says_so_instead_of_drawing_a_flat_field():
     notes = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert notes == ["no b_q in this model", "no b_k in this model", "no b_v in this model"]
     assert not any(ax.get_label() == "<colorbar>" for ax in fig.axes)  # no -0.1..0.1 scale for a non-quantity
+
+
+def test_a_failing_step_leaves_the_earlier_results_and_a_report_that_says_so(tmp_path, monkeypatch):
+    import interp.pipeline as pipeline
+    from interp.demo import run_demo
+    from interp.errors import StepFailedError
+
+    def broken(ctx):
+        raise RuntimeError("planted failure in the frequency step")
+
+    monkeypatch.setitem(pipeline.STEPS, "frequency", broken)
+    with pytest.raises(StepFailedError, match="step 'frequency' failed.*planted failure"):
+        run_demo(model="digits-vit", data="digits", out=tmp_path, quick=True)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["meta"]["failed_step"] == "frequency"
+    assert summary["sections"]["failed"]["not_run"] == ["ablation"]
+    assert "inventory" in summary["sections"] and (tmp_path / "origin_shift.csv").exists()
+    report = (tmp_path / "report.html").read_text()
+    assert "Step &#x27;frequency&#x27; failed" in report or "Step 'frequency' failed" in report
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert "origin_shift.csv" in manifest["files"]
