@@ -84,8 +84,7 @@ def _data_source(model: Any, args: argparse.Namespace, rank: int = 0, world: int
 
     check_data_name(args.data)
     if args.data in BUILTIN:
-        options = {k: getattr(args, k) for k in ("batch_size", "seq_len", "max_items") if getattr(args, k) is not None}
-        batches = builtin_batches(model, args.data, **builtin_options(args.data, options))
+        batches = builtin_batches(model, args.data, **builtin_options(args.data, _data_options(args)))
         if rank == 0:
             print(f"data: built-in {args.data!r}, {sum(len(b.inputs) for b in batches)} items in {len(batches)} "
                   f"batches", flush=True)
