@@ -205,15 +205,22 @@ def sink_shares(profile: pd.DataFrame) -> pd.DataFrame:
 # ----- implicit value bias ------------------------------------------------------------------------------
 
 
+def _quadratic(x: Float[Tensor, "batch head_index query_pos d_head"], gram: Tensor, w: Tensor) -> Tensor:
+    """sum over rows of w_i x_i G x_i^T per head: the summed ||x_i W_O||^2 through G = W_O W_O^T."""
+    return ((torch.einsum("bhqd,hde->bhqe", x, gram) * x).sum(-1) * w[:, None, :]).sum((0, 2))
+
+
 def _implicit_sums(pattern: Tensor, v: Tensor, z: Tensor, sink: Tensor, real: Tensor,
-                   W_o: Float[Tensor, "head_index d_head d_model"]) -> dict[str, Tensor]:
-    """Sums over real query rows of c_i, ||c_i||^2, ||z_i W_O||^2 and A_iS, per head."""
+                   gram: Float[Tensor, "head_index d_head d_head"]) -> dict[str, Tensor]:
+    """Sums over real query rows of u_i, ||c_i||^2, ||z_i W_O||^2 and A_iS, per head.
+
+    c_i = u_i W_O with u_i = sum_{j in S} A_ij v_j, so sum_i c_i = (sum_i u_i) W_O and
+    ||c_i||^2 = u_i G u_i^T: nothing of width d_model is formed per row."""
     a = pattern.double() * sink[:, :, None, :]  # attention on the sink set only
-    c = torch.einsum("bhqk,bkhd,hdm->bhqm", a, v.double(), W_o)
-    o = torch.einsum("bqhd,hdm->bhqm", z.double(), W_o)
     w = real.double()
-    return dict(c=torch.einsum("bhqm,bq->hm", c, w), c_sq=torch.einsum("bhqm,bq->h", c * c, w),
-                o_sq=torch.einsum("bhqm,bq->h", o * o, w), mass=torch.einsum("bhqk,bq->h", a, w))
+    u = torch.einsum("bhqk,bkhd->bhqd", a, v.double())
+    return dict(u=torch.einsum("bhqd,bq->hd", u, w), c_sq=_quadratic(u, gram, w),
+                o_sq=_quadratic(z.double().transpose(1, 2), gram, w), mass=torch.einsum("bhqk,bq->h", a, w))
 
 
 def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None,
@@ -236,6 +243,7 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     sink_names = check_positions(model, default_sink_positions(model) if positions is None else positions)
     group = kv_group(info.n_heads, info.n_kv_heads)
     weights = {layer: attention_weights(model, layer, dtype=torch.float64) for layer in layers}
+    grams = {layer: w.W_o @ w.W_o.transpose(1, 2) for layer, w in weights.items()}  # W_O W_O^T per head
     acc: dict = {}
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
@@ -243,8 +251,8 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
         for layer in layers:
             sink = sink_weights(column_sums(patterns[layer], real), real, masks, sink_names)
             v = store[f"blocks.{layer}.attn.hook_v"][:, :, group]
-            z, W_o = store[f"blocks.{layer}.attn.hook_z"], weights[layer].W_o.to(v.device)
-            add_sums(acc, layer, _implicit_sums(patterns[layer], v, z, sink, real, W_o))
+            z, gram = store[f"blocks.{layer}.attn.hook_z"], grams[layer].to(v.device)
+            add_sums(acc, layer, _implicit_sums(patterns[layer], v, z, sink, real, gram))
 
     hooks = [f"blocks.{layer}.attn.hook_{n}" for layer in layers for n in ("pattern", "v", "z")]
     n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc="implicit value bias",
@@ -261,7 +269,7 @@ def _implicit_table(acc: dict, weights: dict, group: list[int], layers: Sequence
         w = weights[layer]
         explicit = torch.einsum("hd,hdm->hm", w.b_v[group], w.W_o)  # b_v W_O per query head
         for h in range(len(group)):
-            m, e = s["c"][h], explicit[h]
+            m, e = s["u"][h] @ w.W_o[h], explicit[h]
             mean_sq, m_norm, e_norm = float(s["c_sq"][h]), float(m.norm()), float(e.norm())
             rows.append(dict(
                 model=meta["model"], layer=layer, head=h, positions=meta["positions"], sink_mass=float(s["mass"][h]),
