@@ -47,7 +47,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def _key_mask(model: InterpBridge, batch: Batch, n_pos: int, device: Any,
               layer: Optional[int] = None) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
     """Which (query, key) pairs are attended (causal, padding; with ``layer``, its sliding window too:
-    keys j with i - window < j <= i, HF's ``sliding_window_overlay``)."""
+    keys j with i - window < j <= i, HF's ``sliding_window_overlay``). Without ``layer``, sequences
+    longer than a window of the model are refused (the mask would depend on the layer)."""
     b = batch.inputs.shape[0]
     allowed = torch.ones(b, 1, n_pos, n_pos, dtype=torch.bool, device=device)
     if batch.attention_mask is not None and model.interp.modality == "text":
@@ -55,6 +56,11 @@ def _key_mask(model: InterpBridge, batch: Batch, n_pos: int, device: Any,
         allowed &= m[:, None, None, :] & m[:, None, :, None]
     if model.interp.causal:
         allowed &= torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).tril()[None, None]
+    if layer is None and any(w is not None and w < n_pos for w in model.interp.windows):
+        raise UnsupportedModelError(
+            f"{model.interp.name} attends within a sliding window ({min(w for w in model.interp.windows if w)} keys) "
+            f"on some layers and these sequences are {n_pos} long, so the key mask depends on the layer and this "
+            "analysis does not pass one yet: use sequences no longer than the window")
     window = model.interp.window(layer) if layer is not None else None
     if window is not None:
         i = torch.arange(n_pos, device=device)

@@ -219,3 +219,12 @@ def test_a_refused_config_in_a_folder_fails_before_its_weights_are_read(tmp_path
     monkeypatch.setattr(tf.GPT2LMHeadModel, "from_pretrained", classmethod(lambda *a, **k: pytest.fail("built")))
     with pytest.raises(UnsupportedModelError, match="`scale_attn_weights=False`.*fold the scale into the weights"):
         interp.load_model(tmp_path, device="cpu")
+
+
+def test_a_key_mask_without_its_layer_is_refused_where_a_window_acts():
+    """A caller that omits the layer would get a mask without the window: refused once the sequence is
+    longer than the window, harmless (no window acts) below it."""
+    model = interp.load_model(tiny_hf_model("mistral", config={"sliding_window": 4}), device="cpu")
+    assert _key_mask(model, Batch(tiny_inputs("mistral", pos=4)), 4, "cpu").all(-1).any()
+    with pytest.raises(UnsupportedModelError, match="sliding window"):
+        _key_mask(model, Batch(tiny_inputs("mistral", pos=12)), 12, "cpu")
