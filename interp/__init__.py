@@ -19,60 +19,58 @@ Shape glossary (TransformerLens' axis names, used in the jaxtyping annotations):
 
 ``blocks.{l}.attn.hook_q|hook_k|hook_v`` are ``[batch pos head_index d_head]``;
 ``hook_attn_scores|hook_pattern`` are ``[batch head_index query_pos key_pos]``.
-Importing interp has no side effects (no backend switches, no downloads).
+Importing interp has no side effects (no backend switches, no downloads) and is cheap: each
+name is imported on first use (PEP 562), so ``interp --help`` answers without loading torch.
 """
 
+import importlib as _importlib
 import inspect as _inspect
+from typing import Any as _Any
 
-from interp import errors, plots
 from interp._version import __version__
-from interp.ablation import ablate_bias
-from interp.analysis import (
-    bias_invariances,
-    cluster_heads,
-    frequency_profile,
-    frequency_shift_under_ablation,
-    implicit_value_bias,
-    massive_activations,
-    origin_shift,
-    score_decomposition,
-    sink_profile,
-    sink_shares,
-)
-from interp.analysis.one_input import SingleInput, single_input
-from interp.data import Batch, builtin_batches, iter_batches
 from interp.errors import InterpError
 from interp.errors import public as _public
-from interp.heads import attention_weights, bias_spec, kv_group
-from interp.models import (
-    Family,
-    InterpBridge,
-    ModelInfo,
-    clone_model,
-    list_families,
-    list_models,
-    load_model,
-    require_bridge,
-    tiny_hf_model,
-    tiny_inputs,
-)
-from interp.patching import bias_patch_hooks
-from interp.record import record_qkv
-from interp.sources import DataSource, resolve_data
-from interp.stats import QKVStats
 
-__all__ = [
-    "__version__", "ablate_bias", "attention_weights", "Batch", "bias_invariances", "bias_patch_hooks",
-    "bias_spec", "builtin_batches", "clone_model", "cluster_heads", "DataSource", "errors", "Family",
-    "frequency_profile", "frequency_shift_under_ablation", "implicit_value_bias", "InterpBridge", "InterpError",
-    "iter_batches", "kv_group", "list_families", "list_models", "load_model", "massive_activations", "ModelInfo",
-    "origin_shift", "plots", "QKVStats", "record_qkv", "require_bridge", "resolve_data", "score_decomposition",
-    "sink_profile", "sink_shares", "tiny_hf_model", "tiny_inputs",
-]
-__all__ += ["SingleInput", "single_input"]  # one input, looked at closely (interp.analysis.one_input)
+# name -> module that defines it: the public API, imported on first use
+_PUBLIC = {
+    "ablate_bias": "interp.ablation.sweep", "merge_shards": "interp.ablation.sweep",
+    "bias_invariances": "interp.analysis.scores", "score_decomposition": "interp.analysis.scores",
+    "cluster_heads": "interp.analysis.frequency", "frequency_profile": "interp.analysis.frequency",
+    "frequency_shift_under_ablation": "interp.analysis.frequency", "origin_shift": "interp.analysis.origin",
+    "implicit_value_bias": "interp.analysis.sinks", "massive_activations": "interp.analysis.sinks",
+    "sink_profile": "interp.analysis.sinks", "sink_shares": "interp.analysis.sinks",
+    "SingleInput": "interp.analysis.one_input", "single_input": "interp.analysis.one_input",
+    "Batch": "interp.data", "builtin_batches": "interp.data", "iter_batches": "interp.data",
+    "attention_weights": "interp.heads", "bias_spec": "interp.heads",
+    "Family": "interp.models", "InterpBridge": "interp.models", "ModelInfo": "interp.models",
+    "clone_model": "interp.models", "list_families": "interp.models", "list_models": "interp.models",
+    "load_model": "interp.models", "register_family": "interp.models.families", "get_family": "interp.models.families",
+    "bias_patch_hooks": "interp.patching", "record_qkv": "interp.record",
+    "DataSource": "interp.sources", "resolve_data": "interp.sources", "QKVStats": "interp.stats",
+}
+# reachable as interp.<name> for tests and notebooks, but not the public face (not in __all__)
+_EXTRAS = {"tiny_hf_model": "interp.models", "tiny_inputs": "interp.models", "require_bridge": "interp.models",
+           "kv_group": "interp.heads"}
+_SUBMODULES = ("errors", "plots", "pipeline", "report", "fingerprint", "models", "data", "analysis", "ablation")
 
-# The public API's last line of defence: every function above checks its inputs with one clear
-# error; what such a check misses leaves as interp.errors.InternalError (a bug to report), never raw.
-for _name in __all__:
-    if _inspect.isfunction(globals()[_name]):
-        globals()[_name] = _public(globals()[_name])
+__all__ = ["__version__", "errors", "plots", "InterpError", *sorted(_PUBLIC, key=str.lower)]
+
+
+def __getattr__(name: str) -> _Any:
+    """Import a public name (or submodule) on first use; functions get the public-API guard."""
+    module = _PUBLIC.get(name) or _EXTRAS.get(name)
+    if module is not None:
+        value = getattr(_importlib.import_module(module), name)
+        # the last line of defence: every function checks its inputs with one clear error; what
+        # such a check misses leaves as interp.errors.InternalError (a bug to report), never raw
+        value = _public(value) if _inspect.isfunction(value) else value
+    elif name in _SUBMODULES:
+        value = _importlib.import_module(f"interp.{name}")
+    else:
+        raise AttributeError(f"module 'interp' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC) | set(_EXTRAS) | set(_SUBMODULES))

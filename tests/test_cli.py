@@ -91,3 +91,11 @@ def test_record_uses_the_data_flags_on_a_built_in_set_and_says_so(tmp_path):
                      "2", "--batch-size", "1", "--out", str(out)]) == 0
     meta = json.loads((out / "manifest.json").read_text())["meta"]
     assert meta["tokens_recorded"] <= 2 * 16 and meta["data_options"] == dict(batch_size=1, seq_len=16, max_items=2)
+
+
+def test_help_answers_without_importing_torch():
+    code = ("import sys\nfrom interp.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'interp --help imported torch'\n"
+            "import interp\nassert interp.load_model.__interp_public__ and 'torch' in sys.modules\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -368,9 +368,8 @@ def ablate_bias(
 
     Columns: layer, head (None where the variant spans several), kind, scope (head | layer |
     all | custom), method, estimate, metric, baseline, ablated, delta (= ablated - baseline),
-    delta_se (its standard error over items, each a cluster of its tokens; exact rows, NaN with one
-    item), kl (exact runs on models with logits; NaN otherwise), n_targets, identity, below_rounding
-    (float16/bfloat16: |delta| < eps(dtype) x |baseline|). ``metric`` is
+    delta_se (standard error over items; exact rows), kl (exact, with logits), n_targets, identity,
+    below_rounding (float16/bfloat16: |delta| < eps(dtype) x |baseline|). ``metric`` is
     "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine,
     feature_cosine, or a callable ``f(output, batch) -> scalar tensor``. ``estimate``: see
     the module doc; "auto" estimates every variant in one pass, then runs the ``top_k`` per
@@ -378,9 +377,8 @@ def ablate_bias(
     a rerun resumes, a log of another run (weights, data, max_batches, metric, library
     version) is refused or, with ``overwrite=True``, replaced. A variant an identity answers
     (``identity_reason``) is not run unless ``force_exact``; its row says why.
-    ``reuse_prefix`` (exact): layers below a patch are replayed from the intact run.
-    ``layers`` / ``heads`` (None: all) aim the sweep: variants only for those layers and heads
-    (``scope="head"``: each selected head alone; "layer": the selected heads of a layer together).
+    ``reuse_prefix`` (exact): layers below a patch are replayed from the intact run. ``layers`` /
+    ``heads`` (None: all) aim the sweep at those layers and heads (``make_variants``).
     ``shard=(rank, world)``: this process runs every world-th variant (the one-pass estimate
     of "auto" runs whole on every rank, so all choose the same top heads); ``merge_shards``
     joins the ranks' frames into the one-process table.
