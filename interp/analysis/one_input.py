@@ -44,7 +44,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from interp.analysis.scores import _key_mask, score_terms
-from interp.analysis.sink_parts import evaluating, keeper, patterns_of, prefix_names
+from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names
 from interp.batch import Batch, image_norm, normalise, square_resize
 from interp.checks import check_count, check_heads, check_layers, inputs_checked_on_host
 from interp.data import model_inputs
@@ -53,7 +53,7 @@ from interp.fingerprint import data_fingerprint, model_fingerprint
 from interp.heads import attention_weights, kv_group
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
-from interp.patching import bias_patch_hooks
+from interp.patching import stacked_patch_hooks
 from interp.sources import BUILTIN
 
 CONDITIONS = ("intact", "no_b_q", "no_b_k", "no_b_v", "no_key_prior")
@@ -227,32 +227,49 @@ def resolve_query(model: InterpBridge, query: Any, n_pos: int) -> tuple[str, Opt
 # ----- the forwards ----------------------------------------------------------------------------------------
 
 
-def _run(model: InterpBridge, x: Tensor, kw: dict, hooks: list, last_layer: int) -> None:
-    """One hooked forward, stopped after block ``last_layer`` (nothing later is read)."""
-    stop = {} if last_layer + 1 >= model.interp.n_layers else {"stop_at_layer": last_layer + 1}
-    with inputs_checked_on_host():  # the input was checked on the host by Batch.check
-        model.run_with_hooks(x, fwd_hooks=hooks, **kw, **stop)
+class _Stop(Exception):
+    """Raised once a forward has passed every activation it is read for: nothing after is computed."""
+
+
+def _run(model: InterpBridge, x: Tensor, kw: dict, names: Sequence[str], hooks: Sequence = ()) -> dict[str, Tensor]:
+    """One forward with ``hooks``, keeping the activations at ``names``; it ends (``_Stop``) as soon as all of
+    them are kept, whatever order the family fires them in (TransformerLens' ``stop_at_layer`` does not stop
+    blocks named ``encoder.layer.N``: ViT, DINOv2, BERT; their hook_pattern fires after hook_out)."""
+    store: dict[str, Tensor] = {}
+
+    def keeper(name: str) -> Any:
+        def keep(t: Tensor, hook: Any) -> None:
+            store[name] = t.detach()
+            if len(store) == len(names):
+                raise _Stop
+        return keep
+
+    try:
+        with inputs_checked_on_host():  # the input was checked on the host by Batch.check
+            model.run_with_hooks(x, fwd_hooks=list(hooks) + [(n, keeper(n)) for n in names], **kw)
+    except _Stop:
+        pass
+    return store
 
 
 def _intact_store(model: InterpBridge, x: Tensor, kw: dict, layers: Sequence[int]) -> dict[str, Tensor]:
     """hook_pattern, hook_q, hook_k, hook_v, hook_z (and hook_cos / hook_sin under rotary) of ``layers``."""
     parts = ("pattern", "q", "k", "v", "z") + (("cos", "sin") if model.interp.rotary else ())
-    store: dict[str, Tensor] = {}
-    names = [f"blocks.{layer}.attn.hook_{p}" for layer in layers for p in parts]
-    _run(model, x, kw, [(n, keeper(store, n)) for n in names], max(layers))
+    store = _run(model, x, kw, [f"blocks.{layer}.attn.hook_{p}" for layer in layers for p in parts])
     patterns_of(model, store, layers)  # a fused attention kernel (no pattern) is refused here, with the fix
     return store
 
 
-def _without_bias(model: InterpBridge, x: Tensor, kw: dict, layer: int, kind: str
-                  ) -> tuple[Float[Tensor, "1 head_index query_pos key_pos"], Float[Tensor, "1 pos head_index d_head"]]:
-    """(pattern, z) of ``layer`` in a forward with its bias of ``kind`` zeroed in every head
-    (``bias_patch_hooks``, method "zero": a' = a - b), the layers below intact."""
-    targets = [(layer, h, kind) for h in range(model.interp.heads(kind))]
+def _without_biases(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per kind (q, k, v): (pattern [head, q, k], z [pos, head, d_head]) of ``layer`` with that layer's bias
+    of that kind zeroed in every head (``bias_patch_hooks`` method "zero", a' = a - b, stacked as three
+    variants of one forward), the layers below intact."""
+    kinds = ("q", "k", "v")
+    groups = [[(layer, h, kind) for h in range(model.interp.heads(kind))] for kind in kinds]
     names = [f"blocks.{layer}.attn.hook_{p}" for p in ("pattern", "z")]
-    store: dict[str, Tensor] = {}
-    _run(model, x, kw, bias_patch_hooks(model, targets, "zero") + [(n, keeper(store, n)) for n in names], layer)
-    return store[names[0]], store[names[1]]
+    rep = lambda t: t.repeat(len(kinds), *([1] * (t.ndim - 1)))  # noqa: E731
+    store = _run(model, rep(x), {k: rep(v) for k, v in kw.items()}, names, stacked_patch_hooks(model, groups, "zero"))
+    return {kind: (store[names[0]][i], store[names[1]][i]) for i, kind in enumerate(kinds)}
 
 
 def _key_prior_parts(model: InterpBridge, store: dict, layer: int, intact: Pattern,
@@ -297,9 +314,8 @@ def _layer_conditions(model: InterpBridge, x: Tensor, kw: dict, store: dict, lay
     pattern = store[f"blocks.{layer}.attn.hook_pattern"][0].double()
     patterns = {"intact": pattern}
     z = {"intact": store[f"blocks.{layer}.attn.hook_z"][0].double()}
-    for kind in ("q", "k", "v"):
-        p, zk = _without_bias(model, x, kw, layer, kind)
-        patterns[f"no_b_{kind}"], z[f"no_b_{kind}"] = p[0].double(), zk[0].double()
+    for kind, (p, zk) in _without_biases(model, x, kw, layer).items():
+        patterns[f"no_b_{kind}"], z[f"no_b_{kind}"] = p.double(), zk.double()
     kp, without, note = _key_prior_parts(model, store, layer, pattern, allowed)
     if without is not None:
         v = store[f"blocks.{layer}.attn.hook_v"][0].double()[:, kv_group(info.n_heads, info.n_kv_heads)]

@@ -176,7 +176,7 @@ def test_b_v_leaves_the_pattern_and_moves_the_output_by_b_v_W_O(family):
     model, _ = pair(family)
     result = interp.single_input(model, ids())
     rows = result.patterns.query("condition == 'no_b_v'")
-    assert rows.delta.abs().max() == 0.0  # the same pattern, bit for bit
+    assert rows.delta.abs().max() <= 1e-15  # the same pattern (rounding of the three-variant batch only)
     info = model.interp
     for layer in range(info.n_layers):
         w = interp.attention_weights(model, layer)
