@@ -124,9 +124,11 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, laye
     ``mass_without_key_prior`` (the pattern recomputed, in float64, from the scores with the term
     b_q . c_k / sqrt(d) removed exactly; refused where the four score terms do not make the
     score) and ``mass_without_b_q`` (the layer's b_q zeroed by ``bias_patch_hooks``, the layers
-    below intact); ``remove="b_q"`` adds the latter only. In a layer without b_q both equal
-    ``mass``. Columns: model, layer, head, position, mass, sink, [removal columns], has_b_q,
-    threshold, metric, n_rows, n_batches, max_batches, model_fingerprint, data_fingerprint.
+    below intact; one extra forward through blocks 0..l per layer l with b_q, the costly part);
+    ``remove="b_q"`` adds the latter only. In a layer without b_q both equal ``mass``. A text
+    sequence that does not begin with a special token (a window cut from a longer text) has a
+    ``first`` token that is not ``cls``/``bos``. Columns: model, layer, head, position, mass, sink,
+    [removal columns], has_b_q, threshold, metric, n_rows, n_batches, max_batches, model_fingerprint, data_fingerprint.
     """
     info = require_bridge(model, "sink_profile").interp
     threshold, layers = check_threshold(threshold), check_layers(layers, info)
