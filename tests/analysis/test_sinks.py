@@ -565,3 +565,19 @@ def test_figures_draw_the_frames_with_titles_labels_and_one_scale(tmp_path):
     assert massive.get_yscale() == "log" and massive.get_title() and "layer" in massive.get_xlabel()
     for i, fig in enumerate((grid, implicit.figure, massive.figure)):
         assert plots.save_figure(fig, tmp_path / f"{i}.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("family", ["dinov2", "bert", "llama"])
+def test_a_subset_of_layers_gives_the_same_numbers(family):
+    """Each forward stops after the last layer asked for; what it reads must not change."""
+    model = interp.load_model(tiny_hf_model(family, n_layers=3), device="cpu")
+    data = images() if family == "dinov2" else [tiny_ids()]
+    remove = "key_prior" if family == "bert" else None
+    for fn, kw in ((interp.sink_profile, {"remove": remove}), (interp.implicit_value_bias, {}),
+                   (interp.massive_activations, {})):
+        full = fn(model, data, progress=False, **kw)
+        part = fn(model, data, layers=[1], progress=False, **kw)
+        cols = [c for c in ("mass", "mass_without_key_prior", "mass_without_b_q", "implicit_norm", "output_rms",
+                            "value", "median_abs") if c in full]
+        a = full[full.layer == 1].reset_index(drop=True)[cols]
+        assert (a - part[cols]).abs().to_numpy().max() <= 1e-6, fn.__name__
