@@ -20,6 +20,7 @@ from interp import plots
 from interp.interactive import Heatmap, TopTable
 from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
+from interp.analysis.one_input import single_input
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
 from interp.data import Batch, builtin_batches, builtin_options
@@ -392,3 +393,60 @@ def failed_section(step: str, skipped: list[str], exc: BaseException) -> Section
             f"{'steps not run: ' + ', '.join(skipped) if skipped else 'it was the last step'}.")
     return Section("failed", f"Step '{step}' failed", text, dict(failed_step=step, error=error, not_run=skipped),
                    headline=f"Incomplete: step '{step}' failed ({type(exc).__name__}); see the last section.")
+
+
+# ----- one input, looked at closely (interp.single_input) ---------------------------------------------
+
+
+def _first_item(ctx: Context) -> Any:
+    """The data's first image, or its first sequence's real tokens."""
+    batch = ctx.batches[0]
+    if ctx.model.interp.modality == "vision":
+        return batch.inputs[0]
+    mask = batch.attention_mask
+    return batch.inputs[0] if mask is None else batch.inputs[0][mask[0].bool()]
+
+
+def single_input_step(ctx: Context) -> list[Section]:
+    """Each head's pattern with and without its bias on one input (a few layers, evenly spaced; 2 in quick
+    mode), the keys the key prior favours, and for a ViT the attention maps over the image."""
+    n = ctx.model.interp.n_layers
+    layers = sorted({round(i * (n - 1) / (1 if ctx.quick else 3)) for i in range(2 if ctx.quick else 4)})
+    view = single_input(ctx.model, _first_item(ctx), layer=layers, query="last" if ctx.model.interp.causal else None)
+    heads = view.heads
+    kp = heads[heads.condition == ("no_key_prior" if (heads.condition == "no_key_prior").any() else "no_b_q")]
+    top = kp.loc[kp.kl.idxmax()]
+    numbers = dict(layers=layers, query=view.meta["query"], n_positions=view.meta["n_positions"],
+                   largest_kl=dict(layer=int(top.layer), head=int(top["head"]), condition=str(top.condition),
+                                   kl=float(top.kl)),
+                   no_b_k_max_abs_diff=float(heads[heads.condition == "no_b_k"].max_abs_diff.max()),
+                   no_b_v_max_abs_diff=float(heads[heads.condition == "no_b_v"].max_abs_diff.max()),
+                   no_b_v_output_change_rms_max=float(heads[heads.condition == "no_b_v"].output_change_rms.max()))
+    favoured = view.key_prior[(view.key_prior.layer == top.layer) & (view.key_prior["head"] == top["head"])]
+    first = f"; its key prior favours {favoured.label.iloc[0].strip()!r} most" if len(favoured) else ""
+    text = (f"One {'image' if view.image is not None else 'sequence'} of {ctx.dataset} ({view.meta['n_positions']} "
+            f"positions), layers {layers}, query {view.meta['query']!r}. Removing "
+            f"{'the key prior' if top.condition == 'no_key_prior' else 'b_q'} changes layer {int(top.layer)}, head "
+            f"{int(top['head'])} most (mean KL {top.kl:.3g} nats){first}. "
+            f"Without b_k the pattern moves by at most {numbers['no_b_k_max_abs_diff']:.2g}; without b_v by "
+            f"{numbers['no_b_v_max_abs_diff']:.2g} (v is not in the score), while the head's output moves by up to "
+            f"{numbers['no_b_v_output_change_rms_max']:.3g} (b_v W_O).")
+    figures = {"single_input_patterns": plots.single_input_patterns(view)}
+    if not view.key_prior.empty:
+        figures["single_input_key_prior"] = plots.key_prior_top_tokens(view)
+    if view.image is not None:
+        figures["single_input_overlay"] = plots.single_input_overlay(view)
+    return [Section("single_input", "One input, closely", text, numbers, figures=figures, shown=list(figures),
+                    tables={"single_input_patterns": view.patterns, "single_input_heads": view.heads,
+                            "single_input_key_prior": view.key_prior},
+                    heatmaps=[Heatmap("single_input_heads", "kl", "mean KL(intact || without), nats",
+                                      facet="condition", query="condition in ('no_b_q', 'no_b_k', 'no_key_prior')",
+                                      title=f"{ctx.name}: how much removing each bias changes the pattern on "
+                                            "this input")],
+                    top_tables=[TopTable("single_input_key_prior", ("layer", "head", "label", "key_prior_centered",
+                                                                    "weight_intact", "weight_no_key_prior"),
+                                         "key_prior_centered", "The keys the key prior favours most (rank 1 per head)",
+                                         query="rank == 1")])]
+
+
+STEPS["single_input"] = single_input_step

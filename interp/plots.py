@@ -360,3 +360,15 @@ def massive_activations_plot(frame: pd.DataFrame, *, model_name: Optional[str] =
                  + (f"\n{data}" if data else ""), fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# one input, looked at closely (interp.single_input): static and interactive (plotly) figures
+from interp.single_input_plots import (  # noqa: E402, F401
+    key_prior_top_tokens,
+    key_prior_top_tokens_plotly,
+    pick_heads,
+    single_input_overlay,
+    single_input_overlay_plotly,
+    single_input_patterns,
+    single_input_patterns_plotly,
+)

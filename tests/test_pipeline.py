@@ -22,7 +22,7 @@ def written(tmp_path_factory):
 def test_every_step_made_sections_with_numbers(written):
     out, sections, report = written
     keys = [s.key for s in sections]
-    assert len(keys) == len(set(keys)) and len(STEPS) == 7
+    assert len(keys) == len(set(keys)) and len(STEPS) == 8
     assert all(s.numbers for s in sections)
     assert all(name in s.figures for s in sections for name in s.shown)
 

@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 # Lowest layer first. A module may import only from layers strictly below its own.
 LAYERS = [
     ["interp._version", "interp.errors", "interp.types"],
-    ["interp.io", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder"],
+    ["interp.io", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
+     "interp.single_input_plots"],
     ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip",
      "interp.models.adapters.timm_vit", "interp.plots", "interp.interactive", "interp.models.audit"],
     ["interp.models.adapters.open_clip_vit"],

@@ -292,3 +292,85 @@ def test_a_table_too_large_is_refused_naming_the_way_out(monkeypatch):
 
 def test_measured_diffs_are_reported():
     print("\n".join(f"{k}: {v:.3g}" for k, v in MEASURED.items()))
+
+
+# ----- figures -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vit_view():
+    model = interp.load_model(tiny_hf_model("vit").double(), device="cpu")
+    return interp.single_input(model, torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(1)))
+
+
+def test_static_figures_draw_the_tables(vit_view):
+    import matplotlib.pyplot as plt
+
+    from interp import plots
+
+    pairs = plots.pick_heads(vit_view)
+    fig = plots.single_input_patterns(vit_view)
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == len(pairs) * 5 and "without b_q" in panels[1].get_title()
+    assert "output" in panels[3].get_title() and "cls" in panels[0].get_title()  # b_v said; CLS weight given
+    layer, head = pairs[0]
+    rows = vit_view.patterns.query("layer == @layer and head == @head and condition == 'no_b_q' and key_kind == 'patch'")
+    drawn = panels[1].get_images()[0].get_array()
+    assert np.allclose(drawn[rows.key_row, rows.key_col], rows.weight)
+    overlay = plots.single_input_overlay(vit_view, condition="no_key_prior")
+    assert len(overlay.axes) == 2 * 4 and "without the key prior" in overlay._suptitle.get_text()
+    bars = plots.key_prior_top_tokens(vit_view, heads=[(1, 2)], top=5)
+    top = vit_view.key_prior.query("layer == 1 and head == 2").nsmallest(5, "rank")
+    assert np.allclose([p.get_width() for p in bars.axes[0].patches], top.key_prior_centered)
+    assert bars.axes[0].get_yticklabels()[0].get_text().startswith(f"{top.label.iloc[0]} [{top.key_pos.iloc[0]}]")
+    plt.close("all")
+
+
+def test_plotly_figures_carry_the_numbers(vit_view):
+    from interp import plots
+
+    fig = plots.single_input_patterns_plotly(vit_view, heads=[(0, 1)])
+    rows = vit_view.patterns.query("layer == 0 and head == 1 and condition == 'intact' and key_kind == 'patch'")
+    z = np.array(fig.data[0].z, dtype=float)
+    assert len(fig.data) == 5 and np.allclose(z[rows.key_row, rows.key_col], rows.weight)
+    assert "cls" in fig.layout.annotations[0].text
+    overlay = plots.single_input_overlay_plotly(vit_view)
+    assert len(overlay.layout.sliders[0].steps) == 2 and len(overlay.data) == 4 + 2 * 4  # images + maps
+    bars = plots.key_prior_top_tokens_plotly(vit_view, heads=[(1, 0)], top=3)
+    top = vit_view.key_prior.query("layer == 1 and head == 0").nsmallest(3, "rank")
+    assert np.allclose(bars.data[0].x, top.key_prior_centered)
+
+
+def test_text_views_draw_matrices_or_bars_and_refuse_an_overlay():
+    import matplotlib.pyplot as plt
+
+    from interp import plots
+
+    model, _ = pair("gpt2")
+    full = interp.single_input(model, ids())
+    fig = plots.single_input_patterns(full, heads=[(0, 0), (1, 3)])
+    matrix = fig.axes[0].get_images()[0].get_array()
+    assert matrix.shape == (7, 7) and np.ma.is_masked(matrix[0, 6])  # causal: the upper triangle is not attended
+    last = interp.single_input(model, ids(), query="last")
+    bars = plots.single_input_patterns(last, heads=[(0, 0)])
+    assert len(bars.axes[0].patches) == 7
+    for draw in (plots.single_input_overlay, plots.single_input_overlay_plotly):
+        with pytest.raises(InputError, match="single_input_patterns"):
+            draw(full)
+    with pytest.raises(InputError, match="pairs this view holds"):
+        plots.single_input_patterns(full, heads=[(5, 0)])
+    with pytest.raises(InputError, match="result of interp.single_input"):
+        plots.key_prior_top_tokens(full.patterns)
+    plt.close("all")
+
+
+def test_the_pipeline_step_makes_a_report_section(tmp_path):
+    from interp.pipeline import make_context, single_input_step
+    from interp.report import write_report
+
+    ctx = make_context(interp.load_model(tiny_hf_model("vit"), device="cpu"), "digits", quick=True)
+    section, = single_input_step(ctx)
+    assert set(section.figures) == {"single_input_patterns", "single_input_key_prior", "single_input_overlay"}
+    assert section.numbers["no_b_k_max_abs_diff"] <= 1e-5 and section.numbers["no_b_v_output_change_rms_max"] > 0
+    report = write_report([section], dict(model="tiny vit", dataset="digits"), tmp_path).read_text()
+    assert "One input, closely" in report and (tmp_path / "single_input_patterns.csv").exists()
