@@ -304,13 +304,16 @@ class _Layer:
     z: dict[str, Float[Tensor, "pos head_index d_head"]]
     key_prior: Optional[Pattern]
     notes: list[str]
+    allowed: Bool[Tensor, "query_pos key_pos"]  # the layer's key mask (causal, sliding window)
+    real: Bool[Tensor, " query_pos"]  # query rows that attend something
 
 
-def _layer_conditions(model: InterpBridge, x: Tensor, kw: dict, store: dict, layer: int,
-                      allowed: Bool[Tensor, "query_pos key_pos"]) -> _Layer:
+def _layer_conditions(model: InterpBridge, x: Tensor, kw: dict, store: dict, layer: int, batch: Batch) -> _Layer:
     """Every condition's pattern and head output at ``layer`` (module doc). The key-prior condition's
     output is z' = A' V (v of the intact forward, kv heads repeated under grouped-query attention)."""
     info = model.interp
+    n_pos = store[f"blocks.{layer}.attn.hook_pattern"].shape[-1]
+    allowed = _key_mask(model, batch, n_pos, x.device, layer)[0, 0]  # with the layer's sliding window
     pattern = store[f"blocks.{layer}.attn.hook_pattern"][0].double()
     patterns = {"intact": pattern}
     z = {"intact": store[f"blocks.{layer}.attn.hook_z"][0].double()}
@@ -321,7 +324,7 @@ def _layer_conditions(model: InterpBridge, x: Tensor, kw: dict, store: dict, lay
         v = store[f"blocks.{layer}.attn.hook_v"][0].double()[:, kv_group(info.n_heads, info.n_kv_heads)]
         patterns["no_key_prior"] = without
         z["no_key_prior"] = torch.einsum("hqk,khd->qhd", without, v)
-    return _Layer(layer, patterns, z, kp, [note] if note else [])
+    return _Layer(layer, patterns, z, kp, [note] if note else [], allowed, allowed.any(-1))
 
 
 def _removed_norms(model: InterpBridge, layer: int) -> tuple[dict[str, Tensor], dict[str, bool]]:
@@ -351,12 +354,12 @@ def _condition_note(model: InterpBridge, condition: str, present: bool) -> str:
     return ""
 
 
-def _head_rows(model: InterpBridge, got: _Layer, heads: Sequence[int], allowed: Tensor, real: Tensor) -> list[dict]:
+def _head_rows(model: InterpBridge, got: _Layer, heads: Sequence[int]) -> list[dict]:
     """Per head and condition: max |A' - A| over attended pairs, mean KL(A || A') over real query rows (nats),
     RMS over real queries of ||(z' - z) W_O[h]|| (the change of what the head writes), the removed norm."""
     norms, present = _removed_norms(model, got.layer)
+    base, z0, allowed, real = got.patterns["intact"], got.z["intact"], got.allowed, got.real
     W_o = attention_weights(model, got.layer, torch.float64).W_o.to(allowed.device)
-    base, z0 = got.patterns["intact"], got.z["intact"]
     rows = []
     for cond, p in got.patterns.items():
         diff = (p - base).abs().masked_fill(~allowed, 0).amax((-1, -2))
@@ -386,11 +389,10 @@ def _reduce(p: Pattern, rows: Optional[list[int]], allowed: Tensor,
     return w.cpu().numpy(), mask.cpu().numpy(), np.asarray(qpos)
 
 
-def _pattern_frame(got: _Layer, heads: Sequence[int], rows: Optional[list[int]], allowed: Tensor, real: Tensor,
-                   query: str) -> pd.DataFrame:
+def _pattern_frame(got: _Layer, heads: Sequence[int], rows: Optional[list[int]], query: str) -> pd.DataFrame:
     """Long rows layer, head, condition, query, query_pos, key_pos, weight, delta (= weight - intact weight),
     attended pairs only."""
-    reduced = {c: _reduce(p[heads], rows, allowed, real) for c, p in got.patterns.items()}
+    reduced = {c: _reduce(p[heads], rows, got.allowed, got.real) for c, p in got.patterns.items()}
     base, mask, qpos = reduced["intact"]
     qi, kj = np.nonzero(mask)
     n, n_heads = len(qi), len(heads)
@@ -404,12 +406,12 @@ def _pattern_frame(got: _Layer, heads: Sequence[int], rows: Optional[list[int]],
     return pd.concat(parts, ignore_index=True)
 
 
-def _key_prior_frame(got: _Layer, heads: Sequence[int], rows: Optional[list[int]], allowed: Tensor, real: Tensor,
-                     u_norm: Tensor, top_k: Optional[int]) -> pd.DataFrame:
+def _key_prior_frame(got: _Layer, heads: Sequence[int], rows: Optional[list[int]], u_norm: Tensor,
+                     top_k: Optional[int]) -> pd.DataFrame:
     """Per head, the keys ranked by the key prior kp_ij at the query selection (one row: that row; several
     or "mean": its mean over the real query rows that attend the key), with the attention they get with
     and without it (the same selection). ``key_prior_centered``: minus its mean over the attended keys."""
-    one = rows is not None and len(rows) == 1
+    one, allowed, real = rows is not None and len(rows) == 1, got.allowed, got.real
     sel = None if not one else rows
     kp, mask, _ = _reduce(got.key_prior[heads], sel, allowed, real)
     if not one:  # the mean over the queries that attend each key (every query without rotary: one value)
@@ -483,10 +485,8 @@ def single_input(model: InterpBridge, input: Any, *, layer: Any = None, heads: A
     with evaluating(run):
         x, kw = model_inputs(run, batch)
         store = _intact_store(run, x, kw, layers)
-        allowed = _key_mask(run, batch, len(positions), x.device)[0, 0]
-        real = allowed.any(-1)
-        got = [_layer_conditions(run, x, kw, store, lay, allowed) for lay in layers]
-    return _assemble(run, model, batch, positions, got, heads, rows, label, allowed, real, top_k)
+        got = [_layer_conditions(run, x, kw, store, lay, batch) for lay in layers]
+    return _assemble(run, model, batch, positions, got, heads, rows, label, top_k)
 
 
 def _float64_copy(model: InterpBridge) -> InterpBridge:
@@ -496,14 +496,13 @@ def _float64_copy(model: InterpBridge) -> InterpBridge:
 
 
 def _assemble(run: InterpBridge, model: InterpBridge, batch: Batch, positions: pd.DataFrame, got: list[_Layer],
-              heads: list[int], rows: Optional[list[int]], label: str, allowed: Tensor, real: Tensor,
-              top_k: Optional[int]) -> SingleInput:
+              heads: list[int], rows: Optional[list[int]], label: str, top_k: Optional[int]) -> SingleInput:
     """The tables of ``single_input`` from every layer's conditions, labelled and fingerprinted."""
     info = model.interp
-    patterns = pd.concat([_pattern_frame(g, heads, rows, allowed, real, label) for g in got], ignore_index=True)
-    head_rows = pd.DataFrame([r for g in got for r in _head_rows(run, g, heads, allowed, real)])
-    kp_frames = [_key_prior_frame(g, heads, rows, allowed, real, _removed_norms(run, g.layer)[0]["no_key_prior"],
-                                  top_k) for g in got if g.key_prior is not None]
+    patterns = pd.concat([_pattern_frame(g, heads, rows, label) for g in got], ignore_index=True)
+    head_rows = pd.DataFrame([r for g in got for r in _head_rows(run, g, heads)])
+    kp_frames = [_key_prior_frame(g, heads, rows, _removed_norms(run, g.layer)[0]["no_key_prior"], top_k)
+                 for g in got if g.key_prior is not None]
     key_prior = pd.concat(kp_frames, ignore_index=True) if kp_frames else pd.DataFrame(
         columns=["layer", "head", "rank", "key_pos", "key_prior", "key_prior_centered", "weight_intact",
                  "weight_no_key_prior", "u_norm"])

@@ -189,6 +189,29 @@ def test_b_v_leaves_the_pattern_and_moves_the_output_by_b_v_W_O(family):
             assert "output moves by -b_v W_O[h]" in got.note.iloc[0]
 
 
+
+def test_a_sliding_window_keeps_each_layers_keys_and_the_identities():
+    """Qwen2 with a 3-key window: the tables hold exactly the pairs HF attends; the pattern without b_q is
+    HF's with b_q zeroed; the pattern without the key prior is a distribution over the window."""
+    hf = tiny_hf_model("qwen2", config={"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 0})
+    ref = hf.double()
+    model, x = interp.load_model(copy.deepcopy(ref), device="cpu"), ids()
+    assert model.interp.windows == (3, 3)
+    result = interp.single_input(model, x)
+    zeroed = copy.deepcopy(ref)
+    with torch.no_grad():
+        q_linear(zeroed, "qwen2", 1)[1][8:16] = 0  # head 1 of layer 1
+    for layer in range(2):
+        intact = hf_patterns(ref, x)[layer]
+        for head in range(4):
+            got = table_pattern(result, "intact", layer, head, len(x))
+            assert torch.equal(~got.isnan(), intact[head] > 0)  # exactly the window's keys
+            assert float((got.nan_to_num() - intact[head]).abs().max()) <= TOL
+    got = table_pattern(result, "no_b_q", 1, 1, len(x))
+    assert float((got.nan_to_num() - hf_patterns(zeroed, x)[1][1]).abs().max()) <= TOL
+    sums = result.patterns.query("condition == 'no_key_prior'").groupby(["layer", "head", "query_pos"]).weight.sum()
+    assert (sums - 1).abs().max() <= 1e-12
+
 # ----- queries, positions, images, fingerprints -------------------------------------------------------
 
 
