@@ -1,0 +1,106 @@
+"""Issue 27 in full: does an explicit bias or a key/value slot replace the attention sink?
+
+    python benchmarks/train_sinks.py                      # every arm x 3 seeds, text and vision (resumes)
+    python benchmarks/train_sinks.py --summarise-only     # tables, figures and card from the CSVs
+    python benchmarks/train_sinks.py --domains text --seeds 0 --text-steps 20   # a quick look
+
+Trains the text arms (none, qkv, kv_slot, k_slot_v0, sink_token: a 4-layer LLaMA on the standard
+library's bytes) and the vision arms (none, qkv, kv_slot, registers: the MNIST ViT recipe, cut
+short), measuring each every ``every`` steps on held-out data (``interp.training.sinks``).
+Checkpoints go to ``--work/<the domain's recipe fingerprint>/`` (git-ignored cache): a killed run resumes where
+it stopped, a finished one is read back, another recipe never mixes in. Writes into ``--out``
+(``docs/results/sinks``): runs.csv, heads.csv, layers.csv, summary.csv, corpus.json, tables.md;
+figures into ``docs/figures/sinks/``; the seed-0 text weights and their card into ``--ship``
+(``data/sinks``). One thread: on this project's shared 2-core machine one thread trained faster
+than two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from interp.io import atomic_path  # noqa: E402
+from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS  # noqa: E402
+from interp.plots import save_figure  # noqa: E402
+from interp.training.corpus import stdlib_corpus  # noqa: E402
+from interp.training.sink_report import findings_tables, massive_figure, model_card, sink_share_figure, \
+    table_figure  # noqa: E402
+from interp.training.sink_results import check_results_folder, run_all, summarise  # noqa: E402
+from interp.training.sinks import TextRecipe, VisionRecipe, recipe_fingerprint  # noqa: E402
+
+
+def arguments() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--domains", nargs="+", default=["text", "vision"], choices=["text", "vision"])
+    ap.add_argument("--arms", nargs="+", default=None, help="a subset of the arms (default: all)")
+    ap.add_argument("--text-steps", type=int, default=TextRecipe().steps)
+    ap.add_argument("--vision-steps", type=int, default=VisionRecipe().steps)
+    ap.add_argument("--work", default=".cache/interp/sinks-runs", help="checkpoints (one folder per recipe)")
+    ap.add_argument("--out", default="docs/results/sinks")
+    ap.add_argument("--figures", default="docs/figures/sinks")
+    ap.add_argument("--ship", default="data/sinks", help="where the seed-0 text weights go")
+    ap.add_argument("--no-ship", action="store_true")
+    ap.add_argument("--overwrite", action="store_true", help="replace results of another recipe in --out")
+    ap.add_argument("--summarise-only", action="store_true", help="no training: tables and figures from the CSVs")
+    ap.add_argument("--threads", type=int, default=1)
+    return ap.parse_args()
+
+
+def outputs(out: Path, figures: Path, scale: str, context: int) -> pd.DataFrame:
+    """summary.csv, tables.md and the three figures from runs.csv and layers.csv."""
+    runs, layers = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "layers.csv")
+    summary = summarise(runs)
+    with atomic_path(out / "summary.csv") as tmp:
+        summary.to_csv(tmp, index=False)
+    with atomic_path(out / "tables.md") as tmp:
+        tmp.write_text(findings_tables(summary) + "\n")
+    save_figure(sink_share_figure(runs, scale, context), figures / "sink_share.png")
+    save_figure(massive_figure(layers, scale), figures / "massive_activations.png")
+    save_figure(table_figure(summary), figures / "table.png")
+    return summary
+
+
+def main() -> None:
+    args = arguments()
+    torch.set_num_threads(args.threads)
+    out, figures, start = Path(args.out), Path(args.figures), time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    text, vision = TextRecipe(steps=args.text_steps), VisionRecipe(steps=args.vision_steps)
+    s = text.shape
+    scale = (f"text: {s.n_layers} layers x {s.n_heads} heads, width {s.d_model}, context {s.context}, "
+             f"{text.steps} steps of {text.batch}; vision: {vision.steps} steps of {vision.batch}")
+    if not args.summarise_only:
+        corpus = stdlib_corpus(text.corpus_budget)
+        fingerprints = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))
+        check_results_folder(out, fingerprints, args.overwrite)
+        with atomic_path(out / "corpus.json") as tmp:
+            tmp.write_text(json.dumps(dict(corpus.record, sha256=corpus.sha256), indent=1))
+        arms = {"text": TEXT_ARMS, "vision": VISION_ARMS}
+        plan = [(d, arm, seed) for d in args.domains for seed in args.seeds for arm in arms[d]
+                if args.arms is None or arm in args.arms]
+        frames = run_all(plan, text, vision, corpus, Path(args.work), out, ship=None if args.no_ship else Path(args.ship))
+        if not args.no_ship and "text" in args.domains and 0 in args.seeds:
+            with atomic_path(Path(args.ship) / "MODEL_CARD.md") as tmp:
+                tmp.write_text(model_card(frames["runs"], text, fingerprints["text"], corpus.sha256))
+    summary = outputs(out, figures, scale, s.context)
+    wall = time.perf_counter() - start
+    runs = pd.read_csv(out / "runs.csv")
+    train = runs.groupby(["domain", "arm", "seed"]).train_seconds.max().groupby("domain").sum()
+    print(findings_tables(summary))
+    print(f"\nwall time of this invocation {wall:.0f} s; training time in the checkpoints (all runs, all "
+          f"invocations): {', '.join(f'{d} {t:.0f} s' for d, t in train.items())}; load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""An offline text corpus every machine has: the running interpreter's standard-library source.
+
+Gathered deterministically: every ``*.py`` under ``sysconfig.get_paths()["stdlib"]`` except
+``site-packages``, ``__pycache__`` and test suites (``test``, ``tests``, ``idle_test``), ordered by
+h(f) = sha256(relative POSIX path), taken whole in that order while the total stays within
+``budget`` bytes. A file is validation when int(h(f)[:8], 16) mod 10 == 0 (about a tenth, split by
+file, never inside one), else training. Each split is its files' bytes joined by a blank line, one
+token per byte (ids 0..255). The two byte arrays and ``corpus.json`` (every file with its size,
+sha256 and split; the sha256 of each split's text; the interpreter's version) are cached under
+``<cache>/sinks-corpus/<key>/`` (git-ignored ``.cache/interp`` in a checkout), key = sha256 of
+(stdlib path, Python version, budget, rule version); a rerun verifies and reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from interp.errors import InterpError
+from interp.io import atomic_path
+from interp.models.zoo import cache_dir
+
+RULE_VERSION = 1
+SKIP_PARTS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
+SEPARATOR = b"\n\n"
+DEFAULT_BUDGET = 4 * 2**20
+
+
+class CorpusError(InterpError, OSError):
+    """The standard-library corpus cannot be gathered or its cache does not match its record."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Both splits as uint8 tokens, and the record (``corpus.json``) they were made from."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    record: dict
+
+    @property
+    def sha256(self) -> str:
+        """One identity for the corpus: sha256 over both splits' sha256."""
+        return hashlib.sha256((self.record["train_sha256"] + self.record["val_sha256"]).encode()).hexdigest()
+
+
+def _path_hash(rel: str) -> str:
+    return hashlib.sha256(rel.encode()).hexdigest()
+
+
+def stdlib_files(root: Optional[Path] = None) -> list[tuple[str, Path]]:
+    """(relative POSIX path, path) of every eligible ``*.py``, in the corpus order (by path hash)."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise CorpusError(f"the standard library folder {root} does not exist: run with a full CPython "
+                          "installation (sysconfig.get_paths()['stdlib'])")
+    found = [(p.relative_to(root).as_posix(), p) for p in sorted(root.rglob("*.py"))
+             if not SKIP_PARTS & set(p.relative_to(root).parts[:-1]) and p.is_file()]
+    return sorted(found, key=lambda item: _path_hash(item[0]))
+
+
+def gather(budget: int = DEFAULT_BUDGET, root: Optional[Path] = None) -> tuple[bytes, bytes, dict]:
+    """(train bytes, validation bytes, record) by the module doc's rule."""
+    files, chunks, total = [], {"train": [], "val": []}, 0
+    for rel, path in stdlib_files(root):
+        data = path.read_bytes()
+        if total + len(data) > budget:
+            continue
+        total += len(data)
+        split = "val" if int(_path_hash(rel)[:8], 16) % 10 == 0 else "train"
+        chunks[split].append(data)
+        files.append(dict(path=rel, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), split=split))
+    train, val = SEPARATOR.join(chunks["train"]), SEPARATOR.join(chunks["val"])
+    if not train or not val:
+        raise CorpusError(f"budget {budget} bytes left a split empty ({len(files)} files): raise the budget")
+    record = dict(source=str(Path(root or sysconfig.get_paths()["stdlib"])), python=platform.python_version(),
+                  budget=budget, rule_version=RULE_VERSION, n_files=len(files), bytes=total,
+                  train_bytes=len(train), val_bytes=len(val), train_sha256=hashlib.sha256(train).hexdigest(),
+                  val_sha256=hashlib.sha256(val).hexdigest(), files=files)
+    return train, val, record
+
+
+def _cache_key(budget: int, root: Optional[Path]) -> str:
+    ident = json.dumps([str(root or sysconfig.get_paths()["stdlib"]), platform.python_version(), budget,
+                        RULE_VERSION])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _read_cached(folder: Path) -> Optional[Corpus]:
+    try:
+        record = json.loads((folder / "corpus.json").read_text())
+        train, val = (folder / "train.bin").read_bytes(), (folder / "val.bin").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if hashlib.sha256(train).hexdigest() != record["train_sha256"] or \
+            hashlib.sha256(val).hexdigest() != record["val_sha256"]:
+        raise CorpusError(f"the cached corpus in {folder} does not match its corpus.json (a damaged or "
+                          "edited file): delete that folder and run again")
+    return Corpus(_tokens(train), _tokens(val), record)
+
+
+def _tokens(data: bytes) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+
+
+def stdlib_corpus(budget: int = DEFAULT_BUDGET, root: Optional[Path] = None,
+                  cache: Optional[Path] = None) -> Corpus:
+    """The corpus (module doc), from the cache when it is there (a rerun is a no-op), else gathered
+    and cached atomically (``corpus.json`` last, so a half-written cache is never taken)."""
+    folder = Path(cache or cache_dir()) / "sinks-corpus" / _cache_key(budget, root)
+    cached = _read_cached(folder)
+    if cached is not None:
+        return cached
+    train, val, record = gather(budget, root)
+    for name, data in (("train.bin", train), ("val.bin", val)):
+        with atomic_path(folder / name) as tmp:
+            tmp.write_bytes(data)
+    with atomic_path(folder / "corpus.json") as tmp:
+        tmp.write_text(json.dumps(record, indent=1))
+    return Corpus(_tokens(train), _tokens(val), record)

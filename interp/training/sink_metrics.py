@@ -1,0 +1,160 @@
+"""Measuring one arm of the sink experiment on held-out inputs: per head and per layer.
+
+Two ways, one schema. ``direct_tables`` reads the attention weights the model returns (for a slot
+arm, ``slot_attention``'s, with the slot in column 0) and forward hooks on v_proj and on every
+block's output; it sees everything (slot, registers, the first text token after a sink token).
+``analyzer_tables`` runs ``interp.analysis.sinks`` (``sink_profile``, ``implicit_value_bias``,
+``massive_activations``) through the bridge, which sees what plain HF models have (the first
+token or CLS, explicit b_v) but not a slot or registers. ``measure`` takes the analyzer's numbers
+where the bridge can run the arm, the direct ones for the rest, and records how far the two
+disagree on what both measure (``analyzer_vs_direct``; tests hold it near rounding).
+
+With A[b, h, i, j] the attention of query i to key j (rows sum to 1, slot included), the means
+over every query row i of the probe (b, i):
+
+    mass_c[l, h]        = mean_{b,i} sum_{j in S_c} A[b, h, i, j]
+    c_i                 = sum_{j in S} A_ij v_j W_O[h]                 (S: the first position)
+    implicit_norm       = ||mean_i c_i||,   constancy = ||mean_i c_i||^2 / mean_i ||c_i||^2
+    slot_norm           = ||mean_i A_i* v* W_O[h]||                    (the slot's learned constant)
+    explicit_norm       = ||b_v W_O[h]||
+    max_over_median[l]  = max_{b,i,c} |h_l[b,i,c]| / median_{b,i,c} |h_l[b,i,c]|   (h_l: after block l)
+
+Position classes: ``first`` = position 0 of the input (the sink token in arm ``sink_token``, CLS in
+vision), ``first_text`` = the first byte of text (position 1 after a sink token, else 0),
+``slot`` = the slot, ``registers`` = the 4 register tokens together.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor, nn
+
+from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_profile
+from interp.models.loading import load_model
+from interp.models.sink_arms import N_REGISTERS, attention_modules, has_slot, n_prefix
+
+BRIDGEABLE = {("text", "none"), ("text", "qkv"), ("text", "sink_token"), ("vision", "none"), ("vision", "qkv")}
+HEAD_COLUMNS = ["layer", "head", "mass_first", "mass_first_text", "mass_slot", "mass_registers", "implicit_norm",
+                "constancy", "slot_norm", "explicit_norm", "output_rms"]
+LAYER_COLUMNS = ["layer", "max_abs", "median_abs", "max_over_median"]
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    return list(model.model.layers) if hasattr(model, "model") else list(model.vit.layers)
+
+
+def _forward_with_captures(model: nn.Module, inputs: Tensor, domain: str) -> tuple[Any, list, list]:
+    """(output with attentions, block outputs, v_proj outputs) of one forward."""
+    outs, values, hooks = [], [], []
+    for block in _blocks(model):
+        hooks.append(block.register_forward_hook(lambda m, i, o: outs.append(o[0] if isinstance(o, tuple) else o)))
+    for attn in attention_modules(model):
+        hooks.append(attn.v_proj.register_forward_hook(lambda m, i, o: values.append(o)))
+    try:
+        with torch.no_grad():
+            key = "input_ids" if domain == "text" else "pixel_values"
+            out = model(**{key: inputs}, output_attentions=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return out, outs, values
+
+
+def _head_rows(model: nn.Module, out: Any, values: list, domain: str, arm: str) -> list[dict]:
+    slot, prefix = int(has_slot(model)), n_prefix(domain, arm)
+    rows = []
+    for layer, (attn, a, v) in enumerate(zip(attention_modules(model), out.attentions, values)):
+        a = a.double()
+        n_heads, d_head = a.shape[1], v.shape[-1] // a.shape[1]
+        v = v.double().unflatten(-1, (n_heads, d_head))  # [b, pos, h, d]
+        W_o = attn.o_proj.weight.double().T.reshape(n_heads, d_head, -1)  # [h, d, model]
+        first_text = slot + (prefix if domain == "text" else 0)
+        mass = lambda cols: a[..., cols].sum(-1).mean((0, 2))  # noqa: E731
+        c = torch.einsum("bhq,bhd,hdm->bhqm", a[..., slot], v[:, 0], W_o)  # S = the first position
+        z = torch.einsum("bhqk,bkhd->bqhd", a[..., slot:], v)
+        if slot:
+            z = z + torch.einsum("bhq,hd->bqhd", a[..., 0], attn.slot_value.double())
+        o_rms = torch.einsum("bqhd,hdm->bhqm", z, W_o).pow(2).sum(-1).mean((0, 2)).sqrt()
+        m = c.mean((0, 2))
+        constancy = m.pow(2).sum(-1) / c.pow(2).sum(-1).mean((0, 2))
+        b_v = attn.v_proj.bias
+        explicit = torch.einsum("hd,hdm->hm", b_v.double().view(n_heads, d_head), W_o).norm(dim=-1) \
+            if b_v is not None else torch.zeros(n_heads, dtype=torch.float64)
+        slot_norm = torch.einsum("bhq,hd,hdm->hm", a[..., 0], attn.slot_value.double(), W_o).div(
+            a.shape[0] * a.shape[2]).norm(dim=-1) if slot else torch.full((n_heads,), np.nan)
+        cols = {"mass_first": mass([slot]), "mass_first_text": mass([first_text]),
+                "mass_slot": mass([0]) if slot else None,
+                "mass_registers": mass(list(range(1, 1 + N_REGISTERS))) if arm == "registers" else None,
+                "implicit_norm": m.norm(dim=-1), "constancy": constancy, "slot_norm": slot_norm,
+                "explicit_norm": explicit, "output_rms": o_rms}
+        for h in range(n_heads):
+            values = {k: np.nan if t is None else float(t[h].detach()) for k, t in cols.items()}
+            rows.append(dict(layer=layer, head=h, **values))
+    return rows
+
+
+def direct_tables(model: nn.Module, inputs: Tensor, domain: str, arm: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(heads, layers) of the module doc from one forward over ``inputs`` (token ids [b, pos], the
+    sink token already prepended, or pixels [b, 3, H, W])."""
+    model.eval()
+    out, outs, values = _forward_with_captures(model, inputs, domain)
+    heads = pd.DataFrame(_head_rows(model, out, values, domain, arm), columns=HEAD_COLUMNS)
+    layers = []
+    for layer, h in enumerate(outs):
+        absval = h.detach().abs().flatten()
+        median = float(absval.median())  # the lower median, as the analyzer's
+        layers.append(dict(layer=layer, max_abs=float(absval.max()), median_abs=median,
+                           max_over_median=float(absval.max()) / median))
+    return heads, pd.DataFrame(layers, columns=LAYER_COLUMNS)
+
+
+def analyzer_tables(model: nn.Module, inputs: Tensor, domain: str, batch: int = 16) -> tuple[pd.DataFrame,
+                                                                                              pd.DataFrame]:
+    """The same tables' ``mass_first``, ``implicit_norm``, ``constancy``, ``explicit_norm``,
+    ``output_rms`` and layer columns from ``interp.analysis.sinks`` over the bridge (plain HF arms only)."""
+    bridge = load_model(copy.deepcopy(model).eval())  # load_model wraps in place: the trained model stays bare
+    data = [inputs[i:i + batch] for i in range(0, len(inputs), batch)]
+    first = "first" if domain == "text" else "cls"
+    kw = dict(progress=False)
+    profile = sink_profile(bridge, data, positions=[first], **kw)
+    value = implicit_value_bias(bridge, data, positions=[first], **kw)
+    massive = massive_activations(bridge, data, top_k=1, **kw)
+    heads = profile[["layer", "head", "mass"]].rename(columns={"mass": "mass_first"}).merge(
+        value[["layer", "head", "implicit_norm", "constancy", "explicit_norm", "output_rms"]], on=["layer", "head"])
+    layers = massive[["layer", "abs_value", "median_abs", "ratio_to_median"]].rename(
+        columns={"abs_value": "max_abs", "ratio_to_median": "max_over_median"})
+    return heads, layers
+
+
+def _relative_gap(a: pd.DataFrame, b: pd.DataFrame, columns: list[str]) -> float:
+    x, y = a[columns].to_numpy(float), b[columns].to_numpy(float)
+    return float(np.nanmax(np.abs(x - y) / np.maximum(np.abs(y), 1e-6)))
+
+
+def measure(model: nn.Module, inputs: Tensor, domain: str, arm: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(heads, layers, summary) of one arm on ``inputs``: the analyzer's numbers where the bridge runs
+    the arm, else the direct ones (module doc). Summary: Gu et al.'s shares (mass > 0.3) per class,
+    mean masses, the largest max_over_median over layers, the head means of implicit_norm,
+    explicit_norm and slot_norm, ``measured_by``, ``analyzer_vs_direct``."""
+    heads, layers = direct_tables(model, inputs, domain, arm)
+    by, gap = "direct", np.nan
+    if (domain, arm) in BRIDGEABLE:
+        a_heads, a_layers = analyzer_tables(model, inputs, domain)
+        shared_h = ["mass_first", "implicit_norm", "constancy", "explicit_norm", "output_rms"]
+        shared_l = ["max_abs", "median_abs", "max_over_median"]
+        gap = max(_relative_gap(heads, a_heads, shared_h), _relative_gap(layers, a_layers, shared_l))
+        heads[shared_h], layers[shared_l] = a_heads[shared_h].to_numpy(), a_layers[shared_l].to_numpy()
+        by = "analyzer"
+    summary = dict(measured_by=by, analyzer_vs_direct=gap, max_over_median=float(layers.max_over_median.max()),
+                   implicit_norm=float(heads.implicit_norm.mean()), explicit_norm=float(heads.explicit_norm.mean()),
+                   slot_norm=float(heads.slot_norm.mean()))
+    for cls in ("first", "first_text", "slot", "registers"):
+        col = heads[f"mass_{cls}"]
+        summary[f"sink_share_{cls}"] = float((col > 0.3).mean()) if col.notna().all() else np.nan
+        summary[f"mean_mass_{cls}"] = float(col.mean()) if col.notna().all() else np.nan
+    return heads, layers, summary

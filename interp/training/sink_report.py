@@ -1,0 +1,235 @@
+"""The sink experiment's tables in the style of Gu et al. 2024's Table 4, and its figures.
+
+Everything here is drawn from ``summary.csv`` / ``runs.csv`` / ``layers.csv`` (``sink_results``);
+nothing is computed but formatting, and ``docs/findings.md`` quotes ``findings_tables`` verbatim
+(a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
+
+ADDS = {
+    ("text", "none"): "nothing (no q, k, v, o bias)",
+    ("text", "qkv"): "q, k, v bias (o bias held at 0)",
+    ("text", "kv_slot"): "a learnable key/value slot per head",
+    ("text", "k_slot_v0"): "a learnable key slot, value fixed at 0",
+    ("text", "sink_token"): "a learnable token before every sequence",
+    ("vision", "none"): "nothing (no q, k, v bias; o bias)",
+    ("vision", "qkv"): "q, k, v bias",
+    ("vision", "kv_slot"): "a learnable key/value slot per head",
+    ("vision", "registers"): "4 register tokens after CLS",
+}
+ARMS = {"text": TEXT_ARMS, "vision": VISION_ARMS}
+TARGET = {"kv_slot": "slot", "k_slot_v0": "slot", "sink_token": "first", "registers": "registers"}
+
+
+def _value(summary: pd.DataFrame, domain: str, arm: str, metric: str) -> pd.Series:
+    row = summary[(summary.domain == domain) & (summary.arm == arm) & (summary.metric == metric)]
+    return row.iloc[0] if len(row) else pd.Series(dtype=float)
+
+
+def _pct(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
+
+
+def _num(x: float, digits: int = 3) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _interval(r: pd.Series, scale: float, digits: int, signed: bool = False, paired: bool = False) -> str:
+    keys = ("paired_diff", "paired_ci95_low", "paired_ci95_high") if paired else ("mean", "ci95_low", "ci95_high")
+    m, lo, hi = (float(r[k]) * scale for k in keys)
+    f = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+    return f"{f.format(m)} [{f.format(lo)}, {f.format(hi)}]"
+
+
+QUALITY = {"text": ("val_loss", 1, 3), "vision": ("accuracy", 100, 2)}  # metric, scale, digits
+FIRST = {"text": "first_text", "vision": "first"}
+
+
+def _row(summary: pd.DataFrame, domain: str, arm: str) -> str:
+    """One arm's line: shares and masses on the first position and on the arm's own target, the
+    largest activation ratio, the quality metric and its paired difference to ``none``."""
+    v = lambda metric: _value(summary, domain, arm, metric)  # noqa: E731
+    target, first = TARGET.get(arm), FIRST[domain]
+    share_t = v(f"sink_share_{target}")["mean"] if target else float("nan")
+    mass_t = v(f"mean_mass_{target}")["mean"] if target else float("nan")
+    metric, scale, digits = QUALITY[domain]
+    quality = v(metric)
+    diff = "(reference)" if arm == "none" else _interval(quality, scale, digits, signed=True, paired=True)
+    return (f"| `{arm}` | {ADDS[(domain, arm)]} | {_pct(v(f'sink_share_{first}')['mean'])} | {_pct(share_t)} | "
+            f"{_num(v(f'mean_mass_{first}')['mean'])} | {_num(mass_t)} | {_num(v('max_over_median')['mean'], 1)} | "
+            f"{_interval(quality, scale, digits)} | {diff} |")
+
+
+def findings_tables(summary: pd.DataFrame) -> str:
+    """Both Table-4-style tables (markdown) from ``summary.csv``: means over seeds at the last step;
+    shares = % of heads with mean mass > 0.3 on the position; intervals are 95% t-intervals."""
+    n = {d: int(summary[summary.domain == d].n_seeds.max()) for d in ("text", "vision") if d in set(summary.domain)}
+    out = []
+    if "text" in n:
+        out += [f"Text ({n['text']} seeds, step {int(summary[summary.domain == 'text'].step.max())}):", "",
+                "| arm | adds | heads sinking on the first byte (%) | on the slot / sink token (%) "
+                "| mean mass on the first byte | on the slot / sink token | max / median activation "
+                "| validation loss (nats/byte) [95% CI] | paired difference to `none` [95% CI] |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [_row(summary, "text", arm) for arm in summary[summary.domain == "text"].arm.unique()]
+    if "vision" in n:
+        out += ["", f"Vision ({n['vision']} seeds, step {int(summary[summary.domain == 'vision'].step.max())}):", "",
+                "| arm | adds | heads sinking on CLS (%) | on the slot / registers (%) | mean mass on CLS "
+                "| on the slot / registers | max / median activation | test accuracy (%) [95% CI] "
+                "| paired difference to `none` (pp) [95% CI] |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [_row(summary, "vision", arm) for arm in summary[summary.domain == "vision"].arm.unique()]
+    return "\n".join(out)
+
+
+# ----- figures ------------------------------------------------------------------------------------------
+
+
+def sink_candidates(runs: pd.DataFrame) -> pd.DataFrame:
+    """Long form: per run and step, the mean mass on and the sink share of each arm's candidate
+    positions (first byte or CLS; slot, sink token or registers where the arm has one)."""
+    rows = []
+    for _, r in runs.iterrows():
+        classes = {"first byte" if r.domain == "text" else "CLS": "first_text" if r.domain == "text" else "first"}
+        if r.arm in TARGET:
+            classes[{"slot": "slot", "first": "sink token", "registers": "registers"}[TARGET[r.arm]]] = TARGET[r.arm]
+        for label, cls in classes.items():
+            rows.append(dict(domain=r.domain, arm=r.arm, seed=r.seed, step=r.step, position=label,
+                             mean_mass=r[f"mean_mass_{cls}"], sink_share=r[f"sink_share_{cls}"]))
+    return pd.DataFrame(rows)
+
+
+def sink_share_figure(runs: pd.DataFrame, scale: str, context: Optional[int] = None) -> plt.Figure:
+    """Mean attention mass and Gu et al.'s sink share vs training step, per domain, arm and position;
+    the mass panel marks the 0.3 threshold and, for text, the first byte's mass under uniform causal
+    attention, (1/n) sum_{i=1..n} 1/i."""
+    long = sink_candidates(runs)
+    domains = [d for d in ARMS if d in set(long.domain)]
+    fig, axes = plt.subplots(len(domains), 2, figsize=(13, 4.4 * len(domains)), squeeze=False)
+    for i, domain in enumerate(domains):
+        part = long[long.domain == domain]
+        for j, (value, label) in enumerate([("mean_mass", "mean attention mass (share of a row)"),
+                                            ("sink_share", "heads with mean mass > 0.3 (share of heads)")]):
+            ax = axes[i, j]
+            sns.lineplot(data=part, x="step", y=value, hue="arm", style="position", errorbar=("pi", 100),
+                         marker="o", hue_order=ARMS[domain], ax=ax)
+            ax.set_xlabel("training step (optimiser updates)")
+            ax.set_ylabel(label)
+            if value == "mean_mass":
+                ax.axhline(0.3, color="0.4", ls="--", lw=0.8, label="sink threshold 0.3")
+                if domain == "text" and context:
+                    ax.axhline(sum(1 / k for k in range(1, context + 1)) / context, color="0.6", ls=":", lw=1,
+                               label="first byte, uniform attention")
+                ax.set_ylim(0, max(0.35, float(part[value].max()) * 1.1))
+            else:
+                ax.set_ylim(-0.02, 1.02)
+            ax.set_title(f"{domain}: {label.split(' (')[0]} (band: range over seeds)")
+            ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"Attention sinks over training, every arm ({scale})")
+    fig.tight_layout()
+    return fig
+
+
+def massive_figure(layers: pd.DataFrame, scale: str) -> plt.Figure:
+    """Largest |residual value| / median |value| per layer and arm at the last step (log scale)."""
+    last = layers[layers.step == layers.groupby("domain").step.transform("max")]
+    domains = list(last.domain.unique())
+    fig, axes = plt.subplots(1, len(domains), figsize=(6.5 * len(domains), 4.2), squeeze=False)
+    for ax, domain in zip(axes[0], domains):
+        sns.pointplot(data=last[last.domain == domain], x="layer", y="max_over_median", hue="arm",
+                      hue_order=ARMS[domain], errorbar=("pi", 100), dodge=0.4, ax=ax)
+        ax.set_yscale("log")
+        ax.set_xlabel("layer (residual stream after the block)")
+        ax.set_ylabel("max |value| / median |value| (ratio, log scale)")
+        ax.axhline(1000, color="0.5", ls="--", lw=0.8)
+        ax.set_title(f"{domain}: massive activations (Sun et al.: > 1000 and > 100 in value)")
+    fig.suptitle(f"Massive activations per layer at the last step ({scale}; bars: range over seeds)")
+    fig.tight_layout()
+    return fig
+
+
+def table_cells(summary: pd.DataFrame, domain: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(text of each cell, attention share of each cell or NaN) of one domain's Table-4-style table,
+    rows arms, from the same numbers as ``findings_tables``."""
+    first = "first byte" if domain == "text" else "CLS"
+    target = "slot / sink token" if domain == "text" else "slot / registers"
+    metric, scale, digits = QUALITY[domain]
+    quality = "val loss\n(nats/byte)" if domain == "text" else "accuracy (%)"
+    columns = [f"sinking on\n{first} (%)", f"sinking on\n{target} (%)", f"mass on\n{first}", f"mass on\n{target}",
+               "max / median\nactivation", f"{quality}\n[95% CI]", "paired diff. to\nnone [95% CI]"]
+    arms = [a for a in ARMS[domain] if a in set(summary[summary.domain == domain].arm)]
+    text = pd.DataFrame("", index=arms, columns=columns)
+    share = pd.DataFrame(np.nan, index=arms, columns=columns)
+    for arm in arms:
+        v = lambda m: _value(summary, domain, arm, m)["mean"]  # noqa: E731
+        t = TARGET.get(arm)
+        shares = [v(f"sink_share_{FIRST[domain]}"), v(f"sink_share_{t}") if t else np.nan,
+                  v(f"mean_mass_{FIRST[domain]}"), v(f"mean_mass_{t}") if t else np.nan]
+        share.loc[arm, columns[:4]] = shares
+        q = _value(summary, domain, arm, metric)
+        text.loc[arm] = [_pct(shares[0]), _pct(shares[1]), _num(shares[2]), _num(shares[3]),
+                         _num(v("max_over_median"), 1), _interval(q, scale, digits).replace(" [", "\n["),
+                         "(reference)" if arm == "none" else
+                         _interval(q, scale, digits, signed=True, paired=True).replace(" [", "\n[")]
+    return text, share
+
+
+def table_figure(summary: pd.DataFrame) -> plt.Figure:
+    """``findings_tables`` as a figure: rows arms, columns measures, every cell's number written in it;
+    the attention columns coloured by the share of attention (0 to 1), the others left white."""
+    domains = [d for d in ARMS if d in set(summary.domain)]
+    fig, axes = plt.subplots(len(domains), 1, figsize=(12, 2.9 * len(domains) + 0.4), squeeze=False)
+    for ax, domain in zip(axes[:, 0], domains):
+        text, share = table_cells(summary, domain)
+        sns.heatmap(share, mask=share.isna(), cmap="Reds", vmin=0, vmax=1, annot=False, ax=ax, linewidths=0.5,
+                    linecolor="0.8", cbar_kws=dict(label="share of attention (0 to 1)", shrink=0.8))
+        for i, arm in enumerate(text.index):
+            for j, col in enumerate(text.columns):
+                ax.text(j + 0.5, i + 0.5, text.loc[arm, col], ha="center", va="center", fontsize=8)
+        ax.set_xlabel("measure (mean over seeds at the last step; shares: heads with mean mass > 0.3)")
+        ax.set_ylabel("arm")
+        ax.tick_params(axis="x", labelsize=8, labelrotation=0)
+        part = summary[summary.domain == domain]
+        n, step = int(part.n_seeds.max()), int(part.step.max())
+        ax.set_title(f"{domain}: Gu et al. 2024 Table 4 at this scale ({n} seeds, step {step})")
+    fig.tight_layout()
+    return fig
+
+
+def model_card(runs: pd.DataFrame, recipe: Any, fingerprint: str, corpus_sha256: str) -> str:
+    """``data/sinks/MODEL_CARD.md``: what the shipped seed-0 text arms are, how they were trained,
+    their validation loss (from ``runs.csv``) and how to load them."""
+    s = recipe.shape
+    last = runs[(runs.domain == "text") & (runs.seed == 0)]
+    last = last[last.step == last.step.max()].set_index("arm")
+    lines = [
+        "# Sink-experiment language models (issue 27), seed 0", "",
+        f"Five tiny LLaMA-style byte-level language models ({s.n_layers} layers x {s.n_heads} heads, width "
+        f"{s.d_model}, MLP {s.d_ff}, context {s.context}, rotary, RMSNorm, vocabulary 256 bytes + 1 sink id), "
+        f"one per arm of `benchmarks/train_sinks.py`, trained from the same initialisation on the same "
+        f"{recipe.steps} batches of {recipe.batch} windows of the running interpreter's standard-library "
+        f"source (`interp.training.corpus`, sha256 {corpus_sha256[:16]}...; PSF licence). Recipe fingerprint "
+        f"`{fingerprint}`. Stored in float16 (about half the bytes; loaded as float32).", "",
+        "```python", "from interp.models.sink_arms import load_sink_lm",
+        "model = load_sink_lm(\"kv_slot\")   # none | qkv | kv_slot | k_slot_v0 | sink_token", "```", "",
+        "| arm | adds | validation loss at the last step (nats/byte) | first-byte mass | slot / sink-token mass |",
+        "| --- | --- | --- | --- | --- |"]
+    for arm, r in last.iterrows():
+        target = TARGET.get(arm)
+        lines.append(f"| `{arm}` | {ADDS[('text', arm)]} | {r.val_loss:.4f} | {r.mean_mass_first_text:.3f} | "
+                     f"{_num(r[f'mean_mass_{target}']) if target else '-'} |")
+    lines += ["", "The validation loss above is the float32 model's; the float16 file reproduces it within "
+              "0.05 nats (`tests/training/test_sink_shipped.py`, slow). Intended use: studying attention sinks "
+              "in a controlled setting; they are far too small to be useful language models."]
+    return "\n".join(lines) + "\n"

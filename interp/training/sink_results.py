@@ -1,0 +1,126 @@
+"""The sink experiment's tables: every run, the summary at the last step, and Gu et al.'s Table 4.
+
+``run_all`` trains (or resumes, or just reads back) every domain x arm x seed and writes, after
+each run, atomically: ``runs.csv`` (one row per run and measured step), ``heads.csv`` (per layer x
+head), ``layers.csv`` (per layer), all long-form, every row tagged with the recipe fingerprint.
+A results folder holding another recipe's rows is refused (``StaleResultsError``).
+
+``summarise``: per domain x arm x metric at the last step, over seeds s = 1..n,
+
+    mean = (1/n) sum_s x_s,   95% interval = mean +- t_{0.975, n-1} sd(x) / sqrt(n)
+    paired difference d_s = x_s(arm) - x_s(none), with its own mean and t-interval.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from interp.errors import StaleResultsError
+from interp.io import atomic_path
+from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS, save_lm_arm
+from interp.training.corpus import Corpus
+from interp.training.sinks import TextRecipe, TextTask, VisionRecipe, VisionTask, recipe_fingerprint, run_arm
+
+TABLES = ("runs", "heads", "layers")
+ARMS = {"text": TEXT_ARMS, "vision": VISION_ARMS}
+METRICS = {
+    "text": ["val_loss", "sink_share_first", "sink_share_first_text", "sink_share_slot", "mean_mass_first",
+             "mean_mass_first_text", "mean_mass_slot", "max_over_median", "implicit_norm", "explicit_norm",
+             "slot_norm"],
+    "vision": ["accuracy", "sink_share_first", "sink_share_slot", "sink_share_registers", "mean_mass_first",
+               "mean_mass_slot", "mean_mass_registers", "max_over_median", "implicit_norm", "explicit_norm",
+               "slot_norm"],
+}
+
+
+def check_results_folder(out: Path, fingerprints: dict[str, str], overwrite: bool = False) -> None:
+    """Refuse ``out`` if its runs.csv holds rows of another recipe than ``fingerprints[domain]`` for
+    their domain (``overwrite``: they are replaced)."""
+    path = Path(out) / "runs.csv"
+    if overwrite or not path.exists():
+        return
+    found = pd.read_csv(path, usecols=["domain", "recipe"]).drop_duplicates()
+    stale = sorted(f"{d} {r}" for d, r in zip(found.domain, found.recipe.astype(str)) if fingerprints.get(d) != r)
+    if stale:
+        raise StaleResultsError(f"{path} holds runs of recipe {', '.join(stale)}, not this run's "
+                                f"{fingerprints}: choose another --out, or pass --overwrite to replace them")
+
+
+def finished_states(folders: dict[str, tuple[Path, str]]) -> list[dict]:
+    """The states of every finished run checkpointed in each domain's (folder, fingerprint), by any
+    process, in domain and file-name order."""
+    states = []
+    for work, fingerprint in folders.values():
+        for path in sorted(Path(work).glob("*.pt")):
+            state = torch.load(path, weights_only=True)
+            if state.get("recipe") == fingerprint and state["step"] == state["final_step"]:
+                states.append({name: state[name] for name in TABLES})
+    return states
+
+
+def write_tables(out: Path, states: Iterable[dict]) -> dict[str, pd.DataFrame]:
+    """runs.csv, heads.csv and layers.csv from the runs' states, each written atomically."""
+    states = list(states)
+    frames = {name: pd.DataFrame([row for s in states for row in s[name]]) for name in TABLES}
+    for name, frame in frames.items():
+        with atomic_path(Path(out) / f"{name}.csv") as tmp:
+            frame.to_csv(tmp, index=False)
+    return frames
+
+
+def run_all(plan: list[tuple[str, str, int]], text: TextRecipe, vision: VisionRecipe, corpus: Corpus,
+            work: Path, out: Path, ship: Optional[Path] = None,
+            log: Callable[[str], None] = print) -> dict[str, pd.DataFrame]:
+    """Every (domain, arm, seed) of ``plan``, resumed from ``work/<the domain's fingerprint>``; after
+    each, the tables of every finished run of both recipes (so processes running other parts of the
+    plan add up) into ``out``; the seed-0 text arms' weights into ``ship`` (``save_lm_arm``)."""
+    fps = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))
+    folders = {d: (Path(work) / fp, fp) for d, fp in fps.items()}
+    for domain, arm, seed in plan:
+        task = TextTask(arm, seed, text, corpus) if domain == "text" else VisionTask(arm, seed, vision)
+        model, state = run_arm(task, folders[domain][0], fps[domain])
+        last = state["runs"][-1]
+        log(f"{domain:6s} {arm:10s} seed {seed}: step {last['step']}, val_loss {last['val_loss']:.4f}, "
+            f"accuracy {last['accuracy']:.4f}, first-token share {last['sink_share_first']:.3f}, "
+            f"train {state['seconds']:.0f} s")
+        if ship is not None and domain == "text" and seed == 0:
+            save_lm_arm(model, arm, text.shape, ship, dict(recipe=fps["text"], val_loss=f"{last['val_loss']:.6f}",
+                                                           corpus_sha256=corpus.sha256, step=last["step"]))
+        write_tables(out, finished_states(folders))
+    return write_tables(out, finished_states(folders))
+
+
+def t_interval(values: Iterable[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% t-interval of the mean (NaN bounds for fewer than 2 values)."""
+    x = np.asarray([v for v in values if not np.isnan(v)], float)
+    if len(x) == 0:
+        return np.nan, np.nan, np.nan
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, np.nan, np.nan
+    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return mean, mean - half, mean + half
+
+
+def summarise(runs: pd.DataFrame, reference: str = "none") -> pd.DataFrame:
+    """Long form: domain, arm, metric, step, n_seeds, mean, ci95_low, ci95_high, paired_diff,
+    paired_ci95_low, paired_ci95_high (module doc), at each domain's last step."""
+    rows = []
+    for domain in [d for d in ARMS if d in set(runs.domain)]:
+        part = runs[runs.domain == domain]
+        last = part[part.step == part.step.max()]
+        for metric in METRICS[domain]:
+            wide = last.pivot_table(index="seed", columns="arm", values=metric, dropna=False)
+            for arm in [a for a in ARMS[domain] if a in set(last.arm)]:
+                mean, lo, hi = t_interval(wide[arm])
+                d = t_interval(wide[arm] - wide[reference]) if reference in wide else (np.nan,) * 3
+                rows.append(dict(domain=domain, arm=arm, metric=metric, step=int(last.step.iloc[0]),
+                                 n_seeds=int(wide[arm].notna().sum()), mean=mean, ci95_low=lo, ci95_high=hi,
+                                 paired_diff=d[0], paired_ci95_low=d[1], paired_ci95_high=d[2]))
+    return pd.DataFrame(rows)
