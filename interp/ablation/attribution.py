@@ -98,7 +98,7 @@ def _score_shift(model: InterpBridge, cache: dict, layer: int, kind: str, shift:
         cos, sin = cache[f"blocks.{layer}.attn.hook_cos"], cache[f"blocks.{layer}.attn.hook_sin"]
         q, k = apply_rotary(q, cos.double(), sin.double()), apply_rotary(k, cos.double(), sin.double())
     k = k[:, :, kv_group(info.n_heads, info.n_kv_heads)]
-    return torch.einsum("bihd,bjhd->bhij", q, k) / info.d_head ** 0.5
+    return torch.einsum("bihd,bjhd->bhij", q, k) * info.score_scale(layer)  # 1/sqrt(d), or GPT-2's 1/(sqrt(d) (l+1))
 
 
 def _pattern_terms(model: InterpBridge, cache: dict, grads: dict, sites: list, shift: dict) -> dict:
