@@ -76,8 +76,9 @@ def heatmap_figure(df: pd.DataFrame, spec: Heatmap) -> go.Figure:
             colorbar=dict(title=dict(text=spec.label, side="right"), x=right + 0.01, len=0.85, thickness=12),
             hovertemplate=f"layer %{{y}}, head %{{x}}<br>{spec.value} = %{{z:.4g}}<extra>{name}</extra>"),
             row=1, col=i)
-        fig.update_xaxes(title_text="head", dtick=1, row=1, col=i)
-        fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed", row=1, col=i)
+        # categories: a selection of layers or heads (layers=, heads=) keeps one equal row / column per index
+        fig.update_xaxes(title_text="head", dtick=1, type="category", row=1, col=i)
+        fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed", type="category", row=1, col=i)
     fig.update_layout(title=spec.title or spec.value, height=420, width=max(520, 430 * len(grids)),
                       margin=dict(l=50, r=50, t=80, b=50))
     return fig

@@ -139,26 +139,46 @@ def _pattern_title(view: Any, kind: str) -> str:
 
 def single_input_patterns(view: Any, *, heads: Optional[Sequence[Head]] = None, n_heads: int = 4) -> plt.Figure:
     """Each picked head (rows) under each condition (columns) side by side, one colour scale per row; the b_v
-    column is the intact pattern (b_v is not in the score), its title says the output moves instead."""
+    column is the intact pattern (b_v is not in the score), its title says the output moves instead. A ViT's
+    rows start with the image, the head's intact map laid over it."""
     view, kind = _view(view), _panel_kind(view)
     pairs, conds = pick_heads(view, heads, n_heads), _conditions(view)
-    fig, axes = plt.subplots(len(pairs), len(conds), figsize=(2.9 * len(conds), 2.9 * len(pairs) + 0.9),
+    lead = int(kind == "grid" and view.image is not None)
+    fig, axes = plt.subplots(len(pairs), len(conds) + lead, figsize=(2.9 * (len(conds) + lead), 2.9 * len(pairs) + 0.9),
                              squeeze=False, constrained_layout=True)
     for r, (layer, head) in enumerate(pairs):
+        if lead:
+            _overlay_panel(axes[r, 0], view, _rows(view, layer, head, "intact"))
+            lead_title = "the input, intact map over it\n" if r == 0 else ""
+            axes[r, 0].set_title(f"{lead_title}L{layer} H{head}", fontsize=8)
         per = {c: _rows(view, layer, head, c) for c in conds}
         shown = [p[p.key_kind == "patch"] if kind == "grid" else p for p in per.values()]
         vmax = max(float(p.weight.max()) for p in shown if len(p)) or 1.0
         image = None
         for c, cond in enumerate(conds):
-            ax = axes[r, c]
+            ax = axes[r, c + lead]
             image = _draw_panel(ax, view, per[cond], kind, vmax, (r == len(pairs) - 1, c == 0)) or image
             note = _prefix_note(per[cond]) if kind == "grid" else ""
             title = (CONDITION_TITLES[cond] + "\n") if r == 0 else ""
             ax.set_title(f"{title}L{layer} H{head}" + (f"  ({note})" if note else ""), fontsize=8)
         if image is not None:
-            fig.colorbar(image, ax=list(axes[r]), shrink=0.8, label="attention weight")
+            fig.colorbar(image, ax=list(axes[r, lead:]), shrink=0.8, label="attention weight")
     fig.suptitle(_pattern_title(view, kind), fontsize=10)
     return fig
+
+
+def _overlay_panel(ax: plt.Axes, view: Any, rows: pd.DataFrame, alpha: float = 0.85) -> float:
+    """The image with one head's patch map over it (bilinear; scaled to its maximum, which is returned; the
+    more attention, the more opaque)."""
+    grid = _grid_map(rows, tuple(view.meta["grid"]))
+    scaled = np.nan_to_num(grid / np.nanmax(grid))
+    h_px, w_px = view.image.shape[:2]
+    ax.imshow(view.image)
+    ax.imshow(scaled, cmap="inferno", alpha=alpha * (0.3 + 0.7 * scaled), extent=(0, w_px, h_px, 0),
+              interpolation="bilinear", vmin=0, vmax=1)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return float(np.nanmax(grid))
 
 
 def _check_vision(view: Any, what: str) -> None:
@@ -180,20 +200,14 @@ def single_input_overlay(view: Any, *, condition: str = "intact", layers: Option
     bad = [x for x in layers if x not in view.meta["layers"]]
     if bad or not layers:
         raise InputError(f"layers must be among this view's layers {view.meta['layers']}; got {layers}")
-    heads, (h_px, w_px) = view.meta["heads"], view.image.shape[:2]
+    heads = view.meta["heads"]
     fig, axes = plt.subplots(len(layers), len(heads), figsize=(1.9 * len(heads), 1.95 * len(layers) + 0.8),
                              squeeze=False, constrained_layout=True)
     for r, layer in enumerate(layers):
         for c, head in enumerate(heads):
             ax, rows = axes[r, c], _rows(view, layer, head, condition)
-            grid = _grid_map(rows, tuple(view.meta["grid"]))
-            scaled = np.nan_to_num(grid / np.nanmax(grid))
-            ax.imshow(view.image)
-            ax.imshow(scaled, cmap="inferno", alpha=alpha * (0.3 + 0.7 * scaled), extent=(0, w_px, h_px, 0),
-                      interpolation="bilinear", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title(f"L{layer} H{head}: max {np.nanmax(grid):.2f}\n{_prefix_note(rows)}", fontsize=7)
+            top = _overlay_panel(ax, view, rows, alpha)
+            ax.set_title(f"L{layer} H{head}: max {top:.2f}\n{_prefix_note(rows)}", fontsize=7)
     m = view.meta
     fig.suptitle(f"{m['model']}: attention of query {m['query']!r} on the patches, {CONDITION_TITLES[condition]}"
                  .replace("\n", " ") + " (each map scaled to its max)", fontsize=9)

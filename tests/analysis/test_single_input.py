@@ -334,11 +334,12 @@ def test_static_figures_draw_the_tables(vit_view):
     pairs = plots.pick_heads(vit_view)
     fig = plots.single_input_patterns(vit_view)
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
-    assert len(panels) == len(pairs) * 5 and "without b_q" in panels[1].get_title()
-    assert "output" in panels[3].get_title() and "cls" in panels[0].get_title()  # b_v said; CLS weight given
+    assert len(panels) == len(pairs) * 6 and "without b_q" in panels[2].get_title()  # the image, then 5 conditions
+    assert "input" in panels[0].get_title() and len(panels[0].get_images()) == 2  # the image, the map over it
+    assert "output" in panels[4].get_title() and "cls" in panels[1].get_title()  # b_v said; CLS weight given
     layer, head = pairs[0]
     rows = vit_view.patterns.query("layer == @layer and head == @head and condition == 'no_b_q' and key_kind == 'patch'")
-    drawn = panels[1].get_images()[0].get_array()
+    drawn = panels[2].get_images()[0].get_array()
     assert np.allclose(drawn[rows.key_row, rows.key_col], rows.weight)
     overlay = plots.single_input_overlay(vit_view, condition="no_key_prior")
     assert len(overlay.axes) == 2 * 4 and "without the key prior" in overlay._suptitle.get_text()
