@@ -111,8 +111,13 @@ def _string_batch(model: InterpBridge, item: Union[str, os.PathLike]) -> Batch:
                              "tensor of pixel values")
         from PIL import Image
 
-        with Image.open(text) as img:
-            return _image_batch(model, np.asarray(img.convert("RGB")))
+        try:
+            with Image.open(text) as img:
+                pixels = np.asarray(img.convert("RGB"))
+        except (OSError, ValueError) as exc:  # PIL: unidentified or truncated file, decompression bomb
+            raise InputError(f"could not read the image {text!r} ({type(exc).__name__}: {exc}): pass a PNG or JPEG "
+                             "file, or the image as an array") from exc
+        return _image_batch(model, pixels)
     if isinstance(item, os.PathLike) or os.path.isfile(text):
         raise InputError(f"{text!r} is a file: single_input takes one prompt as a string; read the file and pass "
                          "the prompt you want to look at")
@@ -149,8 +154,8 @@ def one_input_batch(model: InterpBridge, item: Any) -> Batch:
         batch = _string_batch(model, item)
     elif isinstance(item, Image.Image) or (isinstance(item, np.ndarray) and info.modality == "vision"):
         batch = _image_batch(model, np.asarray(item.convert("RGB") if isinstance(item, Image.Image) else item))
-    elif isinstance(item, Tensor):
-        batch = _tensor_batch(model, item, None)
+    elif isinstance(item, (Tensor, np.ndarray)):  # pixel values, or token ids (a text model's array)
+        batch = _tensor_batch(model, torch.as_tensor(item), None)
     elif isinstance(item, Batch):
         batch = _tensor_batch(model, item.inputs, item.attention_mask)
     elif isinstance(item, dict) and ("pixel_values" in item or "input_ids" in item):

@@ -219,6 +219,8 @@ def test_mean_query_is_the_mean_of_the_rows_and_selections_agree():
     model, _ = pair("gpt2")
     x = ids()
     every = interp.single_input(model, x, query="all").patterns
+    as_array = interp.single_input(model, x.numpy(), query="all").patterns  # token ids as a numpy array
+    assert as_array.weight.equals(every.weight)
     mean = interp.single_input(model, x, query="mean").patterns
     by_hand = every.groupby(["layer", "head", "condition", "key_pos"], observed=True).weight.sum() / len(x)
     got = mean.set_index(["layer", "head", "condition", "key_pos"]).weight
@@ -229,7 +231,7 @@ def test_mean_query_is_the_mean_of_the_rows_and_selections_agree():
     assert set(last.query_pos) == {len(x) - 1} and set(last.layer) == {1} and set(last["head"]) == {0, 2}
 
 
-def test_vit_queries_from_cls_with_patch_coordinates_and_the_image_it_saw():
+def test_vit_queries_from_cls_with_patch_coordinates_and_the_image_it_saw(tmp_path):
     model = interp.load_model(tiny_hf_model("vit").double(), device="cpu")
     pixels = (np.arange(40 * 48 * 3) % 251).astype(np.uint8).reshape(40, 48, 3)
     result = interp.single_input(model, pixels)
@@ -244,8 +246,16 @@ def test_vit_queries_from_cls_with_patch_coordinates_and_the_image_it_saw():
     # one full row, the CLS query's (HF's ViT softmaxes in float32 even in float64)
     assert (intact.groupby(["layer", "head"]).weight.sum() - 1).abs().max() <= 1e-6
     assert set(result.key_prior.kind) <= {"prefix", "patch"} and result.key_prior["rank"].max() == 10
-    pil = interp.single_input(model, __import__("PIL.Image").Image.fromarray(pixels))
+    from PIL import Image
+
+    pil = interp.single_input(model, Image.fromarray(pixels))
     assert pil.patterns.weight.equals(result.patterns.weight)
+    Image.fromarray(pixels).save(tmp_path / "photo.png")
+    from_file = interp.single_input(model, str(tmp_path / "photo.png"))
+    assert from_file.patterns.weight.equals(result.patterns.weight)
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    with pytest.raises(InputError, match="could not read the image .*broken.png.*PNG or JPEG"):
+        interp.single_input(model, str(tmp_path / "broken.png"))
 
 
 def test_every_table_carries_the_model_fingerprint_and_the_model_mode_is_restored():
