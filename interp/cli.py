@@ -4,7 +4,8 @@ Subcommands: ``models`` (the offline zoo), ``families`` (the family registry), `
 (download and convert the zoo), ``inventory`` (bias inventory of a model), ``record``
 (per-head Q/K/V statistics, torchrun-aware), ``origin`` (origin shift), ``scores`` (score
 decomposition and the float64 invariances), ``frequency`` (frequency profiles and head
-families), ``ablate`` (bias ablations), ``demo`` (the main job: every analysis,
+families), ``sinks`` (attention sinks, implicit value bias, massive activations), ``ablate``
+(bias ablations), ``demo`` (the main job: every analysis,
 report.html and summary.json). Each writes CSV/Parquet tables and PNG figures into
 ``--out``. ``--debug`` (anywhere on the line) shows tracebacks; ``--version`` the version.
 """
@@ -19,6 +20,14 @@ from typing import Any, Callable, Iterable, Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _int_list(text: str) -> list[int]:
+    """'0,3,5' -> [0, 3, 5] (argparse type: a bad item is a usage error naming it)."""
+    try:
+        return [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,3; got {text!r}") from None
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -191,7 +200,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
         ablate_bias(model, data, kinds=kinds, scope=args.scope, method=args.method,
                     metric=args.metric, estimate=est, out=mine, overwrite=args.overwrite and i == 0,
                     max_batches=args.max_batches, force_exact=args.force_exact, top_k=args.top_k,
-                    shard=(rank, world), progress=rank == 0)
+                    shard=(rank, world), progress=rank == 0, layers=args.layers, heads=args.heads)
         for i, est in enumerate(estimates)
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
@@ -231,6 +240,8 @@ ANALYSES = {
     "origin": (["recording", "origin"], "how each head's bias shifts its origin (origin_shift), with figures"),
     "scores": (["scores", "invariances"], "score decomposition (key-prior share) and the float64 bias identities"),
     "frequency": (["frequency"], "frequency profiles, head families and the q-bias frequency shift"),
+    "sinks": (["sinks"], "implicit biases: attention sinks, the implicit value bias beside b_v W_O, massive "
+                         "activations"),
 }
 
 
@@ -287,7 +298,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_kinds([k.strip() for k in args.kinds.split(",") if k.strip()])
 
 
-DATA_HELP = ("a built-in data set (photos, digits, python-docs); a folder of images (PNG/JPEG/WebP, recursive, "
+DATA_HELP = ("a built-in data set (photos, digits, mnist, python-docs); a folder of images (PNG/JPEG/WebP, recursive, "
              "class subfolders as labels); an image; a .txt file (tokenised into --seq-len windows); a "
              ".jsonl/.csv/.parquet table (--text-column, or --image-column of image paths)")
 
@@ -381,13 +392,15 @@ def _add_ablate_parser(sub: Any) -> None:
     p.add_argument("--metric", default="auto",
                    help="auto (the family's default), next_token_ce, cross_entropy, embedding_cosine or "
                         "feature_cosine (default: %(default)s)")
-    p.add_argument("--estimate", default="exact",
+    p.add_argument("--estimate", default="auto",
                    choices=["exact", "attribution", "atp", "atp_distance", "auto", "both"],
                    help="exact forwards; a first-order estimate from one backward (attribution); AtP*: the "
                         "patched head's pattern exact, linear after it (atp); a second-order estimate for "
                         "distance metrics through random projections (atp_distance); auto: the one-pass "
                         "estimate for every head, then exact for the --top-k per kind; or attribution and exact "
-                        "(both) (default: %(default)s)")
+                        "(both) (default: %(default)s; --estimate exact runs every head exactly)")
+    p.add_argument("--layers", type=_int_list, default=None, help="comma-separated layers to ablate (default: all)")
+    p.add_argument("--heads", type=_int_list, default=None, help="comma-separated heads to ablate (default: all)")
     p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under --estimate auto "
                    "(default: %(default)s)")
     p.add_argument("--max-batches", type=int, default=None, help="at most this many batches (default: all)")

@@ -1,0 +1,157 @@
+"""Numbers the docs quote cannot drift: README's and docs/*.md's figures are checked against the
+CSVs in docs/results/ they were read from, and lists (notebooks, built-in data sets, families)
+against the folder or registry they name. A quoted number agrees with its source when the source,
+rounded to the digits the text shows, is that number."""
+
+import re
+from decimal import Decimal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+FINDINGS = (ROOT / "docs" / "findings.md").read_text()
+GUARANTEES = (ROOT / "docs" / "guarantees.md").read_text()
+RESULTS = ROOT / "docs" / "results"
+
+
+def agrees(quoted: str, value: float) -> bool:
+    """'6.7e-3' agrees with 0.00668; '0.155' with 0.1546; '0' only with 0; '+0.12' with 0.118."""
+    q = Decimal(quoted.replace("+", "").rstrip("%"))
+    if q == 0:
+        return value == 0
+    half_ulp = Decimal(1).scaleb(q.as_tuple().exponent) / 2
+    return abs(Decimal(repr(float(value))) - q) <= half_ulp * Decimal("1.000001")
+
+
+def row(text: str, label: str) -> list[str]:
+    """The cells of the markdown table row whose first cell is `label`."""
+    lines = [line for line in text.splitlines() if line.startswith(f"| {label} |")]
+    assert len(lines) == 1, f"no single table row {label!r}"
+    return [c.strip() for c in lines[0].strip("|").split("|")]
+
+
+def numbers(cell: str) -> list[str]:
+    return re.findall(r"[+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?", cell)
+
+
+def test_agrees_is_strict():
+    assert agrees("6.7e-3", 0.0066787) and agrees("0.155", 0.1546) and agrees("0", 0.0)
+    assert not agrees("6e-8", 0.0) and not agrees("154", 142.65) and not agrees("0.155", 0.1556)
+
+
+def test_readme_notebook_list_is_the_notebooks_folder():
+    paragraph = README[README.index("\nNotebooks ("):]
+    paragraph = paragraph[:paragraph.index("\n\n")]
+    listed = set(re.findall(r"\d\d_\w+\.ipynb", paragraph))
+    assert listed == {p.name for p in (ROOT / "notebooks").glob("*.ipynb")}
+
+
+def test_readme_and_cli_help_name_every_builtin_data_set():
+    from interp.cli import DATA_HELP
+    from interp.data import BUILTIN
+
+    builtin_line = re.search(r"besides the built-in names \(([^)]*)\)", README).group(1)
+    assert set(re.findall(r"`([\w-]+)`", builtin_line)) == set(BUILTIN)
+    help_names = re.search(r"a built-in data set \(([^)]*)\)", DATA_HELP).group(1)
+    assert {n.strip() for n in help_names.split(",")} == set(BUILTIN)
+
+
+def test_guarantees_count_every_registered_family_as_forward_tested():
+    from interp.models import TINY_FAMILIES, list_families
+
+    assert TINY_FAMILIES == tuple(f.name for f in list_families())  # test_loading's fixture covers them all
+    claim = row(GUARANTEES, "hooked forward = HF forward")[1]
+    assert f"every registered family ({len(TINY_FAMILIES)})" in claim
+
+
+def _dinov2_bk_norms() -> tuple[float, float]:
+    o = pd.read_csv(RESULTS / "dinov2-s14" / "origin_shift.csv")
+    k = o[o.kind == "k"]
+    per_layer = (k.bias_norm ** 2).groupby(k.layer).sum() ** 0.5
+    return float(per_layer.max()), float(k.bias_norm.max())
+
+
+def test_dinov2_bk_norm_says_per_layer_or_per_head():
+    per_layer, per_head = _dinov2_bk_norms()
+    for text in (README, GUARANTEES):
+        layer, head = re.search(r"up to (\d+) per layer,? \(?(\d+) per head", text).groups()
+        assert agrees(layer, per_layer) and agrees(head, per_head)
+    assert agrees(re.search(r"its norm reaches (\d+) \(layer 3, head 4\)", FINDINGS).group(1), per_head)
+    assert agrees(re.search(r"a large norm \((\d+) on one head", FINDINGS).group(1), per_head)
+
+
+SWEEP_ROWS = {
+    "MiniLM-L6 (sentence-embedding cosine)": "minilm-l6",
+    "DINOv2-S/14 (CLS feature cosine)": "dinov2-s14",
+    "digits-vit (cross-entropy, baseline 0.008)": "digits-vit",
+    "digits-vit-nobias": "digits-vit-nobias",
+}
+
+
+@pytest.mark.parametrize("label", SWEEP_ROWS)
+def test_readme_real_sweep_table_equals_ablation_csv(label):
+    a = pd.read_csv(RESULTS / SWEEP_ROWS[label] / "ablation.csv")
+    largest = a.groupby(["method", "kind"]).delta.apply(lambda s: s.abs().max())
+    cells = row(README, label)
+    for cell, method in zip(cells[1:3], ("zero", "mean")):
+        quoted = numbers(cell.split("(")[0])
+        assert len(quoted) == 3, cell
+        for q, kind in zip(quoted, "qkv"):
+            assert agrees(q, largest[method, kind]), (label, method, kind, q, largest[method, kind])
+
+
+def test_readme_dinov2_ablation_finding_equals_ablation_csv():
+    a = pd.read_csv(RESULTS / "dinov2-s14" / "ablation.csv")
+    zero = a[a.method == "zero"]
+    largest = zero.groupby("kind").delta.apply(lambda s: s.abs().max())
+    text = re.search(r"b_q matters most \(max drop ([\d.]+), .*?\), b_v up to ([\d.]+), b_k ([\de.-]+) ", README)
+    for q, kind in zip(text.groups(), "qvk"):
+        assert agrees(q, largest[kind]), (kind, q, largest[kind])
+
+
+BK_ROWS = {
+    "AdamW, eps 1e-8, float64 (softmax too)": "adamw_fp64", "SGD, momentum 0.9": "sgd",
+    "AdamW, eps 1e-6": "adamw_eps1e-6", "AdamW, eps 1e-8": "adamw",
+    "AdamW, eps 1e-8, no weight decay on biases": "adamw_nodecay", "AdamW, eps 1e-8, bfloat16 autocast": "adamw_bf16",
+}
+
+
+@pytest.mark.parametrize("label", BK_ROWS)
+def test_findings_bk_dynamics_table_equals_its_csv(label):
+    s = pd.read_csv(RESULTS / "bk_dynamics" / "summary.csv").set_index("setting").loc[BK_ROWS[label]]
+    cells = row(FINDINGS, label)
+    columns = ("median_grad_ratio_k_over_q", "final_k_bias_norm", "final_q_bias_norm")
+    for cell, column in zip(cells[2:], columns):
+        assert agrees(numbers(cell)[0], s[column]), (label, column, cell, s[column])
+
+
+MNIST_ROWS = {"q, k, v bias (`mnist-vit`)": "qkv", "no QKV bias (`mnist-vit-nobias`)": "none",
+              "q and v bias, b_k held at 0 (`mnist-vit-qv`)": "qv"}
+
+
+@pytest.mark.parametrize("label", MNIST_ROWS)
+def test_findings_mnist_table_equals_its_csv(label):
+    s = pd.read_csv(RESULTS / "mnist_vit" / "summary.csv").set_index("variant").loc[MNIST_ROWS[label]]
+    cells = row(FINDINGS, label)
+    columns = ["accuracy_pct", "ci95_low", "ci95_high"]
+    if MNIST_ROWS[label] != "qkv":
+        columns += ["paired_diff_pp", "paired_ci95_low", "paired_ci95_high"]
+    quoted = numbers(cells[1]) + numbers(cells[2])
+    assert len(quoted) == len(columns)
+    for q, column in zip(quoted, columns):
+        assert agrees(q, s[column]), (label, column, q, s[column])
+
+
+@pytest.mark.parametrize("label,model", [("MiniLM-L6 (BERT)", "minilm-l6"), ("SmolLM2-135M (LLaMA)", "smollm2-135m")])
+def test_findings_frequency_table_equals_the_profile_csv(label, model):
+    p = pd.read_csv(RESULTS / model / "frequency_profile.csv")
+    cells = row(FINDINGS, label)
+    assert agrees(cells[2], len(p))
+    k, silhouette = numbers(cells[3])[:2]
+    assert agrees(k, p.cluster.nunique()) and agrees(silhouette, p.silhouette_mean.iloc[0])
+    assert agrees(cells[4], p.hf_ratio.std())
+    assert agrees(cells[5], p.sink_mass.mean())
+    assert agrees(numbers(cells[6])[0], int((p.sink_mass > 0.9).sum()))
