@@ -2,7 +2,8 @@
 and summary.json.
 
 Steps (``interp.pipeline.STEPS``): bias inventory -> recording -> origin shift -> score
-decomposition -> invariances -> frequency profiles and head families -> q/k/v ablations.
+decomposition -> invariances -> frequency profiles and head families -> implicit biases (sinks,
+implicit value bias, massive activations) -> q/k/v ablations -> one input, closely.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from interp.analysis.frequency import cluster_heads, frequency_profile, frequenc
 from interp.analysis.one_input import single_input
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
+from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_profile, sink_shares
 from interp.data import Batch, builtin_batches, builtin_options
 from interp.sources import data_kind, resolve_data
 from interp.heads import bias_spec
@@ -259,6 +260,78 @@ def frequency_step(ctx: Context) -> list[Section]:
     ]
 
 
+# ----- implicit biases: sinks, the value bias they imply, massive activations (issue 26) ---------------
+
+
+def sink_numbers(shares: pd.DataFrame, implicit: pd.DataFrame, massive: pd.DataFrame) -> dict[str, Any]:
+    """The implicit-biases section's headline numbers, from the three analyzers' tables."""
+    biased = implicit[implicit.has_b_v & (implicit.explicit_norm > 0)]
+    top = massive.loc[massive.abs_value.idxmax()]
+    per_layer = massive[massive["rank"] == 1]
+    return dict(
+        threshold=float(shares.threshold.iloc[0]),
+        sink_share={str(r.position): float(r.share) for r in shares.itertuples()},
+        implicit_positions=str(implicit.positions.iloc[0]),
+        implicit_norm_median=float(implicit.implicit_norm.median()),
+        implicit_norm_max=float(implicit.implicit_norm.max()),
+        constancy_median=float(implicit.constancy.median()),
+        explicit_norm_median=float(biased.explicit_norm.median()) if len(biased) else 0.0,
+        implicit_over_explicit_median=float((biased.implicit_norm / biased.explicit_norm).median())
+        if len(biased) else None,
+        massive_count=int(massive.massive.sum()),
+        largest_activation=dict(layer=int(top.layer), value=float(top.value), channel=int(top.channel),
+                                position=int(top.position), token=None if pd.isna(top.token) else str(top.token),
+                                ratio_to_median=float(top.ratio_to_median)),
+        max_ratio_to_median_by_layer={int(r.layer): float(r.ratio_to_median) for r in per_layer.itertuples()},
+    )
+
+
+def _sinks_text(n: dict[str, Any]) -> str:
+    shares = ", ".join(f"{p} {s:.0%}" for p, s in n["sink_share"].items())
+    explicit = (f"; the explicit ||b_v W_O|| has median {n['explicit_norm_median']:.3g}, so the implicit one is "
+                f"{n['implicit_over_explicit_median']:.2g}x it (median over heads)"
+                if n["implicit_over_explicit_median"] is not None else "; the model has no b_v to compare")
+    top = n["largest_activation"]
+    return (f"Share of heads whose mean attention on a position exceeds {n['threshold']:g} (Gu et al. 2024): "
+            f"{shares}. The value bias the sink ({n['implicit_positions']}) writes, ||mean c_i||, has median "
+            f"{n['implicit_norm_median']:.3g} over heads (max {n['implicit_norm_max']:.3g}; constancy median "
+            f"{n['constancy_median']:.2f}, 1 = a pure bias){explicit}. Largest residual value: "
+            f"{top['value']:.4g} at layer {top['layer']}, channel {top['channel']}, position {top['position']} "
+            f"({top['ratio_to_median']:.0f}x the layer's median |value|); {n['massive_count']} top values are "
+            "massive by Sun et al.'s criterion (> 100 and > 1000x median).")
+
+
+def sinks_step(ctx: Context) -> list[Section]:
+    """Attention sinks (threshold 0.3), the implicit value bias beside b_v W_O, and massive activations,
+    on the first 2 batches (1 in quick mode); no removal runs (``sink_profile(remove=...)`` is costly)."""
+    batches = ctx.first(2)
+    label = ctx.data_label(batches)
+    profile = sink_profile(ctx.model, batches, threshold=0.3, progress=False)
+    shares = sink_shares(profile)
+    implicit = implicit_value_bias(ctx.model, batches, progress=False)
+    massive = massive_activations(ctx.model, batches, progress=False)
+    numbers = sink_numbers(shares, implicit, massive)
+    best = max(numbers["sink_share"].items(), key=lambda kv: kv[1])
+    headline = (f"{best[1]:.0%} of heads sink on '{best[0]}' (mean attention above {numbers['threshold']:g}); "
+                f"{numbers['massive_count']} massive activations." if best[1] > 0 else
+                f"No head puts more than {numbers['threshold']:g} of its attention on one position class.")
+    figures = {"sink_mass_grid": plots.sink_mass_grid(profile, model_name=ctx.name, data=label),
+               "implicit_vs_explicit": plots.implicit_vs_explicit(implicit, model_name=ctx.name, data=label),
+               "massive_activations": plots.massive_activations_plot(massive, model_name=ctx.name, data=label)}
+    return [Section(
+        "implicit_biases", "Implicit biases", _sinks_text(numbers), numbers, headline=headline,
+        tables={"sink_profile": profile, "sink_shares": shares, "implicit_value_bias": implicit,
+                "massive_activations": massive},
+        figures=figures, shown=list(figures),
+        heatmaps=[Heatmap("sink_profile", "mass", "mean attention mass on the position (share of a row)",
+                          facet="position", title=f"{ctx.name}: attention mass per head on each position class"),
+                  Heatmap("implicit_value_bias", "implicit_norm", "||mean c_i|| (residual-stream units)", facet=None,
+                          title=f"{ctx.name}: implicit value bias per head")],
+        top_tables=[TopTable("implicit_value_bias", ("layer", "head", "sink_mass", "implicit_norm", "constancy",
+                                                     "explicit_norm", "output_rms"), "implicit_norm",
+                             "The largest implicit value biases (click a column to sort)")])]
+
+
 def estimate_vs_exact(per_head: pd.DataFrame) -> dict[str, Any]:
     """How the one-pass estimate compares with the exact deltas on the variants run both ways."""
     others = [e for e in dict.fromkeys(per_head.estimate) if e != "exact"]
@@ -337,7 +410,8 @@ def ablation_step(ctx: Context) -> list[Section]:
 Step = Callable[[Context], list[Section]]
 STEPS: dict[str, Step] = {
     "inventory": inventory_step, "recording": recording_step, "origin": origin_step, "scores": scores_step,
-    "invariances": invariance_step, "frequency": frequency_step, "ablation": ablation_step,
+    "invariances": invariance_step, "frequency": frequency_step, "sinks": sinks_step,
+    "ablation": ablation_step,
 }
 
 

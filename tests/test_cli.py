@@ -32,10 +32,12 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
     r = run("demo", "--quick", "--out", str(tmp_path), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     for stem in ("bias_spec", "origin_shift", "score_decomposition", "bias_invariances", "qkv_stats",
-                 "frequency_profile", "frequency_shift_q_bias", "ablation"):
+                 "frequency_profile", "frequency_shift_q_bias", "sink_profile", "sink_shares", "implicit_value_bias",
+                 "massive_activations", "ablation"):
         assert (tmp_path / f"{stem}.csv").exists() and (tmp_path / f"{stem}.parquet").exists()
     for fig in ("shift_ratio", "bias_share", "key_prior_share", "clusters", "attention_distance",
-                "spectrum_clustermap", "ablation_top_zero_exact", "ablation_delta_zero_atp_distance",
+                "spectrum_clustermap", "sink_mass_grid", "implicit_vs_explicit", "massive_activations",
+                "ablation_top_zero_exact", "ablation_delta_zero_atp_distance",
                 "ablation_exact_vs_atp_distance_zero"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 10_000
     report = (tmp_path / "report.html").read_text()
@@ -55,7 +57,7 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
     assert (inv.max_abs_diff < 1e-9).all()  # float64: DINOv2's b_k (norm up to ~150) is inert
 
 
-@pytest.mark.parametrize("command", ["origin", "scores", "frequency"])
+@pytest.mark.parametrize("command", ["origin", "scores", "frequency", "sinks"])
 def test_analysis_subcommands_list_their_options_and_write_their_tables(command, tmp_path, capsys):
     from interp.cli import main as cli_main
 
@@ -66,7 +68,8 @@ def test_analysis_subcommands_list_their_options_and_write_their_tables(command,
         assert option in help_text, (command, option)
     assert cli_main([command, "--model", "digits-vit", "--data", "digits", "--quick", "--out", str(tmp_path)]) == 0
     written = {p.name for p in tmp_path.iterdir()}
-    expected = {"origin": "origin_shift.csv", "scores": "score_decomposition.csv", "frequency": "frequency_profile.csv"}
+    expected = {"origin": "origin_shift.csv", "scores": "score_decomposition.csv", "frequency": "frequency_profile.csv",
+                "sinks": "sink_profile.csv"}
     assert expected[command] in written and "manifest.json" in written
 
 
