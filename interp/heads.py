@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from interp.checks import check_dtype, check_kind
 from interp.errors import InputError, UnsupportedModelError
+from interp.hooks import attn_hook
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.types import KINDS
 
@@ -76,7 +77,7 @@ def _linear(model: InterpBridge, layer: int, kind: str) -> tuple[Tensor, Tensor 
         return lin.weight.detach(), bias
     if type(lin).__name__ == "Conv1D":  # GPT-2 style: weight is [in, out]
         return lin.weight.detach().T, bias
-    raise UnsupportedModelError(f"blocks.{layer}.attn.{kind} wraps {type(lin).__name__}, not a linear map")
+    raise UnsupportedModelError(f"{attn_hook(layer, kind)} wraps {type(lin).__name__}, not a linear map")
 
 
 def bias_present(model: InterpBridge, layer: int) -> dict[str, bool]:

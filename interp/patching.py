@@ -22,6 +22,7 @@ from torch import Tensor
 from interp.data import Batch
 from interp.errors import InputError
 from interp.heads import attention_weights, kv_group, v_fold_vector
+from interp.hooks import attn_hook, hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.stats import QKVStats, require_stats
 from interp.types import METHODS, Method
@@ -72,11 +73,11 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
         delta = torch.zeros_like(shift)
         idx = torch.tensor(sorted(heads))
         delta[idx] = shift[idx]
-        hooks.append((f"blocks.{layer}.attn.hook_{kind}", _add(delta)))
+        hooks.append((hook_name(layer, kind), _add(delta)))
         if method == "fold":
             group = kv_group(info.n_heads, info.n_kv_heads)
             query_heads = [qh for qh in range(info.n_heads) if group[qh] in heads]
-            hooks.append((f"blocks.{layer}.attn.o.hook_out", _add(v_fold_vector(model, layer, query_heads))))
+            hooks.append((attn_hook(layer, "o.hook_out"), _add(v_fold_vector(model, layer, query_heads))))
     return hooks
 
 

@@ -20,6 +20,7 @@ from interp.data import iter_batches, model_inputs, to_device
 from interp.errors import InputError, InterpError
 from interp.fingerprint import DataHasher, model_fingerprint
 from interp.heads import attention_weights
+from interp.hooks import attn_hook, hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.stats import Moments, QKVStats, batch_moments
 from interp.types import QKV
@@ -74,9 +75,9 @@ def _hooks(stats: QKVStats, state: dict, capture_limit_mb: float) -> list[tuple[
             stats.input_moments[layer].add(*batch_moments(x, state["weight"], with_m2=False))
         return fn
 
-    hooks = [(f"blocks.{layer}.attn.hook_{kind}", stat_hook(layer, kind))
+    hooks = [(hook_name(layer, kind), stat_hook(layer, kind))
              for layer in stats.layers for kind in stats.kinds]
-    return hooks + [(f"blocks.{layer}.attn.q.hook_in", input_hook(layer)) for layer in stats.layers]
+    return hooks + [(attn_hook(layer, "q.hook_in"), input_hook(layer)) for layer in stats.layers]
 
 
 def record_qkv(

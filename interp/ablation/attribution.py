@@ -29,6 +29,7 @@ from interp.analysis.scores import apply_rotary
 from interp.data import Batch
 from interp.errors import InputError
 from interp.heads import kv_group
+from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge
 from interp.patching import bias_shift
 from interp.stats import QKVStats
@@ -77,7 +78,7 @@ def attribution_deltas(
     total = sum(weights)
     for batch, ref, weight in zip(batches, refs, weights):
         acts: dict[tuple[int, str], Tensor] = {}
-        hooks = [(f"blocks.{l}.attn.hook_{k}", _keep_grad(acts, (l, k))) for l, k in sites]
+        hooks = [(hook_name(l, k), _keep_grad(acts, (l, k))) for l, k in sites]
         model.zero_grad(set_to_none=True)
         with torch.enable_grad():
             out, hidden = run_forward(model, batch, hooks, need_hidden)
@@ -91,11 +92,11 @@ def attribution_deltas(
 def _score_shift(model: InterpBridge, cache: dict, layer: int, kind: str, shift: Tensor) -> Tensor:
     """dS [b, head, q, k] of every query head when b_kind moves by ``shift`` [heads of kind, d]."""
     info = model.interp
-    q, k = cache[f"blocks.{layer}.attn.hook_q"].double(), cache[f"blocks.{layer}.attn.hook_k"].double()
+    q, k = cache[hook_name(layer, "q")].double(), cache[hook_name(layer, "k")].double()
     delta = shift.double().to(q.device)[None, None].expand_as(q if kind == "q" else k)
     q, k = (delta, k) if kind == "q" else (q, delta)
     if info.rotary:
-        cos, sin = cache[f"blocks.{layer}.attn.hook_cos"], cache[f"blocks.{layer}.attn.hook_sin"]
+        cos, sin = cache[hook_name(layer, "cos")], cache[hook_name(layer, "sin")]
         q, k = apply_rotary(q, cos.double(), sin.double()), apply_rotary(k, cos.double(), sin.double())
     k = k[:, :, kv_group(info.n_heads, info.n_kv_heads)]
     return torch.einsum("bihd,bjhd->bhij", q, k) * info.score_scale(layer)  # 1/sqrt(d), or GPT-2's 1/(sqrt(d) (l+1))
@@ -106,8 +107,8 @@ def _pattern_terms(model: InterpBridge, cache: dict, grads: dict, sites: list, s
     info = model.interp
     out = {}
     for layer, kind in sites:
-        pattern = cache[f"blocks.{layer}.attn.hook_pattern"].double()  # [b, h, q, k]
-        v = cache[f"blocks.{layer}.attn.hook_v"].double()[:, :, kv_group(info.n_heads, info.n_kv_heads)]
+        pattern = cache[hook_name(layer, "pattern")].double()  # [b, h, q, k]
+        v = cache[hook_name(layer, "v")].double()[:, :, kv_group(info.n_heads, info.n_kv_heads)]
         log_a = torch.where(pattern > 0, pattern.clamp_min(1e-300).log(), torch.full_like(pattern, -torch.inf))
         patched = (log_a + _score_shift(model, cache, layer, kind, shift[(layer, kind)])).softmax(-1)
         patched = torch.where(pattern > 0, patched, torch.zeros_like(patched))
@@ -136,7 +137,7 @@ def atp_star_deltas(
     shift.update(_linear_shifts(model, linear_sites, method, stats))
     layers = sorted({l for l, _ in pattern_sites})
     cached = ("q", "k", "v", "pattern") + (("cos", "sin") if model.interp.rotary else ())
-    names = {f"blocks.{l}.attn.hook_{n}" for l in layers for n in cached}
+    names = {hook_name(l, n) for l in layers for n in cached}
     contrib = {site: torch.zeros(model.interp.heads(site[1]), dtype=torch.float64)
                for site in pattern_sites + linear_sites}
     for batch, ref, weight in zip(batches, refs, weights):
@@ -144,8 +145,8 @@ def atp_star_deltas(
         grads: dict[int, Tensor] = {}
         acts: dict[tuple[int, str], Tensor] = {}
         hooks = ([(n, _store(cache, n)) for n in names]
-                 + [(f"blocks.{l}.attn.hook_z", _keep_grad(grads, l)) for l in layers]
-                 + [(f"blocks.{l}.attn.hook_{k}", _keep_grad(acts, (l, k))) for l, k in linear_sites])
+                 + [(hook_name(l, "z"), _keep_grad(grads, l)) for l in layers]
+                 + [(hook_name(l, k), _keep_grad(acts, (l, k))) for l, k in linear_sites])
         model.zero_grad(set_to_none=True)
         with torch.enable_grad():
             out, hidden = run_forward(model, batch, hooks, need_hidden)

@@ -18,6 +18,7 @@ from torch import Tensor
 from interp.checks import inputs_checked_on_host
 from interp.data import Batch, model_inputs
 from interp.errors import InputError
+from interp.hooks import block_hook
 from interp.models.bridge import InterpBridge
 
 DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
@@ -169,7 +170,7 @@ def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: boo
     if need_hidden:
         def grab(t: Tensor, hook: Any) -> None:
             store["hidden"] = t
-        all_hooks.append((f"blocks.{model.interp.n_layers - 1}.hook_out", grab))
+        all_hooks.append((block_hook(model.interp.n_layers - 1, "hook_out"), grab))
     with inputs_checked_on_host():  # every sweep checks its batches on the host first (Batch.check)
         out = model.run_with_hooks(x, fwd_hooks=all_hooks, **kw)
     out = out if isinstance(out, Tensor) else out[0]

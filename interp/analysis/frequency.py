@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from interp.checks import check_kinds, check_layers
 from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError
+from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.info import ModelInfo
 from interp.patching import bias_patch_hooks, check_method
@@ -181,13 +182,13 @@ def _accumulate(model: InterpBridge, batch: Batch, layers: Sequence[int], hooks:
     info = model.interp
     batch.check(info)
     x, kw = model_inputs(model, batch)
-    names = [f"blocks.{l}.attn.hook_{n}" for l in layers for n in ("z", "pattern")]
+    names = [hook_name(l, n) for l in layers for n in ("z", "pattern")]
     store: dict[str, Tensor] = {}
     grab = [(n, (lambda key: lambda t, hook: store.__setitem__(key, t.detach()))(n)) for n in names]
     with torch.no_grad():
         model.run_with_hooks(x, fwd_hooks=list(hooks) + grab, **kw)
     for l in layers:
-        z, pat = store[f"blocks.{l}.attn.hook_z"], store[f"blocks.{l}.attn.hook_pattern"].double()
+        z, pat = store[hook_name(l, "z")], store[hook_name(l, "pattern")].double()
         if info.modality == "vision":
             terms = _vision_terms(info, z, pat, (x.shape[2], x.shape[3]))
         else:

@@ -51,6 +51,7 @@ from interp.data import model_inputs
 from interp.errors import InputError
 from interp.fingerprint import data_fingerprint, model_fingerprint
 from interp.heads import attention_weights, kv_group
+from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
 from interp.patching import stacked_patch_hooks
@@ -260,7 +261,7 @@ def _run(model: InterpBridge, x: Tensor, kw: dict, names: Sequence[str], hooks: 
 def _intact_store(model: InterpBridge, x: Tensor, kw: dict, layers: Sequence[int]) -> dict[str, Tensor]:
     """hook_pattern, hook_q, hook_k, hook_v, hook_z (and hook_cos / hook_sin under rotary) of ``layers``."""
     parts = ("pattern", "q", "k", "v", "z") + (("cos", "sin") if model.interp.rotary else ())
-    store = _run(model, x, kw, [f"blocks.{layer}.attn.hook_{p}" for layer in layers for p in parts])
+    store = _run(model, x, kw, [hook_name(layer, p) for layer in layers for p in parts])
     patterns_of(model, store, layers)  # a fused attention kernel (no pattern) is refused here, with the fix
     return store
 
@@ -271,7 +272,7 @@ def _without_biases(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> dic
     variants of one forward), the layers below intact."""
     kinds = ("q", "k", "v")
     groups = [[(layer, h, kind) for h in range(model.interp.heads(kind))] for kind in kinds]
-    names = [f"blocks.{layer}.attn.hook_{p}" for p in ("pattern", "z")]
+    names = [hook_name(layer, p) for p in ("pattern", "z")]
     rep = lambda t: t.repeat(len(kinds), *([1] * (t.ndim - 1)))  # noqa: E731
     store = _run(model, rep(x), {k: rep(v) for k, v in kw.items()}, names, stacked_patch_hooks(model, groups, "zero"))
     return {kind: (store[names[0]][i], store[names[1]][i]) for i, kind in enumerate(kinds)}
@@ -286,7 +287,7 @@ def _key_prior_parts(model: InterpBridge, store: dict, layer: int, intact: Patte
     spec = model.interp.spec
     if spec.score_refusal:
         return None, None, f"key prior not computed: {spec.score_refusal}"
-    names = [f"blocks.{layer}.attn.hook_{p}" for p in ("q", "k", "cos", "sin")]
+    names = [hook_name(layer, p) for p in ("q", "k", "cos", "sin")]
     terms = {t: v[0] for t, v in score_terms(model, {n: store[n].double() for n in names if n in store}, layer).items()}
     if spec.extra_score_term:
         kept = intact.clamp_min(1e-300).log() - terms["key_prior"]
@@ -317,16 +318,16 @@ def _layer_conditions(model: InterpBridge, x: Tensor, kw: dict, store: dict, lay
     """Every condition's pattern and head output at ``layer`` (module doc). The key-prior condition's
     output is z' = A' V (v of the intact forward, kv heads repeated under grouped-query attention)."""
     info = model.interp
-    n_pos = store[f"blocks.{layer}.attn.hook_pattern"].shape[-1]
+    n_pos = store[hook_name(layer, "pattern")].shape[-1]
     allowed = _key_mask(model, batch, n_pos, x.device, layer)[0, 0]  # with the layer's sliding window
-    pattern = store[f"blocks.{layer}.attn.hook_pattern"][0].double()
+    pattern = store[hook_name(layer, "pattern")][0].double()
     patterns = {"intact": pattern}
-    z = {"intact": store[f"blocks.{layer}.attn.hook_z"][0].double()}
+    z = {"intact": store[hook_name(layer, "z")][0].double()}
     for kind, (p, zk) in _without_biases(model, x, kw, layer).items():
         patterns[f"no_b_{kind}"], z[f"no_b_{kind}"] = p.double(), zk.double()
     kp, without, note = _key_prior_parts(model, store, layer, pattern, allowed)
     if without is not None:
-        v = store[f"blocks.{layer}.attn.hook_v"][0].double()[:, kv_group(info.n_heads, info.n_kv_heads)]
+        v = store[hook_name(layer, "v")][0].double()[:, kv_group(info.n_heads, info.n_kv_heads)]
         patterns["no_key_prior"] = without
         z["no_key_prior"] = torch.einsum("hqk,khd->qhd", without, v)
     return _Layer(layer, patterns, z, kp, [note] if note else [], allowed, allowed.any(-1))

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
+from interp.hooks import hook_name, is_block_hook
 from interp.patching import bias_patch_hooks
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
@@ -82,15 +83,15 @@ def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreT
     info = model.interp
     _require_bilinear_scores(info)
     w = attention_weights(model, layer)
-    q = cache[f"blocks.{layer}.attn.hook_q"]
-    k = cache[f"blocks.{layer}.attn.hook_k"]
+    q = cache[hook_name(layer, "q")]
+    k = cache[hook_name(layer, "k")]
     dt = q.dtype
     bq, bk = w.b_q.to(q.device, dt), w.b_k.to(k.device, dt)
     cq, ck = q - bq, k - bk
     bq_full = bq.expand_as(q)
     bk_full = bk.expand_as(k)
     if info.rotary:
-        cos, sin = cache[f"blocks.{layer}.attn.hook_cos"], cache[f"blocks.{layer}.attn.hook_sin"]
+        cos, sin = cache[hook_name(layer, "cos")], cache[hook_name(layer, "sin")]
         cq, ck = apply_rotary(cq, cos, sin), apply_rotary(ck, cos, sin)
         bq_full, bk_full = apply_rotary(bq_full, cos, sin), apply_rotary(bk_full, cos, sin)
     group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads), device=q.device)
@@ -187,8 +188,8 @@ def _decompose_batch(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict)
         rows.append(valid_rows.sum())
         store.clear()
 
-    kept = lambda n: n.startswith("blocks.") and n.split(".", 2)[-1] in _KEPT  # noqa: E731
-    patterns = lambda n: n.startswith("blocks.") and n.endswith(".attn.hook_pattern")  # noqa: E731
+    kept = lambda n: is_block_hook(n) and n.split(".", 2)[-1] in _KEPT  # noqa: E731
+    patterns = lambda n: is_block_hook(n) and n.endswith(".attn.hook_pattern")  # noqa: E731
     model.run_with_hooks(x, fwd_hooks=[(kept, keep), (patterns, at_pattern)], **kw)
     if len(rows) != model.interp.n_layers:
         raise UnsupportedModelError(f"{model.interp.name}: hook_pattern fired for {len(rows)} of "
@@ -268,7 +269,7 @@ def _layer_invariances(m: InterpBridge, layer: int, batches: list[Batch]) -> tup
     info = m.interp
     remove_k = bias_patch_hooks(m, [(layer, h, "k") for h in range(info.n_kv_heads)], "zero")
     fold_v = bias_patch_hooks(m, [(layer, h, "v") for h in range(info.n_kv_heads)], "fold")
-    pat = f"blocks.{layer}.attn.hook_pattern"
+    pat = hook_name(layer, "pattern")
     k_diff, v_diff = 0.0, 0.0
     for batch in batches:
         x, kw = model_inputs(m, batch)

@@ -38,6 +38,7 @@ from interp.checks import inputs_checked_on_host
 from interp.data import Batch, iter_batches, model_inputs, to_device
 from interp.errors import InputError, UnsupportedModelError
 from interp.fingerprint import DataHasher, model_fingerprint
+from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 
 SPECIAL_TOKENS = (("cls", "cls_token_id"), ("sep", "sep_token_id"), ("bos", "bos_token_id"))
@@ -294,14 +295,14 @@ def check_positive(value: Any, name: str) -> float:
 
 def patterns_of(model: InterpBridge, store: dict[str, Tensor], layers: Sequence[int]) -> dict[int, Tensor]:
     """Each layer's pattern from ``store``; a fused attention kernel (no pattern) is refused."""
-    missing = [layer for layer in layers if f"blocks.{layer}.attn.hook_pattern" not in store]
+    missing = [layer for layer in layers if hook_name(layer, "pattern") not in store]
     if missing:
         impl = getattr(model.hf_model.config, "_attn_implementation", "?")
         raise UnsupportedModelError(
             f"no attention pattern reached blocks.{missing[0]}.attn.hook_pattern: {model.interp.name} runs the "
             f"{impl!r} attention kernel, which never materialises the pattern. Load it with interp.load_model "
             "(eager attention), or set its config's _attn_implementation = 'eager'")
-    return {layer: store[f"blocks.{layer}.attn.hook_pattern"] for layer in layers}
+    return {layer: store[hook_name(layer, "pattern")] for layer in layers}
 
 
 def patterns_and_classes(model: InterpBridge, batch: Batch, store: dict[str, Tensor], layers: Sequence[int],

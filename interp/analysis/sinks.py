@@ -56,6 +56,7 @@ from interp.checks import check_layers, inputs_checked_on_host
 from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
+from interp.hooks import block_hook, hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.patching import bias_patch_hooks
 
@@ -84,7 +85,7 @@ def scores_without_key_prior(model: InterpBridge, cache: Any, layer: int) -> tup
     """(score s, score with the key-prior term removed s - b_q.c_k / sqrt(d)) [batch head q k], float64,
     from a cache holding ``layer``'s hook_q/hook_k (and hook_cos/hook_sin under rotary); the terms are
     ``score_terms``' (rotary and grouped-query attention handled there)."""
-    keys = [f"blocks.{layer}.attn.hook_{n}" for n in ("q", "k", "cos", "sin")]
+    keys = [hook_name(layer, n) for n in ("q", "k", "cos", "sin")]
     cache64 = {k: cache[k].double() for k in keys if k in cache}
     terms = score_terms(model, cache64, layer)
     full = terms["content"] + terms["query_const"] + terms["key_prior"] + terms["const"]
@@ -100,7 +101,7 @@ def _pattern_without_key_prior(model: InterpBridge, store: dict, layer: int, bat
 def _pattern_without_b_q(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> Tensor:
     """``layer``'s pattern in a forward with that layer's b_q zeroed (``bias_patch_hooks``), stopped after it."""
     info = model.interp
-    name, store = f"blocks.{layer}.attn.hook_pattern", {}
+    name, store = hook_name(layer, "pattern"), {}
     hooks = bias_patch_hooks(model, [(layer, h, "q") for h in range(info.n_heads)], "zero")
     stop = {} if layer + 1 >= info.n_layers else {"stop_at_layer": layer + 1}
     with inputs_checked_on_host():
@@ -134,10 +135,10 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, laye
     threshold, layers = check_threshold(threshold), check_layers(layers, info)
     names, removals = check_positions(model, positions), _check_remove(model, remove)
     has_b_q = {layer: attention_weights(model, layer).present["q"] for layer in layers}
-    hooks = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
+    hooks = [hook_name(layer, "pattern") for layer in layers]
     if "key_prior" in removals:
         parts = ("q", "k", "cos", "sin") if info.rotary else ("q", "k")
-        hooks += [f"blocks.{layer}.attn.hook_{p}" for layer in layers if has_b_q[layer] for p in parts]
+        hooks += [hook_name(layer, p) for layer in layers if has_b_q[layer] for p in parts]
     acc: dict = {}
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
@@ -252,11 +253,11 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
         patterns, real, masks = patterns_and_classes(model, batch, store, layers, acc)
         for layer in layers:
             sink = sink_weights(column_sums(patterns[layer], real), real, masks, sink_names)
-            v = store[f"blocks.{layer}.attn.hook_v"][:, :, group]
-            z, gram = store[f"blocks.{layer}.attn.hook_z"], grams[layer].to(v.device)
+            v = store[hook_name(layer, "v")][:, :, group]
+            z, gram = store[hook_name(layer, "z")], grams[layer].to(v.device)
             add_sums(acc, layer, _implicit_sums(patterns[layer], v, z, sink, real, gram))
 
-    hooks = [f"blocks.{layer}.attn.hook_{n}" for layer in layers for n in ("pattern", "v", "z")]
+    hooks = [hook_name(layer, n) for layer in layers for n in ("pattern", "v", "z")]
     n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc="implicit value bias",
                                         progress=progress, stop_at_layer=max(layers) + 1)
     meta = dict(positions="+".join(sink_names), **provenance(model, data_fp, n_batches, max_batches))
@@ -344,7 +345,7 @@ def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequ
     acc: dict = {"sequences": 0}
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
-        h0 = store[f"blocks.{layers[0]}.hook_out"]
+        h0 = store[block_hook(layers[0], "hook_out")]
         real, _ = class_masks(model, batch, h0.shape[1], h0.device)
         ids = batch.inputs if info.modality == "text" else torch.full(real.shape, -1)
         seq = torch.arange(real.shape[0], device=h0.device)[:, None].expand_as(real) + acc["sequences"]
@@ -352,10 +353,10 @@ def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequ
         acc["rows"] = acc.get("rows", 0) + real.sum()
         acc["sequences"] += real.shape[0]
         for layer in layers:
-            acc.setdefault(layer, _LayerActivations(top_k, h0.device)).add(store[f"blocks.{layer}.hook_out"],
+            acc.setdefault(layer, _LayerActivations(top_k, h0.device)).add(store[block_hook(layer, "hook_out")],
                                                                            real, payload)
 
-    n_batches, data_fp = stream_batches(model, data, max_batches, [f"blocks.{layer}.hook_out" for layer in layers],
+    n_batches, data_fp = stream_batches(model, data, max_batches, [block_hook(layer, "hook_out") for layer in layers],
                                         consume, desc="massive activations", progress=progress,
                                         stop_at_layer=max(layers) + 1)
     meta = dict(abs_threshold=abs_threshold, ratio_threshold=ratio_threshold,
