@@ -29,7 +29,7 @@ def main() -> None:
         frames = []
         for method in ("zero", "mean"):
             frames.append(interp.ablate_bias(model, batches, kinds=("q", "k", "v"), method=method,
-                                             out=Path(args.out) / name, progress=False))
+                                             out=Path(args.out) / name, progress=False, estimate="exact"))
         res = pd.concat(frames, ignore_index=True)
         write_table(res, Path(args.out) / name / "ablation")
         for key, fig in ablation_figures(res, name).items():

@@ -33,7 +33,7 @@ def main() -> None:
     model = interp.load_model(args.model, device=args.device)
     batches = make_context(model).first(2)  # what the demo's ablation step uses
     t = time.perf_counter()
-    old = ablate_bias(model, batches, force_exact=True, reuse_prefix=False, progress=False)
+    old = ablate_bias(model, batches, force_exact=True, reuse_prefix=False, progress=False, estimate="exact")
     old_s = time.perf_counter() - t
     t = time.perf_counter()
     new = ablate_bias(model, batches, estimate="auto", top_k=args.top_k, progress=False)

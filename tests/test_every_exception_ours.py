@@ -117,7 +117,7 @@ IMG8 = torch.randn(2, 3, 8, 8)
 
 
 def ce(c, labels):
-    return interp.ablate_bias(c.clf, [(IMG8, labels)], kinds=("v",), metric="cross_entropy", progress=False)
+    return interp.ablate_bias(c.clf, [(IMG8, labels)], kinds=("v",), metric="cross_entropy", progress=False, estimate="exact")
 
 
 def lm_sweep(c, data=None, **kw):
@@ -297,7 +297,7 @@ CASES = [
                                                          [torch.randn(1, 3, 64, 64)], progress=False), "takes 32"),
     ("timm ViT at another size", lambda c: interp.ablate_bias(interp.load_model(tiny_hf_model("timm-vit"),
                                                                                 device="cpu"),
-                                                              [torch.randn(1, 3, 16, 16)], progress=False),
+                                                              [torch.randn(1, 3, 16, 16)], progress=False, estimate="exact"),
      "takes 32"),
     # ---- positions: RoBERTa's table starts after its padding index --------------------------------------------
     ("RoBERTa one past its positions", lambda c: interp.record_qkv(

@@ -41,7 +41,7 @@ def test_record_qkv_syncs_do_not_grow_with_batches(family):
 @pytest.mark.cuda
 def test_exact_sweep_syncs_do_not_grow_with_batches():
     model = interp.load_model(tiny_hf_model("gpt2"), device="cuda")
-    kw = dict(kinds=("q", "v"), metric="next_token_ce", progress=False)
+    kw = dict(kinds=("q", "v"), metric="next_token_ce", estimate="exact", progress=False)
     n_few = count_syncs(lambda: ablate_bias(model, [tiny_inputs("gpt2", seed=0)], **kw))
     n_many = count_syncs(lambda: ablate_bias(model, [tiny_inputs("gpt2", seed=s) for s in range(3)], **kw))
     assert n_many == n_few, (n_few, n_many)

@@ -348,7 +348,7 @@ def ablate_bias(
     scope: Union[str, Iterable[Target]] = "head",
     method: Method = "zero",
     metric: Union[str, Callable] = "auto",
-    estimate: Estimate = "exact",
+    estimate: Estimate = "auto",
     *,
     stats: Optional[QKVStats] = None,
     out: Optional[Union[str, Path]] = None,

@@ -23,7 +23,7 @@ def model_and_data(family):
 @pytest.mark.parametrize("family,metric", CASES)
 def test_atp_distance_ranks_heads_like_the_exact_sweep(family, metric):
     model, data = model_and_data(family)
-    exact = ablate_bias(model, data, kinds=("q", "v"), metric=metric, progress=False)
+    exact = ablate_bias(model, data, kinds=("q", "v"), metric=metric, progress=False, estimate="exact")
     est = ablate_bias(model, data, kinds=("q", "v"), metric=metric, estimate="atp_distance",
                       n_projections=32, progress=False)
     assert (est.estimate == "atp_distance").all() and (est.delta <= 0).all()  # a cosine to the intact run only falls
@@ -58,6 +58,6 @@ def test_auto_estimates_every_head_then_runs_the_top_k_per_kind_exactly(family, 
         top = rows.assign(a=rows.delta.abs()).nlargest(2, "a")[["layer", "head"]].values.tolist()
         assert sorted(exact[exact.kind == kind][["layer", "head"]].values.tolist()) == sorted(top)
     assert set(exact.kind) == set(runnable.kind)  # b_k answered by identity under learned positions is not rerun
-    direct = ablate_bias(model, data, metric=metric, progress=False).set_index(["layer", "head", "kind"]).delta
+    direct = ablate_bias(model, data, metric=metric, progress=False, estimate="exact").set_index(["layer", "head", "kind"]).delta
     got = exact.set_index(["layer", "head", "kind"]).delta
     assert (got - direct.loc[got.index]).abs().max() <= 1e-12

@@ -24,39 +24,39 @@ def models():
 
 def test_another_model_into_the_same_folder_is_refused(models, tmp_path):
     a, b = models
-    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
     with pytest.raises(StaleResultsError, match="another run.*model:"):
-        ablate_bias(b, data(), kinds=("q",), out=tmp_path, progress=False)
+        ablate_bias(b, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
 
 
 def test_more_batches_after_fewer_is_refused(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=1, progress=False)
+    ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=1, progress=False, estimate="exact")
     with pytest.raises(StaleResultsError, match="max_batches: 1 there, 3 now"):
-        ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=3, progress=False)
+        ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=3, progress=False, estimate="exact")
 
 
 def test_other_data_is_refused(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(), kinds=("v",), out=tmp_path, progress=False)
+    ablate_bias(a, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")
     other = [tiny_inputs("gpt2", batch=2, pos=8, seed=s + 10) for s in range(2)]
     with pytest.raises(StaleResultsError, match="data:"):
-        ablate_bias(a, other, kinds=("v",), out=tmp_path, progress=False)
+        ablate_bias(a, other, kinds=("v",), out=tmp_path, progress=False, estimate="exact")
 
 
 def test_two_lambda_metrics_do_not_collide(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), metric=lambda out, batch: out.float().mean(), out=tmp_path, progress=False)
+    ablate_bias(a, data(), kinds=("q",), metric=lambda out, batch: out.float().mean(), out=tmp_path, progress=False, estimate="exact")
     with pytest.raises(StaleResultsError, match="metric:"):
         ablate_bias(a, data(), kinds=("q",), metric=lambda out, batch: out.float().std(), out=tmp_path,
-                    progress=False)
+                    progress=False, estimate="exact")
 
 
 def test_overwrite_starts_afresh_and_equals_a_clean_run(models, tmp_path):
     a, b = models
-    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
-    fresh = ablate_bias(b, data(), kinds=("q",), out=tmp_path, overwrite=True, progress=False)
-    clean = ablate_bias(b, data(), kinds=("q",), progress=False)
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
+    fresh = ablate_bias(b, data(), kinds=("q",), out=tmp_path, overwrite=True, progress=False, estimate="exact")
+    clean = ablate_bias(b, data(), kinds=("q",), progress=False, estimate="exact")
     assert fresh.delta.tolist() == pytest.approx(clean.delta.tolist(), abs=1e-12)
     header = json.loads((tmp_path / "ablation.jsonl").read_text().splitlines()[0])["_fingerprint"]
     assert header["model"] == fresh.model_fingerprint.iloc[0] == interp.fingerprint.model_fingerprint(b)
@@ -66,7 +66,7 @@ def test_a_log_without_fingerprint_is_refused(models, tmp_path):
     a, _ = models
     (tmp_path / "ablation.jsonl").write_text(json.dumps({"_key": "x", "delta": 0.5}) + "\n")
     with pytest.raises(StaleResultsError, match="without a fingerprint"):
-        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
 
 
 def test_statistics_of_another_model_are_refused(models):
@@ -75,7 +75,7 @@ def test_statistics_of_another_model_are_refused(models):
     with pytest.raises(interp.errors.InputError, match="recorded on another model"):
         interp.origin_shift(a, stats_b)
     with pytest.raises(interp.errors.InputError, match="recorded on another model"):
-        ablate_bias(a, data(), kinds=("q",), method="mean", stats=stats_b, progress=False)
+        ablate_bias(a, data(), kinds=("q",), method="mean", stats=stats_b, progress=False, estimate="exact")
     stats_a = interp.record_qkv(a, data(), progress=False)
     with pytest.raises(interp.errors.InputError, match="different models"):
         stats_a.merge(stats_b)
@@ -83,13 +83,13 @@ def test_statistics_of_another_model_are_refused(models):
 
 def test_a_damaged_line_in_the_middle_is_named(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
     log = tmp_path / "ablation.jsonl"
     lines = log.read_text().splitlines()
     lines[2] = "\udcff garbage"
     log.write_text("\n".join(lines) + "\n", errors="surrogateescape")
     with pytest.raises(StaleResultsError, match="line 3: unreadable"):
-        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False)
+        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
 
 
 def test_ids_and_mask_as_one_pair_are_one_batch(models):
@@ -115,20 +115,20 @@ def _logit_of(out, batch, token):
 
 def test_closure_metrics_capturing_different_values_do_not_collide(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False)
+    ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False, estimate="exact")
     with pytest.raises(StaleResultsError, match="metric:"):
-        ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(7), out=tmp_path, progress=False)
-    resumed = ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False)
+        ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(7), out=tmp_path, progress=False, estimate="exact")
+    resumed = ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False, estimate="exact")
     assert len(resumed) == 8  # the same closure value resumes
 
 
 def test_partial_metrics_with_different_arguments_do_not_collide(models, tmp_path):
     import functools
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), metric=functools.partial(_logit_of, token=5), out=tmp_path, progress=False)
+    ablate_bias(a, data(), kinds=("q",), metric=functools.partial(_logit_of, token=5), out=tmp_path, progress=False, estimate="exact")
     with pytest.raises(StaleResultsError, match="metric:"):
         ablate_bias(a, data(), kinds=("q",), metric=functools.partial(_logit_of, token=7), out=tmp_path,
-                    progress=False)
+                    progress=False, estimate="exact")
 
 
 def test_a_metric_capturing_an_unhashable_object_never_resumes(models, tmp_path):
@@ -136,22 +136,22 @@ def test_a_metric_capturing_an_unhashable_object_never_resumes(models, tmp_path)
     holder = type("Holder", (), {})()
     holder.token = 5
     metric = lambda out, batch: out[..., holder.token].float().mean()  # noqa: E731
-    ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False)
+    ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False, estimate="exact")
     with pytest.raises(StaleResultsError, match="cannot hash"):
-        ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False)
+        ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False, estimate="exact")
 
 
 def test_weights_changed_in_place_are_noticed(tmp_path):
     model = interp.load_model(tiny_hf_model("gpt2", seed=0), device="cpu")
-    before = ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False)
+    before = ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
     stats = interp.record_qkv(model, data(), progress=False)
     with torch.no_grad():  # a fine-tuning step in a notebook: the weights change in place
         model.hf_model.transformer.h[0].attn.c_attn.weight.mul_(1.5)
     with pytest.raises(StaleResultsError, match="model:"):
-        ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False)
+        ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
     with pytest.raises(interp.InterpError, match="record them on this model"):
         interp.origin_shift(model, stats)
-    after = ablate_bias(model, data(), kinds=("q",), progress=False)
+    after = ablate_bias(model, data(), kinds=("q",), progress=False, estimate="exact")
     assert after.model_fingerprint.iloc[0] != before.model_fingerprint.iloc[0]
     assert after.baseline.iloc[0] != before.baseline.iloc[0]
 

@@ -15,7 +15,8 @@ from interp.models.loading import clone_model
 def test_prefix_reuse_gives_the_same_deltas_as_full_forwards(name):
     model = clone_model(interp.load_model(tiny_hf_model(name, n_layers=3), device="cpu"), torch.float64)
     batches = [tiny_inputs(name, batch=2, seed=s) for s in range(2)]
-    kw = dict(kinds=("q", "v"), scope="head", method="zero", stack=3, force_exact=True, progress=False)
+    kw = dict(kinds=("q", "v"), scope="head", method="zero", stack=3, force_exact=True, estimate="exact",
+              progress=False)
     reused = ablate_bias(model, batches, reuse_prefix=True, **kw)
     full = ablate_bias(model, batches, reuse_prefix=False, **kw)
     assert len(reused) == len(full) > 0
@@ -52,7 +53,7 @@ def test_prefix_reuse_over_its_memory_budget_recomputes_and_says_so(monkeypatch)
 
     model = interp.load_model(tiny_hf_model("gpt2", n_layers=3), device="cpu")
     batches = [tiny_inputs("gpt2", batch=2, seed=s) for s in range(2)]
-    kw = dict(kinds=("q",), progress=False)
+    kw = dict(kinds=("q",), estimate="exact", progress=False)
     reused = ablate_bias(model, batches, **kw)
     monkeypatch.setattr(sweep, "PREFIX_BUDGET", 1)
     with pytest.warns(UserWarning, match="recomputing every layer"):

@@ -25,7 +25,7 @@ def test_zero_k_bias_changes_nothing_except_under_rotary(family):
     # large biases so the rotary effect of b_k is well above rounding on a random model
     model = interp.load_model(tiny_hf_model(family, bias_scale=3.0), device="cpu")
     metric = "next_token_ce" if family in ("gpt2", "qwen2") else ("embedding_cosine" if family == "bert" else "feature_cosine")
-    df = ablate_bias(model, lm_batches(family), kinds=("k",), scope="layer", metric=metric, progress=False)
+    df = ablate_bias(model, lm_batches(family), kinds=("k",), scope="layer", metric=metric, progress=False, estimate="exact")
     if family == "qwen2":
         assert df.delta.abs().max() > 1e-4, df  # b_k is not inert under rotary (>= 10x the tolerance)
     else:
@@ -36,7 +36,7 @@ def test_zero_k_bias_changes_nothing_except_under_rotary(family):
 def test_v_fold_is_exact(family):
     model = interp.load_model(tiny_hf_model(family), device="cpu")
     metric = "feature_cosine" if family == "vit" else "next_token_ce"
-    df = ablate_bias(model, lm_batches(family), kinds=("v",), scope="head", method="fold", metric=metric, progress=False)
+    df = ablate_bias(model, lm_batches(family), kinds=("v",), scope="head", method="fold", metric=metric, progress=False, estimate="exact")
     assert df.delta.abs().max() <= 1e-5
 
 
@@ -82,9 +82,9 @@ def test_mean_method_replaces_b_with_the_content_mean():
 def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     model = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
     data = lm_batches("gpt2")
-    straight = ablate_bias(model, data, kinds=("q", "v"), progress=False)
+    straight = ablate_bias(model, data, kinds=("q", "v"), progress=False, estimate="exact")
     out = tmp_path / "sweep"
-    ablate_bias(model, data, kinds=("q", "v"), out=out, progress=False)
+    ablate_bias(model, data, kinds=("q", "v"), out=out, progress=False, estimate="exact")
     log = out / "ablation.jsonl"
     lines = log.read_text().splitlines()
     log.write_text("\n".join(lines[:6]) + "\n" + lines[6][:17])  # fingerprint + 5 done, one torn write
@@ -92,7 +92,7 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     orig = interp.ablation.metrics.run_forward
     interp.ablation.metrics.run_forward = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
     try:
-        resumed = ablate_bias(model, data, kinds=("q", "v"), out=out, stack=1, progress=False)
+        resumed = ablate_bias(model, data, kinds=("q", "v"), out=out, stack=1, progress=False, estimate="exact")
     finally:
         interp.ablation.metrics.run_forward = orig
     n_variants = len(straight)
@@ -106,7 +106,7 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
 
 def test_attribution_tracks_exact_on_the_trained_vit():
     model = interp.load_model("digits-vit", device="cpu")
-    exact = ablate_bias(model, "digits", kinds=("q", "v"), max_batches=8, progress=False)
+    exact = ablate_bias(model, "digits", kinds=("q", "v"), max_batches=8, progress=False, estimate="exact")
     approx = ablate_bias(model, "digits", kinds=("q", "v"), estimate="attribution", max_batches=8, progress=False)
     assert (exact.metric == "cross_entropy").all()
     for kind in "qv":
@@ -124,13 +124,13 @@ def test_bad_options():
     model = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
     data = lm_batches("gpt2")
     with pytest.raises(InputError, match="fold' applies to v only"):
-        ablate_bias(model, data, kinds=("q",), method="fold", progress=False)
+        ablate_bias(model, data, kinds=("q",), method="fold", progress=False, estimate="exact")
     with pytest.raises(InputError, match="scope must be"):
-        ablate_bias(model, data, scope="everything", progress=False)
+        ablate_bias(model, data, scope="everything", progress=False, estimate="exact")
     with pytest.raises(InputError, match="unknown metric"):
-        ablate_bias(model, data, metric="accuracy-ish", progress=False)
+        ablate_bias(model, data, metric="accuracy-ish", progress=False, estimate="exact")
     with pytest.raises(InputError, match="out of range"):
-        ablate_bias(model, data, scope=[(7, 0, "q")], progress=False)
+        ablate_bias(model, data, scope=[(7, 0, "q")], progress=False, estimate="exact")
 
 
 @pytest.mark.parametrize("family", ["gpt2", "vit"])
@@ -138,11 +138,11 @@ def test_stacked_variants_equal_one_forward_each(family):
     model = interp.load_model(tiny_hf_model(family), device="cpu")
     data = lm_batches(family)
     metric = "feature_cosine" if family == "vit" else "next_token_ce"
-    one = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=1, progress=False)
-    many = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=5, progress=False)
+    one = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=1, progress=False, estimate="exact")
+    many = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=5, progress=False, estimate="exact")
     assert (one.delta - many.delta).abs().max() <= 1e-6
-    fold1 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=1, progress=False)
-    fold3 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=3, progress=False)
+    fold1 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=1, progress=False, estimate="exact")
+    fold3 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=3, progress=False, estimate="exact")
     assert (fold1.delta - fold3.delta).abs().max() <= 1e-6
 
 
@@ -155,24 +155,24 @@ def test_identities_answer_without_forwards_and_agree_with_forced_forwards(monke
     calls = []
     real = metrics.run_forward
     monkeypatch.setattr(metrics, "run_forward", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    fast = interp.ablate_bias(model, [x], kinds=("q", "k", "v"), stack=1, progress=False)
+    fast = interp.ablate_bias(model, [x], kinds=("q", "k", "v"), stack=1, progress=False, estimate="exact")
     k = fast[fast.kind == "k"]
     assert (k.identity == "b_k cancels in the softmax under learned positions").all()
     assert (k.delta == 0).all() and (k.kl == 0).all()
     assert (fast[fast.kind != "k"].identity == "").all()
     assert len(calls) == 1 + 2 * 4 * 2  # the intact run + one forward per q and v head, none for k
-    forced = interp.ablate_bias(model, [x], kinds=("k",), stack=1, force_exact=True, progress=False)
+    forced = interp.ablate_bias(model, [x], kinds=("k",), stack=1, force_exact=True, progress=False, estimate="exact")
     assert (forced.identity == "").all() and forced.delta.abs().max() <= 1e-5  # float32 rounding only
 
 
 def test_no_identity_is_claimed_under_rotary_and_absent_biases_are_said():
     qwen = interp.load_model(interp.tiny_hf_model("qwen2", bias_scale=2.0), device="cpu")
-    table = interp.ablate_bias(qwen, [interp.tiny_inputs("qwen2")], kinds=("k",), progress=False)
+    table = interp.ablate_bias(qwen, [interp.tiny_inputs("qwen2")], kinds=("k",), progress=False, estimate="exact")
     assert (table.identity == "").all() and (table.delta.abs() > 0).any()
     beit = interp.load_model(interp.tiny_hf_model("beit"), device="cpu")
-    table = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), progress=False)
+    table = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), progress=False, estimate="exact")
     assert (table.identity == "absent bias: nothing to remove").all() and (table.delta == 0).all()
-    mean = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), method="mean", progress=False)
+    mean = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), method="mean", progress=False, estimate="exact")
     assert (mean.identity == "b_k cancels in the softmax under relative positions").all()
 
 
@@ -183,7 +183,7 @@ def test_atp_star_recomputes_the_pattern_and_beats_plain_attribution_where_the_s
     model = interp.load_model(interp.tiny_hf_model(family, bias_scale=2.0), device="cpu")
     data = [interp.tiny_inputs(family, batch=4, pos=12, seed=s) for s in range(2)]
     kw = dict(kinds=("q", "k"), force_exact=True, progress=False)
-    exact = interp.ablate_bias(model, data, **kw)
+    exact = interp.ablate_bias(model, data, estimate="exact", **kw)
     plain = interp.ablate_bias(model, data, estimate="attribution", **kw)
     atp = interp.ablate_bias(model, data, estimate="atp", **kw)
     assert (atp.estimate == "atp").all()
@@ -219,7 +219,8 @@ def test_the_identity_claim_holds_under_relative_and_alibi_positions(family):
     model = interp.load_model(interp.tiny_hf_model(family, bias_scale=2.0).double(), device="cpu")
     x = interp.tiny_inputs(family)
     x = x.double() if x.is_floating_point() else x
-    kw = dict(kinds=("k",), method="mean", metric=lambda out, batch: out.double().pow(2).mean(), progress=False)
+    kw = dict(kinds=("k",), method="mean", metric=lambda out, batch: out.double().pow(2).mean(), estimate="exact",
+              progress=False)
     claimed = interp.ablate_bias(model, [x], **kw)
     forced = interp.ablate_bias(model, [x], force_exact=True, **kw)
     assert claimed.identity.str.startswith("b_k cancels").all() and (claimed.delta == 0).all()
@@ -240,7 +241,7 @@ def test_layer_mean_replaces_each_head_bias_by_the_layer_average():
     expected = cache["blocks.0.attn.hook_q"] - b_q + b_q.mean(0)
     torch.testing.assert_close(store["q"], expected)
     table = interp.ablate_bias(model, [x], kinds=("q", "k"), method="layer_mean",
-                               metric=lambda out, batch: out.pow(2).mean(), progress=False)
+                               metric=lambda out, batch: out.pow(2).mean(), progress=False, estimate="exact")
     assert (table[table.kind == "k"].identity != "").all() and (table[table.kind == "q"].delta != 0).any()
 
 
@@ -276,7 +277,7 @@ def test_delta_standard_error_equals_the_spread_of_per_item_deltas():
     sweep per sequence: d_i = delta_i n_i, se = sqrt(N/(N-1) sum (d_i - delta n_i)^2) / sum n_i."""
     model = interp.load_model(interp.tiny_hf_model("gpt2"), device="cpu")
     data = lm_batches("gpt2")
-    kw = dict(kinds=("q",), progress=False)
+    kw = dict(kinds=("q",), estimate="exact", progress=False)
     both = ablate_bias(model, data, **kw)
     items = [x[None] for b in data for x in (b.inputs if hasattr(b, "inputs") else b)]
     singles = [ablate_bias(model, [x], **kw) for x in items]
@@ -298,14 +299,14 @@ def test_a_model_in_training_mode_with_dropout_is_refused():
     model = interp.load_model(hf, device="cpu")
     model.train()
     batch = interp.tiny_inputs("gpt2", batch=2, pos=8, seed=0)
-    for call in (lambda: interp.ablate_bias(model, [batch], kinds=("q",), progress=False),
+    for call in (lambda: interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact"),
                  lambda: interp.record_qkv(model, [batch], progress=False),
                  lambda: interp.frequency_profile(model, [batch], progress=False)):
         with pytest.raises(interp.InterpError, match=r"model\.eval\(\)"):
             call()
     model.eval()
-    a = interp.ablate_bias(model, [batch], kinds=("q",), progress=False)
-    b = interp.ablate_bias(model, [batch], kinds=("q",), progress=False)
+    a = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact")
+    b = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact")
     assert a.delta.tolist() == b.delta.tolist()
 
 
@@ -317,19 +318,34 @@ def test_training_mode_without_dropout_gives_the_eval_numbers():
             module.p = 0.0
     model = interp.load_model(hf, device="cpu")
     batch = interp.tiny_inputs("gpt2", batch=2, pos=8, seed=0)
-    evaluated = interp.ablate_bias(model, [batch], kinds=("q",), progress=False)
+    evaluated = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact")
     model.train()
-    trained = interp.ablate_bias(model, [batch], kinds=("q",), progress=False)
+    trained = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact")
     assert trained.delta.tolist() == evaluated.delta.tolist()
 
 
 def test_bfloat16_deltas_below_rounding_are_flagged():
     model = interp.load_model(interp.tiny_hf_model("gpt2", seed=0, bias_scale=1e-4), device="cpu", dtype=torch.bfloat16)
     batch = interp.tiny_inputs("gpt2", batch=2, pos=8, seed=0)
-    df = interp.ablate_bias(model, [batch], kinds=("q", "v"), progress=False)
+    df = interp.ablate_bias(model, [batch], kinds=("q", "v"), progress=False, estimate="exact")
     eps = torch.finfo(torch.bfloat16).eps
     assert (df.below_rounding == (df.delta.abs() < eps * df.baseline.abs())).all()
     assert df.below_rounding.any()  # biases of 1e-4 change the loss by far less than bfloat16 resolves
     full = interp.ablate_bias(interp.load_model(interp.tiny_hf_model("gpt2", seed=0, bias_scale=1e-4), device="cpu"),
-                              [batch], kinds=("q", "v"), progress=False)
+                              [batch], kinds=("q", "v"), progress=False, estimate="exact")
     assert not full.below_rounding.any()  # float32: no flag
+
+
+def test_atp_star_reads_gpt2_inverse_layer_scaling():
+    """AtP* recomputes each pattern with the layer's own score factor: 1/(sqrt(d) (l + 1)) under
+    scale_attn_by_inverse_layer_idx (it divided by sqrt(d) only: layer-1 estimates off ~2x)."""
+    hf = interp.tiny_hf_model("gpt2", n_layers=3, bias_scale=8.0, seed=1)
+    hf.config.scale_attn_by_inverse_layer_idx = True
+    for block in hf.transformer.h:
+        block.attn.scale_attn_by_inverse_layer_idx = True
+    model = interp.load_model(hf.double(), device="cpu")
+    data = [interp.tiny_inputs("gpt2", batch=4, pos=12, seed=s) for s in range(2)]
+    exact = interp.ablate_bias(model, data, kinds=("q",), estimate="exact", progress=False)
+    atp = interp.ablate_bias(model, data, kinds=("q",), estimate="atp", progress=False)
+    ratio = (atp.delta / exact.delta).groupby(atp.layer).median()  # 2.0 at layer 1, 3.0 at layer 2 before
+    np.testing.assert_allclose(ratio, 1.0, atol=0.05)

@@ -20,10 +20,10 @@ def data():
 
 
 def test_scope_column_and_empty_coordinates(lm):
-    heads = ablate_bias(lm, data(), kinds=("q",), scope="head", progress=False)
-    layers = ablate_bias(lm, data(), kinds=("q",), scope="layer", progress=False)
-    every = ablate_bias(lm, data(), kinds=("q",), scope="all", progress=False)
-    custom = ablate_bias(lm, data(), scope=[(0, 1, "q"), (1, 0, "v")], progress=False)
+    heads = ablate_bias(lm, data(), kinds=("q",), scope="head", progress=False, estimate="exact")
+    layers = ablate_bias(lm, data(), kinds=("q",), scope="layer", progress=False, estimate="exact")
+    every = ablate_bias(lm, data(), kinds=("q",), scope="all", progress=False, estimate="exact")
+    custom = ablate_bias(lm, data(), scope=[(0, 1, "q"), (1, 0, "v")], progress=False, estimate="exact")
     assert (heads.scope == "head").all() and heads["head"].notna().all() and len(heads) == 2 * 4
     assert (layers.scope == "layer").all() and layers["head"].isna().all() and list(layers.layer) == [0, 1]
     assert (every.scope == "all").all() and every[["layer", "head"]].isna().all().all()
@@ -33,26 +33,26 @@ def test_scope_column_and_empty_coordinates(lm):
 
 
 def test_a_second_custom_set_is_not_answered_from_the_first_sets_log(lm, tmp_path):
-    first = ablate_bias(lm, data(), scope=[(0, 1, "q")], out=tmp_path, progress=False)
-    second = ablate_bias(lm, data(), scope=[(1, 2, "q")], out=tmp_path, progress=False)
-    alone = ablate_bias(lm, data(), scope=[(1, 2, "q")], progress=False)
+    first = ablate_bias(lm, data(), scope=[(0, 1, "q")], out=tmp_path, progress=False, estimate="exact")
+    second = ablate_bias(lm, data(), scope=[(1, 2, "q")], out=tmp_path, progress=False, estimate="exact")
+    alone = ablate_bias(lm, data(), scope=[(1, 2, "q")], progress=False, estimate="exact")
     assert second.delta.iloc[0] == pytest.approx(alone.delta.iloc[0], abs=1e-12)
     assert second.delta.iloc[0] != pytest.approx(first.delta.iloc[0], abs=1e-9)
 
 
 def test_degenerate_choices_are_refused(lm):
     with pytest.raises(InputError, match="must not repeat"):
-        ablate_bias(lm, data(), kinds=("q", "q"), progress=False)
+        ablate_bias(lm, data(), kinds=("q", "q"), progress=False, estimate="exact")
     with pytest.raises(InputError, match="non-empty"):
-        ablate_bias(lm, data(), kinds=(), progress=False)
+        ablate_bias(lm, data(), kinds=(), progress=False, estimate="exact")
     with pytest.raises(InputError, match="empty list of targets"):
-        ablate_bias(lm, data(), scope=[], progress=False)
+        ablate_bias(lm, data(), scope=[], progress=False, estimate="exact")
     with pytest.raises(InputError, match="method must be one of zero, mean, layer_mean, fold"):
         ablate_bias(lm, data(), method="bogus", estimate="attribution", progress=False)
 
 
 def test_rows_round_trip_through_csv(lm, tmp_path):
-    df = ablate_bias(lm, data(), kinds=("v",), scope="layer", out=tmp_path, progress=False)
+    df = ablate_bias(lm, data(), kinds=("v",), scope="layer", out=tmp_path, progress=False, estimate="exact")
     again = pd.read_csv(tmp_path / "ablation_zero_exact.csv")
     assert again["head"].isna().all() and (again.scope == "layer").all()
     assert again.delta.tolist() == pytest.approx(df.delta.tolist())

@@ -40,9 +40,13 @@ def test_the_whole_chain_runs_and_keeps_the_registry_promises(name):
     assert len(profile) == info.n_layers * info.n_heads
     assert profile.mean_attention_distance.notna().all() and (profile.sink_mass.between(0, 1)).all()
 
-    table = interp.ablate_bias(model, [x], progress=False)
+    table = interp.ablate_bias(model, [x], progress=False, estimate="exact")
     assert (table[table.kind.isin(absent)].delta == 0).all()  # an absent bias has nothing to remove
     present = table[table.kind.isin(set("qv") - absent)]
     assert present.empty or (present.delta.abs() > 0).any()
     if family.k_bias_inert and "k" not in absent:
-        assert table[table.kind == "k"].delta.abs().max() <= 1e-4  # float32 rounding only
+        k_rows = table[table.kind == "k"]  # answered by the identity (no forward): delta 0 by construction
+        assert (k_rows.identity.fillna("") != "").all() and (k_rows.delta == 0).all()
+        forced = interp.ablate_bias(model, [x], kinds=("k",), scope="layer", progress=False, estimate="exact",
+                                    force_exact=True)  # a real forward per layer: the identity holds
+        assert (forced.identity.fillna("") == "").all() and forced.delta.abs().max() <= 1e-4  # float32 rounding

@@ -113,7 +113,7 @@ def test_raw_hf_model_gets_a_clear_error_naming_load_model():
     for call in (interp.bias_spec, lambda m: interp.record_qkv(m, [interp.tiny_inputs("vit")], progress=False),
                  lambda m: interp.score_decomposition(m, [interp.tiny_inputs("vit")], progress=False),
                  lambda m: interp.frequency_profile(m, [interp.tiny_inputs("vit")], progress=False),
-                 lambda m: interp.ablate_bias(m, [interp.tiny_inputs("vit")], progress=False),
+                 lambda m: interp.ablate_bias(m, [interp.tiny_inputs("vit")], progress=False, estimate="exact"),
                  lambda m: interp.bias_invariances(m, [interp.tiny_inputs("vit")], progress=False)):
         with pytest.raises(interp.errors.InputError, match=r"interp\.load_model"):
             call(hf)
