@@ -155,3 +155,30 @@ def test_findings_frequency_table_equals_the_profile_csv(label, model):
     assert agrees(cells[4], p.hf_ratio.std())
     assert agrees(cells[5], p.sink_mass.mean())
     assert agrees(numbers(cells[6])[0], int((p.sink_mass > 0.9).sum()))
+
+
+SINK_MODELS = ("minilm-l6", "smollm2-135m", "dinov2-s14", "mnist-vit", "mnist-vit-nobias", "mnist-vit-qv")
+
+
+@pytest.mark.parametrize("model", [m for m in SINK_MODELS if f"| `{m}` |" in FINDINGS])
+def test_findings_sinks_table_equals_its_csvs(model):
+    """Claim 4 revisited: every number in a row of the implicit-biases table is read from the model's CSVs
+    (benchmarks/sinks_real.py)."""
+    folder = RESULTS / model
+    shares = pd.read_csv(folder / "sinks_shares.csv").set_index("position")
+    implicit = pd.read_csv(folder / "sinks_implicit.csv")
+    massive = pd.read_csv(folder / "sinks_massive.csv")
+    sink = "first" if "first" in shares.index else "cls"
+    top = massive.loc[massive.abs_value.idxmax()]
+    cells = row(FINDINGS, f"`{model}`")
+    assert agrees(cells[2], shares.n_heads.iloc[0]) and cells[3].startswith(sink)
+    assert agrees(numbers(cells[3])[0], 100 * shares.share[sink])
+    if "share_without_key_prior" in shares.columns:
+        assert agrees(numbers(cells[3])[1], 100 * shares.share_without_key_prior[sink])
+    assert agrees(numbers(cells[4])[0], 100 * shares.share["top_content"])
+    assert agrees(cells[5], implicit.implicit_norm.median())
+    assert cells[6] == "none" if not implicit.has_b_v.any() else agrees(cells[6], implicit.explicit_norm.median())
+    assert agrees(cells[7], implicit.output_rms.median())
+    value, layer = numbers(cells[8])[:2]
+    assert agrees(value, top.abs_value) and agrees(layer, top.layer)
+    assert agrees(cells[9], top.ratio_to_median) and agrees(cells[10], massive.massive.sum())
