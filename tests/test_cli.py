@@ -51,7 +51,9 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
     assert summary["sections"]["invariances"]["k_bias_pattern_max_abs_diff"] < 1e-9
     abl = pd.read_csv(tmp_path / "ablation.csv")
     estimated, exact = abl[abl.estimate == "atp_distance"], abl[abl.estimate == "exact"]
-    assert len(estimated) == 12 * 6 * 3 and (abl[abl.kind == "k"].delta.abs() < 1e-4).all()  # b_k inert
+    assert len(estimated) == 12 * 6 * 3
+    k_rows = abl[abl.kind == "k"]  # b_k is inert by the identity, answered without a forward: say so, delta 0
+    assert (k_rows.identity.fillna("").str.contains("b_k")).all() and (k_rows.delta == 0).all()
     assert exact.kind.value_counts().to_dict() == {"q": 5, "v": 5}  # the top 5 per kind; k by identity
     inv = pd.read_csv(tmp_path / "bias_invariances.csv")
     assert (inv.max_abs_diff < 1e-9).all()  # float64: DINOv2's b_k (norm up to ~150) is inert
