@@ -52,17 +52,28 @@ def test_sweep_killed_with_sigkill_resumes_to_identical_results(tmp_path):
 def test_recording_killed_leaves_no_partial_file_and_rerun_is_identical(tmp_path):
     cmd = [sys.executable, "-m", "interp.cli", "record", "--model", "digits-vit", "--data", "digits"]
     ref = tmp_path / "ref"
+    start = time.monotonic()
     subprocess.run(cmd + ["--out", str(ref)], check=True, capture_output=True, timeout=600)
+    took = time.monotonic() - start
     out = tmp_path / "killed"
     proc = subprocess.Popen(cmd + ["--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(3.0)
+    time.sleep(0.6 * took)  # most of the way through a run like the reference one
+    assert proc.poll() is None, "record had already exited: the kill tested nothing"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     stats_file = out / "qkv_stats.safetensors"
-    assert not stats_file.exists() or QKVStats.load(stats_file)  # absent, or whole
+    a = QKVStats.load(ref / "qkv_stats.safetensors")
+    if stats_file.exists():  # written before the kill: then whole, and equal to the reference
+        _assert_same(a, QKVStats.load(stats_file))
     subprocess.run(cmd + ["--out", str(out)], check=True, capture_output=True, timeout=600)
-    a, b = QKVStats.load(ref / "qkv_stats.safetensors"), QKVStats.load(stats_file)
-    assert all((a.cov(l, k) == b.cov(l, k)).all() for l in a.layers for k in a.kinds)
+    _assert_same(a, QKVStats.load(stats_file))
+
+
+def _assert_same(a: QKVStats, b: QKVStats) -> None:
+    assert a.layers == b.layers and a.kinds == b.kinds
+    assert all(a.count(l) == b.count(l) for l in a.layers)
+    assert all((a.cov(l, k) == b.cov(l, k)).all() and (a.mean(l, k) == b.mean(l, k)).all()
+               for l in a.layers for k in a.kinds)
 
 
 def test_read_only_output_folder(tmp_path):
