@@ -53,19 +53,21 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--no-ship", action="store_true")
     ap.add_argument("--overwrite", action="store_true", help="replace results of another recipe in --out")
     ap.add_argument("--summarise-only", action="store_true", help="no training: tables and figures from the CSVs")
+    ap.add_argument("--collect", nargs="+", default=["text", "vision"], choices=["text", "vision"],
+                    help="the domains whose finished runs (of this recipe, by any process) go into the tables")
     ap.add_argument("--threads", type=int, default=1)
     return ap.parse_args()
 
 
 def outputs(out: Path, figures: Path, scale: str, context: int) -> pd.DataFrame:
     """summary.csv, tables.md and the three figures from runs.csv and layers.csv."""
-    runs, layers = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "layers.csv")
-    summary = summarise(runs)
+    runs, layers, heads = (pd.read_csv(out / f"{name}.csv") for name in ("runs", "layers", "heads"))
+    summary = summarise(runs, heads)
     with atomic_path(out / "summary.csv") as tmp:
         summary.to_csv(tmp, index=False)
     with atomic_path(out / "tables.md") as tmp:
         tmp.write_text(findings_tables(summary) + "\n")
-    save_figure(sink_share_figure(runs, scale, context), figures / "sink_share.png")
+    save_figure(sink_share_figure(runs, heads, scale, context), figures / "sink_share.png")
     save_figure(massive_figure(layers, scale), figures / "massive_activations.png")
     save_figure(table_figure(summary), figures / "table.png")
     return summary
@@ -89,7 +91,8 @@ def main() -> None:
         arms = {"text": TEXT_ARMS, "vision": VISION_ARMS}
         plan = [(d, arm, seed) for d in args.domains for seed in args.seeds for arm in arms[d]
                 if args.arms is None or arm in args.arms]
-        frames = run_all(plan, text, vision, corpus, Path(args.work), out, ship=None if args.no_ship else Path(args.ship))
+        frames = run_all(plan, text, vision, corpus, Path(args.work), out, ship=None if args.no_ship else Path(args.ship),
+                         collect=args.collect)
         if not args.no_ship and "text" in args.domains and 0 in args.seeds:
             with atomic_path(Path(args.ship) / "MODEL_CARD.md") as tmp:
                 tmp.write_text(model_card(frames["runs"], text, fingerprints["text"], corpus.sha256))

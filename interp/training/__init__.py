@@ -1,6 +1,10 @@
 """Training recipes, kept apart from the loaders (``interp.models`` imports nothing from here).
 
-``interp.training.corpus``: the offline text corpus (the running interpreter's standard library);
-``interp.training.sinks``: the sink experiment of issue 27 (tiny LLaMA and MNIST ViT arms, resumable
-runs, measurements with ``interp.analysis.sinks``).
+* ``interp.training.corpus``: the offline text corpus (the running interpreter's standard library);
+* ``interp.training.sinks``: issue 27's experiment, one resumable run of an arm (tiny LLaMA or the
+  MNIST ViT) with its recipe, data order and checkpoints;
+* ``interp.training.sink_metrics``: measuring an arm, with ``interp.analysis.sinks`` where the bridge
+  can run it and directly from the attention weights where it cannot (slots, registers);
+* ``interp.training.sink_results``: every run, the CSVs and the summary; ``sink_report``: the
+  Table-4-style tables, the figures and the model card.
 """

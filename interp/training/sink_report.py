@@ -8,6 +8,7 @@ nothing is computed but formatting, and ``docs/findings.md`` quotes ``findings_t
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any, Optional
 
 import matplotlib.pyplot as plt
@@ -56,77 +57,116 @@ QUALITY = {"text": ("val_loss", 1, 3), "vision": ("accuracy", 100, 2)}  # metric
 FIRST = {"text": "first_text", "vision": "first"}
 
 
-def _row(summary: pd.DataFrame, domain: str, arm: str) -> str:
-    """One arm's line: shares and masses on the first position and on the arm's own target, the
-    largest activation ratio, the quality metric and its paired difference to ``none``."""
-    v = lambda metric: _value(summary, domain, arm, metric)  # noqa: E731
+HEADERS = {
+    "text": ["heads sinking on the first byte (%)", "on the slot / sink token (%)",
+             "mass on the first byte: mean / largest head", "on the slot / sink token: mean / largest head",
+             "max / median activation", "validation loss (nats/byte) [95% CI]", "paired difference to `none` [95% CI]"],
+    "vision": ["heads sinking on CLS (%)", "on the slot / registers (%)", "mass on CLS: mean / largest head",
+               "on the slot / registers: mean / largest head", "max / median activation",
+               "test accuracy (%) [95% CI]", "paired difference to `none` (pp) [95% CI]"],
+}
+
+
+def _cells(summary: pd.DataFrame, domain: str, arm: str) -> tuple[list[str], list[float]]:
+    """One arm's cells under ``HEADERS[domain]`` (shares and masses on the first position and on the
+    arm's own target, the largest activation ratio, the quality metric and its paired difference to
+    ``none``), and the four attention numbers behind the first cells (shares, largest head masses)."""
+    def v(metric: str) -> float:
+        return float(_value(summary, domain, arm, metric).get("mean", np.nan))
+
     target, first = TARGET.get(arm), FIRST[domain]
-    share_t = v(f"sink_share_{target}")["mean"] if target else float("nan")
-    mass_t = v(f"mean_mass_{target}")["mean"] if target else float("nan")
+    nan = float("nan")
+    share_f, share_t = v(f"sink_share_{first}"), v(f"sink_share_{target}") if target else nan
+    top_f, top_t = v(f"max_head_mass_{first}"), v(f"max_head_mass_{target}") if target else nan
     metric, scale, digits = QUALITY[domain]
-    quality = v(metric)
-    diff = "(reference)" if arm == "none" else _interval(quality, scale, digits, signed=True, paired=True)
-    return (f"| `{arm}` | {ADDS[(domain, arm)]} | {_pct(v(f'sink_share_{first}')['mean'])} | {_pct(share_t)} | "
-            f"{_num(v(f'mean_mass_{first}')['mean'])} | {_num(mass_t)} | {_num(v('max_over_median')['mean'], 1)} | "
-            f"{_interval(quality, scale, digits)} | {diff} |")
+    quality = _value(summary, domain, arm, metric)
+    cells = [_pct(share_f), _pct(share_t), f"{_num(v(f'mean_mass_{first}'))} / {_num(top_f)}",
+             f"{_num(v(f'mean_mass_{target}'))} / {_num(top_t)}" if target else "-",
+             _num(v("max_over_median"), 1), _interval(quality, scale, digits),
+             "(reference)" if arm == "none" else _interval(quality, scale, digits, signed=True, paired=True)]
+    return cells, [share_f, share_t, top_f, top_t]
+
+
+def _arms(summary: pd.DataFrame, domain: str) -> list[str]:
+    return [a for a in ARMS[domain] if a in set(summary[summary.domain == domain].arm)]
+
+
+def value_bias_table(summary: pd.DataFrame) -> str:
+    """The implicit value bias beside the explicit ones (head means at the last step, residual units)."""
+    lines = ["| domain | arm | implicit, through the first position: ‖mean_i c_i‖ | explicit: ‖b_v W_O‖ "
+             "| the slot's constant: ‖mean_i a_i* v* W_O‖ |", "| --- | --- | --- | --- | --- |"]
+    for domain in [d for d in ARMS if d in set(summary.domain)]:
+        for arm in _arms(summary, domain):
+            v = {m: float(_value(summary, domain, arm, m).get("mean", np.nan))
+                 for m in ("implicit_norm", "explicit_norm", "slot_norm")}
+            explicit = _num(v["explicit_norm"], 4) if arm == "qkv" else "-"
+            slot = _num(v["slot_norm"], 4)
+            lines.append(f"| {domain} | `{arm}` | {_num(v['implicit_norm'], 4)} | {explicit} | {slot} |")
+    return "\n".join(lines)
 
 
 def findings_tables(summary: pd.DataFrame) -> str:
-    """Both Table-4-style tables (markdown) from ``summary.csv``: means over seeds at the last step;
-    shares = % of heads with mean mass > 0.3 on the position; intervals are 95% t-intervals."""
-    n = {d: int(summary[summary.domain == d].n_seeds.max()) for d in ("text", "vision") if d in set(summary.domain)}
+    """Both Table-4-style tables and the value-bias table (markdown) from ``summary.csv``: means over
+    seeds at the last step; shares = % of heads with mean mass > 0.3 on the position; "largest head"
+    = the largest mean mass one head puts there (mean over seeds); 95% t-intervals."""
     out = []
-    if "text" in n:
-        out += [f"Text ({n['text']} seeds, step {int(summary[summary.domain == 'text'].step.max())}):", "",
-                "| arm | adds | heads sinking on the first byte (%) | on the slot / sink token (%) "
-                "| mean mass on the first byte | on the slot / sink token | max / median activation "
-                "| validation loss (nats/byte) [95% CI] | paired difference to `none` [95% CI] |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        out += [_row(summary, "text", arm) for arm in summary[summary.domain == "text"].arm.unique()]
-    if "vision" in n:
-        out += ["", f"Vision ({n['vision']} seeds, step {int(summary[summary.domain == 'vision'].step.max())}):", "",
-                "| arm | adds | heads sinking on CLS (%) | on the slot / registers (%) | mean mass on CLS "
-                "| on the slot / registers | max / median activation | test accuracy (%) [95% CI] "
-                "| paired difference to `none` (pp) [95% CI] |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        out += [_row(summary, "vision", arm) for arm in summary[summary.domain == "vision"].arm.unique()]
-    return "\n".join(out)
+    for domain in [d for d in ARMS if d in set(summary.domain)]:
+        part = summary[summary.domain == domain]
+        out += ["" if out else None, f"{domain.capitalize()} ({int(part.n_seeds.max())} seeds, step "
+                f"{int(part.step.max())}):", "", "| arm | adds | " + " | ".join(HEADERS[domain]) + " |",
+                "| --- | --- | " + " | ".join("---" for _ in HEADERS[domain]) + " |"]
+        out += [f"| `{arm}` | {ADDS[(domain, arm)]} | " + " | ".join(_cells(summary, domain, arm)[0]) + " |"
+                for arm in _arms(summary, domain)]
+    out += ["", "Value biases (head means, residual-stream units):", "", value_bias_table(summary)]
+    return "\n".join(line for line in out if line is not None)
 
 
 # ----- figures ------------------------------------------------------------------------------------------
 
 
-def sink_candidates(runs: pd.DataFrame) -> pd.DataFrame:
-    """Long form: per run and step, the mean mass on and the sink share of each arm's candidate
-    positions (first byte or CLS; slot, sink token or registers where the arm has one)."""
+POSITION_LABELS = {"first_text": "first byte", "first": "CLS", "slot": "slot", "registers": "registers"}
+
+
+def sink_candidates(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
+    """Long form: per run, step and candidate position (first byte or CLS; the slot, the sink token
+    or the registers where the arm has one): ``mean_mass`` (mean over heads), ``largest_head`` (the
+    largest mean mass one head puts there) and ``sink_share`` (heads above 0.3)."""
+    keys = ["domain", "arm", "seed", "step"]
+    top = heads.groupby(keys)[[f"mass_{c}" for c in POSITION_LABELS]].max().reset_index()
+    merged = runs.merge(top, on=keys, how="left")
     rows = []
-    for _, r in runs.iterrows():
-        classes = {"first byte" if r.domain == "text" else "CLS": "first_text" if r.domain == "text" else "first"}
-        if r.arm in TARGET:
-            classes[{"slot": "slot", "first": "sink token", "registers": "registers"}[TARGET[r.arm]]] = TARGET[r.arm]
-        for label, cls in classes.items():
+    for _, r in merged.iterrows():
+        classes = ["first_text" if r.domain == "text" else "first"] + ([TARGET[r.arm]] if r.arm in TARGET else [])
+        for cls in classes:
+            label = "sink token" if r.arm == "sink_token" and cls == "first" else POSITION_LABELS[cls]
             rows.append(dict(domain=r.domain, arm=r.arm, seed=r.seed, step=r.step, position=label,
-                             mean_mass=r[f"mean_mass_{cls}"], sink_share=r[f"sink_share_{cls}"]))
+                             mean_mass=r[f"mean_mass_{cls}"], largest_head=r[f"mass_{cls}"],
+                             sink_share=r[f"sink_share_{cls}"]))
     return pd.DataFrame(rows)
 
 
-def sink_share_figure(runs: pd.DataFrame, scale: str, context: Optional[int] = None) -> plt.Figure:
-    """Mean attention mass and Gu et al.'s sink share vs training step, per domain, arm and position;
-    the mass panel marks the 0.3 threshold and, for text, the first byte's mass under uniform causal
-    attention, (1/n) sum_{i=1..n} 1/i."""
-    long = sink_candidates(runs)
+PANELS = [("mean_mass", "mean attention mass, mean over heads (share of a row)"),
+          ("largest_head", "largest head's mean attention mass (share of a row)"),
+          ("sink_share", "heads with mean mass > 0.3 (share of heads)")]
+
+
+def sink_share_figure(runs: pd.DataFrame, heads: pd.DataFrame, scale: str,
+                      context: Optional[int] = None) -> plt.Figure:
+    """Attention on each arm's sink candidates vs training step: mean over heads, the largest head
+    and Gu et al.'s sink share, per domain, arm and position; the mass panels mark the 0.3 threshold
+    and, for text, the first byte's mass under uniform causal attention, (1/n) sum_{i=1..n} 1/i."""
+    long = sink_candidates(runs, heads)
     domains = [d for d in ARMS if d in set(long.domain)]
-    fig, axes = plt.subplots(len(domains), 2, figsize=(13, 4.4 * len(domains)), squeeze=False)
+    fig, axes = plt.subplots(len(domains), 3, figsize=(18, 4.6 * len(domains)), squeeze=False)
     for i, domain in enumerate(domains):
         part = long[long.domain == domain]
-        for j, (value, label) in enumerate([("mean_mass", "mean attention mass (share of a row)"),
-                                            ("sink_share", "heads with mean mass > 0.3 (share of heads)")]):
+        for j, (value, label) in enumerate(PANELS):
             ax = axes[i, j]
             sns.lineplot(data=part, x="step", y=value, hue="arm", style="position", errorbar=("pi", 100),
-                         marker="o", hue_order=ARMS[domain], ax=ax)
+                         markers=True, dashes=True, hue_order=ARMS[domain], ax=ax)
             ax.set_xlabel("training step (optimiser updates)")
             ax.set_ylabel(label)
-            if value == "mean_mass":
+            if value != "sink_share":
                 ax.axhline(0.3, color="0.4", ls="--", lw=0.8, label="sink threshold 0.3")
                 if domain == "text" and context:
                     ax.axhline(sum(1 / k for k in range(1, context + 1)) / context, color="0.6", ls=":", lw=1,
@@ -134,9 +174,9 @@ def sink_share_figure(runs: pd.DataFrame, scale: str, context: Optional[int] = N
                 ax.set_ylim(0, max(0.35, float(part[value].max()) * 1.1))
             else:
                 ax.set_ylim(-0.02, 1.02)
-            ax.set_title(f"{domain}: {label.split(' (')[0]} (band: range over seeds)")
+            ax.set_title(f"{domain}: {label.split(' (')[0]}", fontsize=10)
             ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"Attention sinks over training, every arm ({scale})")
+    fig.suptitle(f"Attention on the sink candidates over training ({scale}); bands: range over seeds")
     fig.tight_layout()
     return fig
 
@@ -160,46 +200,35 @@ def massive_figure(layers: pd.DataFrame, scale: str) -> plt.Figure:
 
 
 def table_cells(summary: pd.DataFrame, domain: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(text of each cell, attention share of each cell or NaN) of one domain's Table-4-style table,
-    rows arms, from the same numbers as ``findings_tables``."""
-    first = "first byte" if domain == "text" else "CLS"
-    target = "slot / sink token" if domain == "text" else "slot / registers"
-    metric, scale, digits = QUALITY[domain]
-    quality = "val loss\n(nats/byte)" if domain == "text" else "accuracy (%)"
-    columns = [f"sinking on\n{first} (%)", f"sinking on\n{target} (%)", f"mass on\n{first}", f"mass on\n{target}",
-               "max / median\nactivation", f"{quality}\n[95% CI]", "paired diff. to\nnone [95% CI]"]
-    arms = [a for a in ARMS[domain] if a in set(summary[summary.domain == domain].arm)]
+    """(text of each cell, the attention number behind it or NaN) of one domain's Table-4-style table:
+    rows arms, columns ``HEADERS[domain]``; the same cells as ``findings_tables``."""
+    arms, columns = _arms(summary, domain), [textwrap.fill(h, 17) for h in HEADERS[domain]]
     text = pd.DataFrame("", index=arms, columns=columns)
     share = pd.DataFrame(np.nan, index=arms, columns=columns)
     for arm in arms:
-        v = lambda m: _value(summary, domain, arm, m)["mean"]  # noqa: E731
-        t = TARGET.get(arm)
-        shares = [v(f"sink_share_{FIRST[domain]}"), v(f"sink_share_{t}") if t else np.nan,
-                  v(f"mean_mass_{FIRST[domain]}"), v(f"mean_mass_{t}") if t else np.nan]
-        share.loc[arm, columns[:4]] = shares
-        q = _value(summary, domain, arm, metric)
-        text.loc[arm] = [_pct(shares[0]), _pct(shares[1]), _num(shares[2]), _num(shares[3]),
-                         _num(v("max_over_median"), 1), _interval(q, scale, digits).replace(" [", "\n["),
-                         "(reference)" if arm == "none" else
-                         _interval(q, scale, digits, signed=True, paired=True).replace(" [", "\n[")]
+        cells, numbers = _cells(summary, domain, arm)
+        text.loc[arm] = [c.replace(" [", "\n[") for c in cells]
+        share.loc[arm, columns[:4]] = numbers
     return text, share
 
 
 def table_figure(summary: pd.DataFrame) -> plt.Figure:
     """``findings_tables`` as a figure: rows arms, columns measures, every cell's number written in it;
-    the attention columns coloured by the share of attention (0 to 1), the others left white."""
+    the attention columns coloured by their share of heads or the largest head's mass (0 to 1), the
+    others left white."""
     domains = [d for d in ARMS if d in set(summary.domain)]
-    fig, axes = plt.subplots(len(domains), 1, figsize=(12, 2.9 * len(domains) + 0.4), squeeze=False)
+    fig, axes = plt.subplots(len(domains), 1, figsize=(12, 3.4 * len(domains) + 0.4), squeeze=False)
     for ax, domain in zip(axes[:, 0], domains):
         text, share = table_cells(summary, domain)
         sns.heatmap(share, mask=share.isna(), cmap="Reds", vmin=0, vmax=1, annot=False, ax=ax, linewidths=0.5,
-                    linecolor="0.8", cbar_kws=dict(label="share of attention (0 to 1)", shrink=0.8))
+                    linecolor="0.8", cbar_kws=dict(label="attention (0 to 1)", shrink=0.8))
         for i, arm in enumerate(text.index):
             for j, col in enumerate(text.columns):
                 ax.text(j + 0.5, i + 0.5, text.loc[arm, col], ha="center", va="center", fontsize=8)
         ax.set_xlabel("measure (mean over seeds at the last step; shares: heads with mean mass > 0.3)")
         ax.set_ylabel("arm")
         ax.tick_params(axis="x", labelsize=8, labelrotation=0)
+        ax.tick_params(axis="y", labelrotation=0)
         part = summary[summary.domain == domain]
         n, step = int(part.n_seeds.max()), int(part.step.max())
         ax.set_title(f"{domain}: Gu et al. 2024 Table 4 at this scale ({n} seeds, step {step})")
@@ -225,8 +254,8 @@ def model_card(runs: pd.DataFrame, recipe: Any, fingerprint: str, corpus_sha256:
         "model = load_sink_lm(\"kv_slot\")   # none | qkv | kv_slot | k_slot_v0 | sink_token", "```", "",
         "| arm | adds | validation loss at the last step (nats/byte) | first-byte mass | slot / sink-token mass |",
         "| --- | --- | --- | --- | --- |"]
-    for arm, r in last.iterrows():
-        target = TARGET.get(arm)
+    for arm in [a for a in TEXT_ARMS if a in last.index]:
+        r, target = last.loc[arm], TARGET.get(arm)
         lines.append(f"| `{arm}` | {ADDS[('text', arm)]} | {r.val_loss:.4f} | {r.mean_mass_first_text:.3f} | "
                      f"{_num(r[f'mean_mass_{target}']) if target else '-'} |")
     lines += ["", "The validation loss above is the float32 model's; the float16 file reproduces it within "

@@ -75,16 +75,16 @@ def write_tables(out: Path, states: Iterable[dict]) -> dict[str, pd.DataFrame]:
 
 
 def run_all(plan: list[tuple[str, str, int]], text: TextRecipe, vision: VisionRecipe, corpus: Corpus,
-            work: Path, out: Path, ship: Optional[Path] = None,
+            work: Path, out: Path, ship: Optional[Path] = None, collect: Iterable[str] = ("text", "vision"),
             log: Callable[[str], None] = print) -> dict[str, pd.DataFrame]:
     """Every (domain, arm, seed) of ``plan``, resumed from ``work/<the domain's fingerprint>``; after
-    each, the tables of every finished run of both recipes (so processes running other parts of the
-    plan add up) into ``out``; the seed-0 text arms' weights into ``ship`` (``save_lm_arm``)."""
+    each, the tables of every finished run of the ``collect`` domains' recipes (so processes running
+    other parts of the plan add up) into ``out``; the seed-0 text arms' weights into ``ship``."""
     fps = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))
-    folders = {d: (Path(work) / fp, fp) for d, fp in fps.items()}
+    folders = {d: (Path(work) / fp, fp) for d, fp in fps.items() if d in collect}
     for domain, arm, seed in plan:
         task = TextTask(arm, seed, text, corpus) if domain == "text" else VisionTask(arm, seed, vision)
-        model, state = run_arm(task, folders[domain][0], fps[domain])
+        model, state = run_arm(task, Path(work) / fps[domain], fps[domain])
         last = state["runs"][-1]
         log(f"{domain:6s} {arm:10s} seed {seed}: step {last['step']}, val_loss {last['val_loss']:.4f}, "
             f"accuracy {last['accuracy']:.4f}, first-token share {last['sink_share_first']:.3f}, "
@@ -108,14 +108,29 @@ def t_interval(values: Iterable[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def summarise(runs: pd.DataFrame, reference: str = "none") -> pd.DataFrame:
+HEAD_MAXIMA = ["mass_first", "mass_first_text", "mass_slot", "mass_registers"]
+
+
+def head_maxima(heads: pd.DataFrame) -> pd.DataFrame:
+    """Per run and step: ``max_head_<m>`` = the largest mean mass one head puts on the position
+    (max over layers and heads of ``heads.csv``'s m), for m in ``HEAD_MAXIMA``."""
+    keys = ["domain", "arm", "seed", "step"]
+    return heads.groupby(keys)[HEAD_MAXIMA].max(min_count=1).add_prefix("max_head_").reset_index()
+
+
+def summarise(runs: pd.DataFrame, heads: Optional[pd.DataFrame] = None, reference: str = "none") -> pd.DataFrame:
     """Long form: domain, arm, metric, step, n_seeds, mean, ci95_low, ci95_high, paired_diff,
-    paired_ci95_low, paired_ci95_high (module doc), at each domain's last step."""
+    paired_ci95_low, paired_ci95_high (module doc), at each domain's last step; with ``heads`` also
+    the ``head_maxima`` metrics."""
+    extra = []
+    if heads is not None:
+        runs = runs.merge(head_maxima(heads), on=["domain", "arm", "seed", "step"], how="left")
+        extra = [f"max_head_{m}" for m in HEAD_MAXIMA]
     rows = []
     for domain in [d for d in ARMS if d in set(runs.domain)]:
         part = runs[runs.domain == domain]
         last = part[part.step == part.step.max()]
-        for metric in METRICS[domain]:
+        for metric in [m for m in METRICS[domain] + extra if m in runs]:
             wide = last.pivot_table(index="seed", columns="arm", values=metric, dropna=False)
             for arm in [a for a in ARMS[domain] if a in set(last.arm)]:
                 mean, lo, hi = t_interval(wide[arm])

@@ -10,7 +10,7 @@ from interp.models.sink_arms import (
     save_lm_arm, set_slot_gate,
 )
 from interp.training.corpus import Corpus
-from interp.training.sinks import TextRecipe, TextTask, lm_loss, train_offsets
+from interp.training.sinks import TextRecipe, TextTask, VisionRecipe, VisionTask, lm_loss, train_offsets
 
 
 SMALL = LMShape(n_layers=2, d_model=32, n_heads=4, d_ff=64, context=16)
@@ -39,6 +39,16 @@ def test_every_text_arm_sees_the_same_data_in_the_same_order():
         assert all(torch.equal(a, b) for a, b in zip(batches[arm], batches["none"]))
     assert torch.equal(train_offsets(5000, recipe, 7), train_offsets(5000, recipe, 7))
     assert not torch.equal(train_offsets(5000, recipe, 7), train_offsets(5000, recipe, 8))
+
+
+def test_every_vision_arm_sees_the_same_images_in_the_same_order(monkeypatch):
+    fake = torch.randn(6000, 3, 28, 28), torch.randint(0, 10, (6000,))
+    monkeypatch.setattr(VisionTask, "_data", {"train": fake, "test": fake})
+    recipe = VisionRecipe(steps=4, batch=8)
+    batches = {arm: [VisionTask(arm, 5, recipe).batch(s) for s in range(4)] for arm in VISION_ARMS}
+    for arm in VISION_ARMS:
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches[arm], batches["none"]))
+    assert not torch.equal(VisionTask("none", 6, recipe).batch(0)[1], batches["none"][0][1])
 
 
 def test_qkv_arm_has_q_k_v_bias_and_an_o_bias_held_at_zero():

@@ -1,0 +1,73 @@
+"""The sink experiment's results: every number in the findings comes from the CSVs the benchmark
+wrote (summary.csv recomputed from runs.csv; the findings tables generated from summary.csv), the
+CSVs cover every arm, seed and checkpoint, and the figures draw from them."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
+from interp.training.sink_report import findings_tables, massive_figure, sink_share_figure, table_figure
+from interp.training.sink_results import summarise, t_interval
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results" / "sinks"
+REQUIRED = ["domain", "arm", "seed", "step", "val_loss", "accuracy", "sink_share_first", "sink_share_slot",
+            "max_over_median", "measured_by", "recipe"]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return pd.read_csv(RESULTS / "runs.csv")
+
+
+def test_summary_csv_is_computed_from_runs_csv(runs):
+    heads = pd.read_csv(RESULTS / "heads.csv")
+    pd.testing.assert_frame_equal(summarise(runs, heads), pd.read_csv(RESULTS / "summary.csv"), check_dtype=False,
+                                  rtol=1e-9)
+
+
+def test_the_findings_quote_the_tables_generated_from_the_csv():
+    tables = findings_tables(pd.read_csv(RESULTS / "summary.csv"))
+    assert tables in (ROOT / "docs" / "findings.md").read_text()
+    assert (RESULTS / "tables.md").read_text().strip() == tables
+
+
+def test_runs_cover_every_arm_seed_and_checkpoint_of_one_recipe(runs):
+    assert set(REQUIRED) <= set(runs.columns)
+    for domain, arms in (("text", TEXT_ARMS), ("vision", VISION_ARMS)):
+        part = runs[runs.domain == domain]
+        assert part.recipe.nunique() == 1
+        assert set(part.arm) == set(arms) and set(part.seed) >= {0, 1, 2}
+        steps = part.groupby(["arm", "seed"]).step.apply(tuple)
+        assert steps.nunique() == 1 and steps.iloc[0][0] == 0 and len(steps.iloc[0]) >= 4
+    by = runs.measured_by == "analyzer"
+    assert set(runs[by].arm) == {"none", "qkv", "sink_token"}
+    assert (runs[by].analyzer_vs_direct < 2.0**-11).all()  # the analyzer's histogram median, else rounding
+    has_slot = runs.arm.isin(["kv_slot", "k_slot_v0"])
+    assert runs[has_slot].sink_share_slot.notna().all() and runs[~has_slot].sink_share_slot.isna().all()
+
+
+def test_intervals_and_paired_differences():
+    x = [1.0, 2.0, 4.0]
+    mean, lo, hi = t_interval(x)
+    half = stats.t.ppf(0.975, 2) * np.std(x, ddof=1) / np.sqrt(3)
+    assert (mean, lo, hi) == pytest.approx((7 / 3, 7 / 3 - half, 7 / 3 + half))
+    assert np.isnan(t_interval([1.0])[1]) and np.isnan(t_interval([])[0])
+    runs = pd.DataFrame([dict(domain="text", arm=a, seed=s, step=9, val_loss=v + s)
+                         for a, v in (("none", 2.0), ("qkv", 1.5)) for s in range(3)])
+    row = summarise(runs).query("arm == 'qkv' and metric == 'val_loss'").iloc[0]
+    assert row.paired_diff == pytest.approx(-0.5) and row.paired_ci95_low == pytest.approx(-0.5)
+    assert row["mean"] == pytest.approx(2.5) and row.n_seeds == 3
+
+
+def test_the_figures_draw_from_the_csvs(runs):
+    layers, heads, summary = (pd.read_csv(RESULTS / f"{n}.csv") for n in ("layers", "heads", "summary"))
+    for fig in (sink_share_figure(runs, heads, "scale", 128), massive_figure(layers, "scale"), table_figure(summary)):
+        for ax in fig.axes:
+            if ax.get_label() == "<colorbar>":
+                continue
+            assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
