@@ -120,24 +120,28 @@ def check_kinds(kinds: Any, allowed: tuple[str, ...] = QKV) -> list[str]:
     return kinds
 
 
-def check_layers(layers: Any, info: ModelInfo) -> list[int]:
-    """None (every layer), one layer index, or a collection of them, each in range."""
-    if layers is None:
-        return list(range(info.n_layers))
-    bad = InputError(f"layers must be None (all), a layer index or a list of them in 0..{info.n_layers - 1}; "
-                     f"got {layers!r}")
-    if isinstance(layers, (str, bytes, bool, float)):
+def _check_indices(value: Any, n: int, what: str) -> list[int]:
+    """None (all of 0..n-1), one index, or a non-empty collection of them, each in range; sorted, unique."""
+    if value is None:
+        return list(range(n))
+    bad = InputError(f"{what} must be None (all), an index or a list of them in 0..{n - 1}; got {value!r}")
+    if isinstance(value, (str, bytes, bool, float)):
         raise bad
     try:
-        items = [layers] if not isinstance(layers, Iterable) else list(layers)
-        if any(isinstance(layer, bool) for layer in items):
+        items = [value] if not isinstance(value, Iterable) else list(value)
+        if not items or any(isinstance(item, bool) for item in items):
             raise TypeError
-        layers = sorted({operator.index(layer) for layer in items})
+        indices = sorted({operator.index(item) for item in items})
     except TypeError:
         raise bad from None
-    if any(not 0 <= layer < info.n_layers for layer in layers):
-        raise InputError(f"layers must lie in 0..{info.n_layers - 1}; got {layers}")
-    return layers
+    if any(not 0 <= i < n for i in indices):
+        raise InputError(f"{what} must lie in 0..{n - 1}; got {indices}")
+    return indices
+
+
+def check_layers(layers: Any, info: ModelInfo) -> list[int]:
+    """None (every layer), one layer index, or a collection of them, each in range."""
+    return _check_indices(layers, info.n_layers, "layers")
 
 
 def check_kind(kind: str) -> None:
@@ -178,19 +182,4 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
 
 def check_heads(heads: Any, info: ModelInfo) -> list[int]:
     """None (every head), one head index, or a collection of them, each below the model's query heads."""
-    if heads is None:
-        return list(range(info.n_heads))
-    bad = InputError(f"heads must be None (all), a head index or a list of them in 0..{info.n_heads - 1}; "
-                     f"got {heads!r}")
-    if isinstance(heads, (str, bytes, bool, float)):
-        raise bad
-    try:
-        items = [heads] if not isinstance(heads, Iterable) else list(heads)
-        if not items or any(isinstance(h, bool) for h in items):
-            raise TypeError
-        heads = sorted({operator.index(h) for h in items})
-    except TypeError:
-        raise bad from None
-    if any(not 0 <= h < info.n_heads for h in heads):
-        raise bad
-    return heads
+    return _check_indices(heads, info.n_heads, "heads")

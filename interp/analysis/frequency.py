@@ -376,4 +376,9 @@ def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
         raise InputError("profile has no feature columns: pass the output of frequency_profile")
     if len(profile) < 3:
         raise InputError(f"need at least 3 heads to cluster, got {len(profile)}")
+    headline = [c for c in FEATURES if c in profile]
+    missing = profile[headline].isna().any()
+    if missing.any():
+        raise InputError(f"profile has NaN in {list(missing[missing].index)}: cluster_heads would read them as 0; "
+                         "pass a complete frequency_profile (drop or fill those heads first)")
     return np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(profile[cols].to_numpy(dtype=float))))

@@ -74,7 +74,7 @@ def test_layers_and_heads_aim_the_sweep_and_equal_the_full_sweeps_rows():
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(layers=[5]), "layers must"), (dict(heads=[-1]), "heads must be"), (dict(heads="0"), "heads must be"),
+    (dict(layers=[5]), "layers must"), (dict(heads=[-1]), "heads must lie"), (dict(heads="0"), "heads must be"),
     (dict(heads=[]), "heads must be"), (dict(scope=[(0, 0, "q")], heads=[0]), "leave layers and heads out"),
     (dict(kinds=("k",), heads=[3]), "selects no k head"),
 ])

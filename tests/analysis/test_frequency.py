@@ -141,3 +141,11 @@ def test_frequency_shift_under_q_ablation_runs_and_is_zero_for_k():
     assert k.delta_mean_attention_distance.abs().max() < 1e-4  # b_k is inert without rotary
     q = frequency_shift_under_ablation(model, [x], kinds=("q",), progress=False)
     assert q.delta_mean_attention_distance.abs().max() > 1e-4
+
+
+def test_a_profile_with_nan_features_is_refused():
+    import pandas as pd
+    profile = pd.DataFrame(dict(layer=[0, 0, 1, 1], head=[0, 1, 0, 1], hf_ratio=[0.1, float("nan"), 0.2, 0.3],
+                                mean_attention_distance=[1.0, 2, 3, 4], entropy=[1.0, 1, 1, 1], sink_mass=[0.1] * 4))
+    with pytest.raises(interp.InterpError, match="NaN in \\['hf_ratio'\\]"):
+        cluster_heads(profile)
