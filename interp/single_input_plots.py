@@ -113,6 +113,8 @@ def _draw_panel(ax: plt.Axes, view: Any, rows: pd.DataFrame, kind: str, vmax: fl
         image = ax.imshow(_grid_map(rows, tuple(view.meta["grid"])), cmap="viridis", vmin=0, vmax=vmax)
         ax.set_xticks([])
         ax.set_yticks([])
+        ax.set_xlabel("patch column", fontsize=7)
+        ax.set_ylabel("patch row", fontsize=7)
         return image
     labels = [_short(x) for x in view.positions.sort_values("pos").label]
     show = len(labels) <= 64
@@ -126,6 +128,8 @@ def _draw_panel(ax: plt.Axes, view: Any, rows: pd.DataFrame, kind: str, vmax: fl
         ax.set_ylim(0, vmax)
     x = range(len(labels)) if show and ticks[0] else []
     ax.set_xticks(list(x), [labels[i] for i in x], rotation=90, fontsize=5)
+    ax.set_xlabel("key", fontsize=7)
+    ax.set_ylabel("query" if kind == "matrix" else "attention weight", fontsize=7)
     return image
 
 
@@ -178,6 +182,8 @@ def _overlay_panel(ax: plt.Axes, view: Any, rows: pd.DataFrame, alpha: float = 0
               interpolation="bilinear", vmin=0, vmax=1)
     ax.set_xticks([])
     ax.set_yticks([])
+    ax.set_xlabel("x (pixels)", fontsize=7)
+    ax.set_ylabel("y (pixels)", fontsize=7)
     return float(np.nanmax(grid))
 
 
@@ -243,6 +249,7 @@ def key_prior_top_tokens(view: Any, *, heads: Optional[Sequence[Head]] = None, n
         u = float(rows.u_norm.iloc[0]) if len(rows) else float("nan")
         ax.set_title(f"L{layer} H{head}  (||W_k b_q|| = {u:.3g})", fontsize=9)
         ax.set_xlabel("key prior - its mean over keys (score units)")
+        ax.set_ylabel("key (favoured first)")
         ax.tick_params(axis="y", labelsize=7)
     m = view.meta
     fig.suptitle(f"{m['model']}: keys the key prior u = W_k b_q favours (query {m['query']!r}); labels: key "
