@@ -80,8 +80,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     text, vision = TextRecipe(steps=args.text_steps), VisionRecipe(steps=args.vision_steps)
     s = text.shape
-    scale = (f"text: {s.n_layers} layers x {s.n_heads} heads, width {s.d_model}, context {s.context}, "
-             f"{text.steps} steps of {text.batch}; vision: {vision.steps} steps of {vision.batch}")
+    scale = "; ".join(
+        ([f"text: {s.n_layers} layers x {s.n_heads} heads, width {s.d_model}, context {s.context}, "
+          f"{text.steps} steps of {text.batch}"] if "text" in args.domains else [])
+        + ([f"vision: {vision.steps} steps of {vision.batch}"] if "vision" in args.domains else []))
     if not args.summarise_only:
         corpus = stdlib_corpus(text.corpus_budget)
         fingerprints = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))

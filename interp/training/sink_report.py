@@ -163,7 +163,7 @@ def sink_share_figure(runs: pd.DataFrame, heads: pd.DataFrame, scale: str,
         for j, (value, label) in enumerate(PANELS):
             ax = axes[i, j]
             sns.lineplot(data=part, x="step", y=value, hue="arm", style="position", errorbar=("pi", 100),
-                         markers=True, dashes=True, hue_order=ARMS[domain], ax=ax)
+                         markers=True, dashes=True, hue_order=[a for a in ARMS[domain] if a in set(part.arm)], ax=ax)
             ax.set_xlabel("training step (optimiser updates)")
             ax.set_ylabel(label)
             if value != "sink_share":
@@ -188,7 +188,8 @@ def massive_figure(layers: pd.DataFrame, scale: str) -> plt.Figure:
     fig, axes = plt.subplots(1, len(domains), figsize=(6.5 * len(domains), 4.2), squeeze=False)
     for ax, domain in zip(axes[0], domains):
         sns.pointplot(data=last[last.domain == domain], x="layer", y="max_over_median", hue="arm",
-                      hue_order=ARMS[domain], errorbar=("pi", 100), dodge=0.4, ax=ax)
+                      hue_order=[a for a in ARMS[domain] if a in set(last[last.domain == domain].arm)],
+                      errorbar=("pi", 100), dodge=0.4, ax=ax)
         ax.set_yscale("log")
         ax.set_xlabel("layer (residual stream after the block)")
         ax.set_ylabel("max |value| / median |value| (ratio, log scale)")
