@@ -41,7 +41,7 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path):
                 "ablation_exact_vs_atp_distance_zero"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 10_000
     report = (tmp_path / "report.html").read_text()
-    assert report.count("<img") == 8 and "dinov2-s14" in report
+    assert report.count("<img") == 14 and "dinov2-s14" in report  # 8 + single_input (3) + sinks (3)
     assert report.index("Headline findings") < report.index("Bias inventory")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["meta"]["model"] == "dinov2-s14" and summary["headlines"]
