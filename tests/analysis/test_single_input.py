@@ -294,7 +294,7 @@ BAD = [
     ("pixels to a language model", "gpt2", lambda: torch.randn(1, 3, 32, 32), {}, "token ids|integer"),
     ("token ids to a ViT", "vit", lambda: torch.randint(0, 90, (1, 7)), {}, "pixel|float|image"),
     ("layer out of range", "gpt2", lambda: ids(), dict(layer=5), "layers must lie in 0..1"),
-    ("head out of range", "gpt2", lambda: ids(), dict(heads=[9]), "heads must be .* in 0..3"),
+    ("head out of range", "gpt2", lambda: ids(), dict(heads=[9]), "heads must .* in 0..3"),
     ("unknown query", "gpt2", lambda: ids(), dict(query="middle"), "query must be a position .* cls, first"),
     ("query past the end", "gpt2", lambda: ids(), dict(query=40), "outside this input's 7 positions"),
     ("cls on a model without one", "gpt2", lambda: ids(), dict(query="cls"), "no class token.*query='mean'"),
