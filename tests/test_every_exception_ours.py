@@ -336,6 +336,13 @@ CASES = [
     ("layers holding None", lambda c: interp.frequency_profile(c.vit, [c.x], layers=[None], progress=False),
      "layers must be None"),
     ("layers as a float", lambda c: interp.record_qkv(c.vit, [c.x], layers=1.0, progress=False), "layers must"),
+    ("heads out of range", lambda c: interp.origin_shift(c.vit, c.stats, heads=[9]), "heads must lie in 0..3"),
+    ("heads out of range in scores", lambda c: interp.score_decomposition(c.vit, [c.x], heads=[4], progress=False),
+     "heads must lie in 0..3"),
+    ("layers out of range in sinks", lambda c: interp.sink_profile(c.vit, [c.x], layers=[5], progress=False),
+     "layers must lie in 0..1"),
+    ("origin of layers not recorded", lambda c: interp.origin_shift(
+        c.vit, interp.record_qkv(c.vit, [c.x], layers=[0], progress=False), layers=[1]), "were not recorded"),
     ("kinds None", lambda c: interp.record_qkv(c.vit, [c.x], kinds=None, progress=False), "kinds must be"),
     ("kinds an integer", lambda c: lm_sweep(c, kinds=3), "kinds must be"),
     ("top_k a string", lambda c: lm_sweep(c, estimate="auto", top_k="x"), "top_k must be"),

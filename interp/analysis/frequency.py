@@ -37,7 +37,7 @@ from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.checks import check_kinds, check_layers
+from interp.checks import check_heads, check_kinds, check_layers
 from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError
 from interp.hooks import hook_name
@@ -219,30 +219,38 @@ def _profile_batches(model: InterpBridge, batches: list, layers: Sequence[int], 
 
 
 def frequency_profile(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int]] = None,
-                      max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
-    """One row per layer x head: hf_ratio, mean_attention_distance, entropy, sink_mass, bin_0..7."""
+                      heads: Optional[Sequence[int]] = None, max_batches: Optional[int] = None,
+                      progress: bool = True) -> pd.DataFrame:
+    """One row per layer x head: hf_ratio, mean_attention_distance, entropy, sink_mass, bin_0..7.
+
+    ``layers`` / ``heads`` (None: all): only those rows, equal to the same rows of the full table."""
     info = require_bridge(model, "frequency_profile").interp
-    layers = check_layers(layers, info)
+    layers, heads = check_layers(layers, info), check_heads(heads, info)
     batches = list(iter_batches(model, data, max_batches))
-    return _profile_batches(model, batches, layers, progress=progress)
+    return _select_heads(_profile_batches(model, batches, layers, progress=progress), heads)
+
+
+def _select_heads(table: pd.DataFrame, heads: list[int]) -> pd.DataFrame:
+    return table[table["head"].isin(heads)].reset_index(drop=True)
 
 
 def frequency_shift_under_ablation(model: InterpBridge, data: Any, kinds: Sequence[str] = ("q",), method: str = "zero",
-                                   *, max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
+                                   *, layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
+                                   max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
     """Each head's profile with its own bias (of ``kinds``) patched out, and the change.
 
     Heads of one layer do not interact within that layer, so patching every head of
     layer l at once and reading layer l gives each head's own-patch profile exactly:
     one forward per layer. Columns: the profile's, plus ``*_intact`` and ``delta_*`` for
-    hf_ratio and mean_attention_distance.
+    hf_ratio and mean_attention_distance. ``layers`` / ``heads`` (None: all): only those rows (each
+    head's own patch, so equal to the same rows of the full table).
     """
     info = require_bridge(model, "frequency_shift_under_ablation").interp
-    kinds = check_kinds(kinds)
+    kinds, layers, heads = check_kinds(kinds), check_layers(layers, info), check_heads(heads, info)
     check_method(method, [(0, 0, k) for k in kinds], None, need_stats=False)
     if method == "mean":
         raise InputError("frequency_shift_under_ablation supports method 'zero' or 'fold' (v); 'mean' needs stats")
     batches = list(iter_batches(model, data, max_batches))
-    layers = list(range(info.n_layers))
     intact = _profile_batches(model, batches, layers, progress=progress, desc="profile (intact)")
 
     def hooks(l: int):
@@ -256,7 +264,7 @@ def frequency_shift_under_ablation(model: InterpBridge, data: Any, kinds: Sequen
     out["delta_hf_ratio"] = out.hf_ratio - out.hf_ratio_intact
     out["delta_mean_attention_distance"] = out.mean_attention_distance - out.mean_attention_distance_intact
     out["ablated"] = "+".join(kinds) + f" bias ({method})"
-    return out
+    return _select_heads(out, heads)
 
 
 FEATURES = ("hf_ratio", "mean_attention_distance", "entropy", "sink_mass")

@@ -19,13 +19,15 @@ embeddings, where the model has them.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from interp.checks import check_heads, check_layers
+from interp.errors import InputError
 from interp.heads import attention_weights, kv_group
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.stats import QKVStats, require_stats
@@ -63,14 +65,29 @@ def _embedding_directions(model: InterpBridge) -> tuple[Optional[Tensor], Option
     return cls, pos
 
 
-def origin_shift(model: InterpBridge, stats: QKVStats) -> pd.DataFrame:
-    """One row per layer x head x kind: how the bias shifts the head's origin (see module doc)."""
+def _recorded_layers(stats: QKVStats, layers: Any, info: Any) -> list[int]:
+    """The selected layers (None: every recorded one); a layer the statistics lack is refused."""
+    if layers is None:
+        return list(stats.layers)
+    chosen = check_layers(layers, info)
+    missing = [layer for layer in chosen if layer not in stats.layers]
+    if missing:
+        raise InputError(f"layers {missing} were not recorded (the statistics hold layers {list(stats.layers)}): "
+                         "record them (record_qkv(..., layers=...)) or leave them out of layers=")
+    return chosen
+
+
+def origin_shift(model: InterpBridge, stats: QKVStats, *, layers: Any = None, heads: Any = None) -> pd.DataFrame:
+    """One row per layer x head x kind: how the bias shifts the head's origin (see module doc).
+
+    ``layers`` / ``heads`` (None: all): only those rows, equal to the same rows of the full table."""
     info = require_bridge(model, "origin_shift").interp
     stats = require_stats(stats).require_model(model)
+    layers, heads = _recorded_layers(stats, layers, info), check_heads(heads, info)
     cls, pos = _embedding_directions(model)
     group = kv_group(info.n_heads, info.n_kv_heads)
     rows = []
-    for layer in stats.layers:
+    for layer in layers:
         w = attention_weights(model, layer, dtype=torch.float64)
         x_mean = stats.input_mean(layer).cpu()
         for kind in stats.kinds:
@@ -78,7 +95,7 @@ def origin_shift(model: InterpBridge, stats: QKVStats) -> pd.DataFrame:
             data_origin = stats.mean(layer, kind, "content").cpu()
             total = stats.mean(layer, kind, "full").cpu()
             msq_content = stats.mean_sq_norm(layer, kind, "content").cpu()
-            for h in range(b.shape[0]):
+            for h in (h for h in heads if h < b.shape[0]):
                 bn, dn = float(b[h].norm()), float(data_origin[h].norm())
                 rms = math.sqrt(max(float(msq_content[h]), 0.0))
                 row = dict(

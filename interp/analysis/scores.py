@@ -21,6 +21,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp.checks import check_heads, check_layers
 from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
@@ -127,7 +128,8 @@ def _accumulate_terms(terms: dict[str, Tensor], allowed: Tensor, valid_rows: Ten
 
 
 def score_decomposition(
-    model: InterpBridge, data: Any, *, max_batches: Optional[int] = None, progress: bool = True
+    model: InterpBridge, data: Any, *, max_batches: Optional[int] = None, layers: Any = None, heads: Any = None,
+    progress: bool = True,
 ) -> pd.DataFrame:
     """Per layer x head x term: how much of the score's variance across keys each term carries.
 
@@ -145,10 +147,12 @@ def score_decomposition(
     not bilinear in content + bias: qk-norm, Gemma 2's soft-capping, OLMo's ``clip_qkv``; and
     whenever the softmax of the four terms is not the model's own pattern (a config flag the
     audit does not know). Each layer's rows use its sliding window (Mistral, Qwen2) and its
-    score scale (GPT-2's ``scale_attn_by_inverse_layer_idx``).
+    score scale (GPT-2's ``scale_attn_by_inverse_layer_idx``). ``layers`` / ``heads`` (None: all): only
+    those rows (the others' terms are not computed), equal to the same rows of the full table.
     """
     info = require_bridge(model, "score_decomposition").interp
     _require_bilinear_scores(info)
+    layers, heads = check_layers(layers, info), check_heads(heads, info)
     acc: dict[tuple[int, str], Tensor] = {}
     kl_acc: dict[int, Tensor] = {}
     rows_acc = 0.0
@@ -156,17 +160,18 @@ def score_decomposition(
         for batch in tqdm(iter_batches(model, data, max_batches), desc="score decomposition",
                           disable=not progress, unit="batch"):
             batch.check(info)
-            rows_acc += _decompose_batch(model, batch, acc, kl_acc)
+            rows_acc += _decompose_batch(model, batch, acc, kl_acc, layers)
     if rows_acc == 0:
         raise InputError("data is empty: no query rows to decompose")
-    return _decomposition_table(info, acc, kl_acc, rows_acc)
+    table = _decomposition_table(info, acc, kl_acc, rows_acc, layers)
+    return table[table["head"].isin(heads)].reset_index(drop=True)
 
 
 _KEPT = {"attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "attn.hook_cos": "attn.hook_cos",
          "attn.hook_sin": "attn.hook_sin"}
 
 
-def _decompose_batch(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict) -> float:
+def _decompose_batch(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict, layers: list[int]) -> float:
     """One forward; each layer's terms are accumulated in its pattern hook (q, k, cos and sin of that
     layer have been kept by then) and checked against the model's own pattern. Returns the query rows."""
     x, kw = model_inputs(model, batch)
@@ -179,6 +184,10 @@ def _decompose_batch(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict)
 
     def at_pattern(pattern: Tensor, hook: Any) -> None:
         layer = int(hook.name.split(".")[1])
+        if layer not in layers:  # not selected: nothing computed, the firing counted
+            rows.append(torch.zeros(()))
+            store.clear()
+            return
         allowed = _key_mask(model, batch, pattern.shape[-1], pattern.device, layer)
         valid_rows = allowed.any(-1).to(torch.float64)  # [b, 1, q]
         terms = score_terms(model, store, layer)
@@ -194,7 +203,7 @@ def _decompose_batch(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict)
     if len(rows) != model.interp.n_layers:
         raise UnsupportedModelError(f"{model.interp.name}: hook_pattern fired for {len(rows)} of "
                                     f"{model.interp.n_layers} layers; the decomposition needs every layer's pattern")
-    return float(rows[0])
+    return float(rows[layers[0]])
 
 
 def _kl_without_key_prior(total: Tensor, key_prior: Tensor, allowed: Tensor, valid_rows: Tensor) -> Tensor:
@@ -240,10 +249,10 @@ def _check_terms_give_pattern(info: Any, layer: int, total: Tensor, pattern: Ten
             "is handled: report the config so that it gets an entry")
 
 
-def _decomposition_table(info: Any, acc: dict, kl_acc: dict, rows_acc: float) -> pd.DataFrame:
+def _decomposition_table(info: Any, acc: dict, kl_acc: dict, rows_acc: float, layers: list[int]) -> pd.DataFrame:
     """The long table of ``score_decomposition`` from its row-summed accumulators."""
     out = []
-    for layer in range(info.n_layers):
+    for layer in layers:
         term_var = torch.stack([acc[(layer, t, "var")] for t in TERMS]) / rows_acc  # [4, h]
         term_cov = torch.stack([acc[(layer, t, "cov")] for t in TERMS]) / rows_acc  # Cov(term, score)
         total_var = acc[(layer, "total", "var")] / rows_acc
@@ -284,7 +293,7 @@ def _layer_invariances(m: InterpBridge, layer: int, batches: list[Batch]) -> tup
 
 
 def bias_invariances(
-    model: InterpBridge, data: Any, *, max_batches: Optional[int] = 1, float64: bool = True,
+    model: InterpBridge, data: Any, *, max_batches: Optional[int] = 1, float64: bool = True, layers: Any = None,
     progress: bool = True,
 ) -> pd.DataFrame:
     """Per layer: the two exact bias identities, measured.
@@ -295,9 +304,11 @@ def bias_invariances(
     ``bias_norm`` is the norm of the bias each check removes (b_k, b_v) at that layer.
     Computed in float64 by default (a float64 copy; the model is not touched); ``dtype``
     says what the model ran in, ``softmax_dtype`` what limited the pattern (HF softmaxes
-    ViT, DeiT, BEiT, OPT, NeoX, Qwen2 and LLaMA attention in float32 even in float64).
+    ViT, DeiT, BEiT, OPT, NeoX, Qwen2 and LLaMA attention in float32 even in float64). ``layers``
+    (None: all): check only those layers (each layer's rows do not depend on the others).
     """
     info = require_bridge(model, "bias_invariances").interp
+    layers = check_layers(layers, info)
     m = clone_model(model, dtype=torch.float64) if float64 else model
     batches = list(iter_batches(m, data, max_batches))
     if not batches:
@@ -307,7 +318,7 @@ def bias_invariances(
     softmax_dtype = "float32" if info.spec.softmax_float32 and dtype == "float64" else dtype
     rows = []
     with torch.no_grad():
-        for layer in tqdm(range(info.n_layers), desc="bias invariances", disable=not progress):
+        for layer in tqdm(layers, desc="bias invariances", disable=not progress):
             w = attention_weights(m, layer)
             k_diff, v_diff = _layer_invariances(m, layer, batches)
             common = dict(layer=layer, rotary=info.rotary, n_batches=len(batches), dtype=dtype,

@@ -52,7 +52,7 @@ from interp.analysis.sink_parts import (
     prefix_names,
     stream_batches,
 )
-from interp.checks import check_layers, inputs_checked_on_host
+from interp.checks import check_heads, check_layers, inputs_checked_on_host
 from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
@@ -116,8 +116,8 @@ def _class_sums(pattern: Tensor, real: Tensor, masks: ClassMasks, names: Sequenc
 
 
 def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, layers: Optional[Sequence[int]] = None,
-                 positions: Any = None, max_batches: Optional[int] = None, remove: Optional[str] = None,
-                 progress: bool = True) -> pd.DataFrame:
+                 heads: Optional[Sequence[int]] = None, positions: Any = None, max_batches: Optional[int] = None,
+                 remove: Optional[str] = None, progress: bool = True) -> pd.DataFrame:
     """Per layer x head x position class: the attention mass the class receives (module doc).
 
     ``mass`` = (1/|R|) sum_{i in R} sum_{j in S_c} A_ij over the real query rows R of all the data;
@@ -130,9 +130,10 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, laye
     sequence that does not begin with a special token (a window cut from a longer text) has a
     ``first`` token that is not ``cls``/``bos``. Columns: model, layer, head, position, mass, sink,
     [removal columns], has_b_q, threshold, metric, n_rows, n_batches, max_batches, model_fingerprint, data_fingerprint.
+    ``layers`` / ``heads`` (None: all): only those rows, equal to the same rows of the full table.
     """
     info = require_bridge(model, "sink_profile").interp
-    threshold, layers = check_threshold(threshold), check_layers(layers, info)
+    threshold, layers, heads = check_threshold(threshold), check_layers(layers, info), check_heads(heads, info)
     names, removals = check_positions(model, positions), _check_remove(model, remove)
     has_b_q = {layer: attention_weights(model, layer).present["q"] for layer in layers}
     hooks = [hook_name(layer, "pattern") for layer in layers]
@@ -156,7 +157,11 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, laye
                                         progress=progress, stop_at_layer=max(layers) + 1)
     columns = ["mass"] + [f"mass_without_{r}" for r in removals]
     meta = dict(threshold=threshold, metric=MASS_METRIC, **provenance(model, data_fp, n_batches, max_batches))
-    return _profile_table(acc, layers, names, columns, has_b_q, meta, info.n_heads)
+    return _select_heads(_profile_table(acc, layers, names, columns, has_b_q, meta, info.n_heads), heads)
+
+
+def _select_heads(table: pd.DataFrame, heads: list[int]) -> pd.DataFrame:
+    return table[table["head"].isin(heads)].reset_index(drop=True)
 
 
 def _profile_table(acc: dict, layers: Sequence[int], names: Sequence[str], columns: Sequence[str],
@@ -227,8 +232,8 @@ def _implicit_sums(pattern: Tensor, v: Tensor, z: Tensor, sink: Tensor, real: Te
 
 
 def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None,
-                        layers: Optional[Sequence[int]] = None, max_batches: Optional[int] = None,
-                        progress: bool = True) -> pd.DataFrame:
+                        layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
+                        max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
     """Per layer x head: the constant a sink set S adds to the head's output, beside b_v's.
 
     c_i = sum_{j in S} A_ij v_j W_O[h] (v_j = x_j W_v + b_v of the query head's kv head);
@@ -239,10 +244,11 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     A_iS. All norms are in residual-stream units. S = ``positions`` (default: a ViT's prefix
     tokens, a language model's first token). Columns: model, layer, head, positions, sink_mass,
     implicit_norm, constancy, explicit_norm, has_b_v, cos_to_explicit, output_rms, n_rows,
-    n_batches, max_batches, model_fingerprint, data_fingerprint.
+    n_batches, max_batches, model_fingerprint, data_fingerprint. ``layers`` / ``heads`` (None: all): only
+    those rows, equal to the same rows of the full table.
     """
     info = require_bridge(model, "implicit_value_bias").interp
-    layers = check_layers(layers, info)
+    layers, heads = check_layers(layers, info), check_heads(heads, info)
     sink_names = check_positions(model, default_sink_positions(model) if positions is None else positions)
     group = kv_group(info.n_heads, info.n_kv_heads)
     weights = {layer: attention_weights(model, layer, dtype=torch.float64) for layer in layers}
@@ -261,7 +267,7 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc="implicit value bias",
                                         progress=progress, stop_at_layer=max(layers) + 1)
     meta = dict(positions="+".join(sink_names), **provenance(model, data_fp, n_batches, max_batches))
-    return _implicit_table(acc, weights, group, layers, meta)
+    return _select_heads(_implicit_table(acc, weights, group, layers, meta), heads)
 
 
 def _implicit_table(acc: dict, weights: dict, group: list[int], layers: Sequence[int], meta: dict) -> pd.DataFrame:
