@@ -4,7 +4,7 @@ Under learned positions b_k cancels in the softmax, so its gradient is exactly z
 arithmetic, and any b_k a checkpoint carries was put there by something else. The
 hypothesis: the computed gradient is rounding noise, and Adam's normalisation
 (m / (sqrt(v) + eps)) turns noise of any size into steps of size ~lr. This script trains the
-with-bias MNIST ViT (``interp.models.mnist_vit``, seed 0, the same init and data order for
+with-bias MNIST ViT (``interp.training.mnist_vit``, seed 0, the same init and data order for
 every setting) for ``--steps`` steps under each setting and logs, per step, the gradient
 norms of b_q, b_k, b_v (over all layers) and ||b_k|| (the largest layer's):
 
@@ -39,7 +39,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from interp.data import mnist  # noqa: E402
 from interp.io import atomic_path  # noqa: E402
-from interp.models.mnist_vit import build_variant  # noqa: E402
+from interp.training.mnist_vit import build_variant  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
 
 SETTINGS = ("sgd", "adamw", "adamw_eps1e-6", "adamw_bf16", "adamw_nodecay", "adamw_fp64")

@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image
 
 import interp
-from interp.sources import resolve_data
+from interp.data.sources import resolve_data
 
 
 def write_folder(root: Path, n: int, size: int) -> Path:

@@ -5,7 +5,7 @@ every seed, the per-seed table, the summary README quotes, and the shipped seed-
     python benchmarks/train_mnist_vit.py --summarise-only     # the summary and figure from seeds.csv
 
 Writes ``docs/results/mnist_vit/seeds.csv`` (after every run, atomically) and
-``docs/results/mnist_vit/summary.csv`` (``interp.models.mnist_vit.summarise``: test accuracy
+``docs/results/mnist_vit/summary.csv`` (``interp.training.mnist_vit.summarise``: test accuracy
 mean and 95% t-interval per variant, and the paired difference to the q/k/v variant by seed)
 and ``accuracy.png`` (every seed, paired, with the means and their intervals).
 About 2 min per run on 2 CPU cores at 3 epochs.
@@ -25,7 +25,7 @@ import seaborn as sns  # noqa: E402
 import torch  # noqa: E402
 
 from interp.io import atomic_path  # noqa: E402
-from interp.models.mnist_vit import run_seeds, summarise  # noqa: E402
+from interp.training.mnist_vit import run_seeds, summarise  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
 
 

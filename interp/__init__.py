@@ -46,7 +46,7 @@ _PUBLIC = {
     "clone_model": "interp.models", "list_families": "interp.models", "list_models": "interp.models",
     "load_model": "interp.models", "register_family": "interp.models.families", "get_family": "interp.models.families",
     "bias_patch_hooks": "interp.patching", "record_qkv": "interp.record",
-    "DataSource": "interp.sources", "resolve_data": "interp.sources", "QKVStats": "interp.stats",
+    "DataSource": "interp.data", "resolve_data": "interp.data", "open_data": "interp.data", "QKVStats": "interp.stats",
 }
 # reachable as interp.<name> for tests and notebooks, but not the public face (not in __all__)
 _EXTRAS = {"tiny_hf_model": "interp.models", "tiny_inputs": "interp.models", "require_bridge": "interp.models",

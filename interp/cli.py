@@ -52,7 +52,7 @@ def _cmd_families(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from interp.models.fetch import fetch_all
+    from interp.fetch import fetch_all
 
     fetch_all(names=args.only or None, force=args.force)
     return 0
@@ -88,20 +88,17 @@ def _record_batches(model: Any, args: argparse.Namespace, rank: int, world: int)
 def _data_source(model: Any, args: argparse.Namespace, rank: int = 0, world: int = 1) -> Any:
     """``--data`` and the data flags as a ``DataSource``, or a built-in data set's batches built with the
     same flags (--batch-size, --seq-len, --max-items: never ignored); says what it read."""
-    from interp.data import BUILTIN, builtin_batches, builtin_options, check_data_name
-    from interp.sources import resolve_data
+    from interp.data import BUILTIN, check_data_name, open_data
 
     check_data_name(args.data)
+    options = {"batch_size": 4, **_data_options(args)}
     if args.data in BUILTIN:
-        batches = builtin_batches(model, args.data, **builtin_options(args.data, _data_options(args)))
+        batches = open_data(model, args.data, options)
         if rank == 0:
             print(f"data: built-in {args.data!r}, {sum(len(b.inputs) for b in batches)} items in {len(batches)} "
                   f"batches", flush=True)
         return batches
-    source = resolve_data(model, args.data, text_column=args.text_column, image_column=args.image_column,
-                          batch_size=args.batch_size, seq_len=args.seq_len, max_items=args.max_items,
-                          max_tokens=args.max_tokens, normalize=args.normalize, rank=rank, world=world,
-                          strict=args.strict)
+    source = open_data(model, args.data, {**options, "rank": rank, "world": world})
     if rank == 0:
         print(f"data: {source.description}", flush=True)
     return source
@@ -246,22 +243,97 @@ ANALYSES = {
 
 
 def _cmd_analysis(args: argparse.Namespace) -> int:
-    """One analysis of the demo on any model and data, into ``--out`` (tables, figures, manifest)."""
+    """One analysis of the demo on any model and data, into ``--out`` (tables, figures, manifest).
+    ``origin --stats``: the statistics a previous ``interp record`` wrote, checked against this model and
+    data by fingerprint, are read instead of recorded again, and referenced (not copied) in the manifest."""
     from interp.models.loading import load_model
-    from interp.pipeline import make_context, run_steps
+    from interp.pipeline import make_context, referenced_recording, run_steps
     from interp.report import begin_outputs, write_manifest, write_section
 
     model = load_model(args.model, device=args.device)
     out = Path(args.out or f"out/{args.command}")
-    ctx = make_context(model, args.data, args.quick, out, data_options=_data_options(args))
+    stats, data, options, used = None, args.data, _data_options(args), {}
+    if getattr(args, "stats", None) is not None:
+        stats, stats_file, data, options = _recorded_stats(args, model)
+    ctx = make_context(model, data, args.quick and stats is None, out, data_options=options,
+                       layers=args.layers, heads=args.heads)
+    steps, sections = ANALYSES[args.command][0], []
+    if stats is not None:
+        _check_same_data(stats, stats_file, ctx)
+        ctx.stats, steps = stats, [s for s in steps if s != "recording"]
+        sections.append(referenced_recording(stats, stats_file, ctx.dataset))
+        used = dict(stats=dict(file=str(stats_file.resolve()), sha256=_sha256(stats_file),
+                               model_fingerprint=stats.model_fingerprint, data_fingerprint=stats.data_fingerprint))
     begin_outputs(out)
-    for section in run_steps(ctx, ANALYSES[args.command][0]):
+    for section in sections + run_steps(ctx, steps):
         write_section(section, out)
         print(section.text)
     write_manifest(out, dict(command=args.command, model=args.model, data=ctx.dataset, quick=args.quick,
-                             batches=len(ctx.batches)))
+                             data_options=options, layers=ctx.layers, heads=ctx.heads, **_data_counts(ctx), **used))
     print(f"wrote {out}")
     return 0
+
+
+def _sha256(path: Path) -> str:
+    from interp.io import sha256_file
+
+    return sha256_file(path)
+
+
+def _data_counts(ctx: Any) -> dict[str, int]:
+    """What an analysis command read: items, batches, and positions (real tokens, or patches and prefix
+    tokens), counted as ``interp record`` counts them (padding excluded)."""
+    info = ctx.model.interp
+    items = sum(int(b.inputs.shape[0]) for b in ctx.batches)
+    if info.modality == "vision":
+        p = info.patch_size or 1
+        positions = sum(int(b.inputs.shape[0]) * ((b.inputs.shape[2] // p) * (b.inputs.shape[3] // p)
+                                                  + info.n_prefix_tokens) for b in ctx.batches)
+    else:
+        positions = sum(int(b.attention_mask.sum()) if b.attention_mask is not None else b.inputs.numel()
+                        for b in ctx.batches)
+    return dict(items=items, batches=len(ctx.batches), positions=positions)
+
+
+def _recorded_stats(args: argparse.Namespace, model: Any) -> tuple[Any, Path, Any, dict[str, Any]]:
+    """(statistics, their file, the data they were recorded on, its options) for ``--stats``: a file or an
+    ``interp record`` folder; the data and its flags come from that folder's manifest unless given here."""
+    import json
+
+    from interp.errors import InputError
+    from interp.stats import QKVStats
+
+    path = Path(args.stats)
+    file = path / "qkv_stats.safetensors" if path.is_dir() else path
+    if not file.is_file():
+        raise InputError(f"--stats {path}: no statistics file there; give the --out folder of 'interp record' "
+                         "(it holds qkv_stats.safetensors) or that file")
+    stats = QKVStats.load(file).require_model(model)
+    manifest = file.parent / "manifest.json"
+    try:
+        meta = json.loads(manifest.read_text()).get("meta", {}) if manifest.is_file() else {}
+    except (ValueError, AttributeError):
+        raise InputError(f"--stats: {manifest} is not a manifest interp wrote (not JSON): give --data and the "
+                         "data flags the statistics were recorded with") from None
+    data = args.data or meta.get("data")
+    if data is None:
+        raise InputError(f"--stats {file}: no record manifest beside it names its data: give --data (and the data "
+                         "flags) the statistics were recorded with")
+    recorded = {k: v for k, v in (meta.get("data_options") or {}).items() if v is not None}
+    return stats, file, data, {**recorded, **_data_options(args)}
+
+
+def _check_same_data(stats: Any, file: Path, ctx: Any) -> None:
+    """Refuse statistics of other data than the batches this command read (by fingerprint)."""
+    from interp.errors import InputError
+    from interp.fingerprint import data_fingerprint
+
+    mine = data_fingerprint(ctx.batches)
+    if stats.data_fingerprint != mine:
+        raise InputError(
+            f"--stats {file} was recorded on other data (fingerprint {stats.data_fingerprint}) than {ctx.dataset!r} "
+            f"as read here ({mine}; {_data_counts(ctx)['items']} items in {len(ctx.batches)} batches): record "
+            "this data, or give the --data and data flags (--batch-size, --seq-len, --max-items) the recording used")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -303,10 +375,12 @@ DATA_HELP = ("a built-in data set (photos, digits, mnist, python-docs); a folder
              ".jsonl/.csv/.parquet table (--text-column, or --image-column of image paths)")
 
 
-def _add_data_options(p: argparse.ArgumentParser, batch_size: int = 8) -> None:
+def _add_data_options(p: argparse.ArgumentParser, batch_size: Optional[int] = 8, batch_help: str = "") -> None:
+    """The data flags; ``batch_size`` None: the command decides, as ``batch_help`` says."""
     p.add_argument("--text-column", default=None, help="table column holding text (default: text)")
     p.add_argument("--image-column", default=None, help="table column holding image paths (default: image)")
-    p.add_argument("--batch-size", type=int, default=batch_size, help="items per batch (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=batch_size,
+                   help=f"items per batch (default: {batch_help or '%(default)s'})")
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per text window (default: 128, or the model's positions when fewer)")
     p.add_argument("--max-items", "--max-images", dest="max_items", type=int, default=None,
@@ -425,7 +499,16 @@ def _add_analysis_parsers(sub: Any) -> None:
         p.add_argument("--out", default=None, help=f"output folder (default: out/{name})")
         p.add_argument("--quick", action="store_true", help="8 items and 1 batch per expensive step")
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
-        _add_data_options(p, batch_size=4)
+        p.add_argument("--layers", type=_int_list, default=None, help="comma-separated layers to analyse "
+                       "(default: all)")
+        p.add_argument("--heads", type=_int_list, default=None, help="comma-separated heads to analyse "
+                       "(default: all)")
+        if name == "origin":
+            p.add_argument("--stats", default=None, help="the --out folder (or its qkv_stats.safetensors) of "
+                           "'interp record' on this model: read, not recorded again, and referenced, not copied; "
+                           "its data and data flags are the recording's unless given (checked by fingerprint)")
+        _add_data_options(p, batch_size=None, batch_help="4" + ("; with --stats, the recording's" if name == "origin"
+                                                                else ""))
         p.set_defaults(func=_cmd_analysis)
 
 

@@ -10,12 +10,16 @@ activation a = XW + b of that head:
   and v): does each head need its *own* bias, or would the layer's average do?
 * ``method="fold"`` (v only): a' = a - b_v, and sum_h b_v[h] W_O[h] (``v_fold_vector``)
   is added to the attention output; exact, so its effect is rounding only.
+* ``method="random"``: a' = a - b + r, r a random direction with ||r_h|| = ||b_h|| for every head
+  (``random_bias``, fixed by ``seed``): the control for any other method, since it moves the
+  origin exactly as far as the bias does, in a direction that means nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -40,14 +44,28 @@ def check_method(method: str, targets: Sequence[Target], stats: Optional[QKVStat
         raise InputError("method='mean' needs stats from record_qkv (the content means)")
 
 
+def random_bias(bias: Tensor, layer: int, kind: str, seed: int = 0) -> Tensor:
+    """A random direction per head with each head's norm of ``bias`` [head_index, d_head]: Gaussian
+    directions drawn in float64 on the host from a generator seeded by (seed, layer, kind), so a
+    head's vector does not depend on which other heads or variants are run."""
+    state = np.random.SeedSequence([int(seed), int(layer), "qkv".index(kind)]).generate_state(2)
+    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    z = torch.randn(bias.shape, generator=generator, dtype=torch.float64)
+    norms = bias.detach().double().cpu().norm(dim=-1, keepdim=True)
+    return (z / z.norm(dim=-1, keepdim=True) * norms).to(bias.device, bias.dtype)
+
+
 def bias_shift(model: InterpBridge, layer: int, kind: str, method: Method,
-               stats: Optional[QKVStats] = None) -> Tensor:
-    """a' - a for every head of (layer, kind): [head_index, d_head] (-b, E[XW] - b, or mean_h b - b)."""
-    shift = -attention_weights(model, layer).bias(kind).clone()
+               stats: Optional[QKVStats] = None, seed: int = 0) -> Tensor:
+    """a' - a for every head of (layer, kind): [head_index, d_head] (-b, E[XW] - b, mean_h b - b or r - b)."""
+    bias = attention_weights(model, layer).bias(kind)
+    shift = -bias.clone()
     if method == "mean":
         shift = shift + stats.mean(layer, kind, "content").to(shift.device, shift.dtype)
     elif method == "layer_mean":
         shift = shift - shift.mean(dim=0, keepdim=True)  # -b_h + mean_h b
+    elif method == "random":
+        shift = shift + random_bias(bias, layer, kind, seed)
     return shift
 
 
@@ -58,8 +76,9 @@ def _add(delta: Tensor) -> Callable[[Tensor, Any], Tensor]:
 
 
 def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method = "zero",
-                     stats: Optional[QKVStats] = None) -> list[Hook]:
-    """Forward hooks that patch the biases of ``targets`` out (see the module doc for methods)."""
+                     stats: Optional[QKVStats] = None, seed: int = 0) -> list[Hook]:
+    """Forward hooks that patch the biases of ``targets`` out (see the module doc for methods;
+    ``seed`` fixes ``method="random"``'s directions)."""
     info = require_bridge(model, "bias_patch_hooks").interp
     check_method(method, targets, stats)
     if stats is not None:
@@ -69,7 +88,7 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
         by_site.setdefault((layer, kind), set()).add(head)
     hooks: list[Hook] = []
     for (layer, kind), heads in by_site.items():
-        shift = bias_shift(model, layer, kind, method, stats)
+        shift = bias_shift(model, layer, kind, method, stats, seed)
         delta = torch.zeros_like(shift)
         idx = torch.tensor(sorted(heads))
         delta[idx] = shift[idx]
@@ -82,7 +101,7 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
 
 
 def stacked_patch_hooks(model: InterpBridge, groups: Sequence[Sequence[Target]], method: Method = "zero",
-                        stats: Optional[QKVStats] = None) -> list[Hook]:
+                        stats: Optional[QKVStats] = None, seed: int = 0) -> list[Hook]:
     """Hooks for ``len(groups)`` variants stacked on the batch axis (variant-major).
 
     Rows ``v*B:(v+1)*B`` of every activation get variant v's patch, so one forward on a
@@ -91,7 +110,7 @@ def stacked_patch_hooks(model: InterpBridge, groups: Sequence[Sequence[Target]],
     n = len(groups)
     sites: dict[str, list[Optional[Callable]]] = {}
     for v, group in enumerate(groups):
-        for name, fn in bias_patch_hooks(model, group, method, stats):
+        for name, fn in bias_patch_hooks(model, group, method, stats, seed):
             sites.setdefault(name, [None] * n)[v] = fn
 
     def stacked(fns: list) -> Callable[[Tensor, Any], Tensor]:

@@ -24,8 +24,8 @@ from interp.analysis.one_input import single_input
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
 from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_profile, sink_shares
-from interp.data import Batch, builtin_batches, builtin_options
-from interp.sources import data_kind, resolve_data
+from interp.data import Batch, open_data
+from interp.checks import check_heads, check_layers
 from interp.heads import bias_spec
 from interp.io import begin_outputs
 from interp.models.bridge import InterpBridge
@@ -63,6 +63,8 @@ class Context:
     stats: Optional[QKVStats] = None
     ablation_estimate: str = "auto"  # one pass for every head, exact for the top_k per kind
     top_k: int = 5
+    layers: Optional[list[int]] = None  # the layers and heads the analysis steps look at (None: all)
+    heads: Optional[list[int]] = None
 
     @property
     def name(self) -> str:
@@ -112,12 +114,24 @@ def summarise_recording(stats: QKVStats, dataset: str) -> Section:
 
 
 def recording_step(ctx: Context) -> list[Section]:
-    ctx.stats = record_qkv(ctx.model, ctx.batches)
+    ctx.stats = record_qkv(ctx.model, ctx.batches, layers=ctx.layers)
     return [summarise_recording(ctx.stats, ctx.dataset)]
 
 
+def referenced_recording(stats: QKVStats, path: Path, dataset: str) -> Section:
+    """The recording section for statistics read from ``path`` (``interp origin --stats``): the numbers
+    and the reference, no copy of the statistics."""
+    count = stats.count(stats.layers[0])
+    numbers = dict(positions_counted=count, layers=len(stats.layers), kinds=list(stats.kinds), stats_file=str(path),
+                   model_fingerprint=stats.model_fingerprint, data_fingerprint=stats.data_fingerprint)
+    text = (f"Per-head Q/K/V statistics read from {path} (not copied here): {count} positions of {dataset}, "
+            f"{len(stats.layers)} layers, kinds {', '.join(stats.kinds)}; recorded on this model (weights "
+            f"{stats.model_fingerprint}) and this data (fingerprint {stats.data_fingerprint}).")
+    return Section("recording", "Recording", text, numbers)
+
+
 def origin_step(ctx: Context) -> list[Section]:
-    origin = origin_shift(ctx.model, ctx.stats)
+    origin = origin_shift(ctx.model, ctx.stats, layers=ctx.layers, heads=ctx.heads)
     figs = plots.origin_shift_figures(origin, ctx.name, ctx.data_label())
     med = origin.groupby("kind")[["shift_ratio", "bias_share"]].median()
     top = origin.sort_values("shift_ratio", ascending=False).iloc[0]
@@ -158,7 +172,7 @@ def scores_step(ctx: Context) -> list[Section]:
     if family.score_refusal:  # said in the report, not skipped silently
         return [Section("key_prior", "Key prior", f"Not computed for {family.label}: {family.score_refusal}.",
                         dict(refused=family.score_refusal))]
-    dec = score_decomposition(ctx.model, ctx.first(2))
+    dec = score_decomposition(ctx.model, ctx.first(2), layers=ctx.layers, heads=ctx.heads)
     shares = dec.groupby("term").share.mean()
     numbers = dict(mean_share={t: float(v) for t, v in shares.items()})
     kp = numbers["mean_share"].get("key_prior", 0.0)
@@ -177,7 +191,7 @@ def scores_step(ctx: Context) -> list[Section]:
 
 
 def invariance_step(ctx: Context) -> list[Section]:
-    inv = bias_invariances(ctx.model, ctx.batches[:1])
+    inv = bias_invariances(ctx.model, ctx.batches[:1], layers=ctx.layers)
     worst = inv.groupby("check").max_abs_diff.max()
     family = ctx.model.interp.spec
     numbers = dict(k_bias_pattern_max_abs_diff=float(worst["k_bias_pattern"]),
@@ -207,8 +221,9 @@ def _families_text(numbers: dict, families: str) -> str:
 
 
 def frequency_step(ctx: Context) -> list[Section]:
-    shift = frequency_shift_under_ablation(ctx.model, ctx.batches[:2], kinds=("q",))
-    clustered = cluster_heads(frequency_profile(ctx.model, ctx.batches[:2]))
+    aim = dict(layers=ctx.layers, heads=ctx.heads)
+    shift = frequency_shift_under_ablation(ctx.model, ctx.batches[:2], kinds=("q",), **aim)
+    clustered = cluster_heads(frequency_profile(ctx.model, ctx.batches[:2], **aim))
     fam = clustered.groupby("cluster")[["hf_ratio", "mean_attention_distance"]].mean()
     per_layer = clustered.groupby("layer").mean_attention_distance.mean()
     unit = clustered.distance_unit.iloc[0]
@@ -306,10 +321,11 @@ def sinks_step(ctx: Context) -> list[Section]:
     on the first 2 batches (1 in quick mode); no removal runs (``sink_profile(remove=...)`` is costly)."""
     batches = ctx.first(2)
     label = ctx.data_label(batches)
-    profile = sink_profile(ctx.model, batches, threshold=0.3, progress=False)
+    aim = dict(layers=ctx.layers, heads=ctx.heads)
+    profile = sink_profile(ctx.model, batches, threshold=0.3, progress=False, **aim)
     shares = sink_shares(profile)
-    implicit = implicit_value_bias(ctx.model, batches, progress=False)
-    massive = massive_activations(ctx.model, batches, progress=False)
+    implicit = implicit_value_bias(ctx.model, batches, progress=False, **aim)
+    massive = massive_activations(ctx.model, batches, layers=ctx.layers, progress=False)
     numbers = sink_numbers(shares, implicit, massive)
     best = max(numbers["sink_share"].items(), key=lambda kv: kv[1])
     headline = (f"{best[1]:.0%} of heads sink on '{best[0]}' (mean attention above {numbers['threshold']:g}); "
@@ -417,21 +433,20 @@ STEPS: dict[str, Step] = {
 
 def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False,
                  out: Optional[Path] = None, ablation_estimate: str = "auto", top_k: int = 5,
-                 data_options: Optional[dict[str, Any]] = None) -> Context:
+                 data_options: Optional[dict[str, Any]] = None, layers: Any = None, heads: Any = None) -> Context:
     """The shared context for ``model`` on a built-in dataset (its modality's default when None) or a
-    researcher's own (a path ``resolve_data`` reads: the first 8 items in quick mode, else 32).
+    researcher's own (anything ``open_data`` takes: the first 8 items in quick mode, else all of it).
     ``ablation_estimate`` / ``top_k``: how the ablation step measures (see ``ablate_bias``);
-    ``data_options``: ``resolve_data``'s options (text_column, batch_size, max_items, ...)."""
+    ``data_options``: ``resolve_data``'s options (text_column, batch_size, max_items, ...); ``layers`` /
+    ``heads`` (None: all): the rows the analysis steps compute (checked here, before any step)."""
+    aim = dict(layers=None if layers is None else check_layers(layers, model.interp),
+               heads=None if heads is None else check_heads(heads, model.interp))
     dataset = dataset or ("photos" if model.interp.modality == "vision" else "python-docs")
-    options = {k: v for k, v in (data_options or {}).items() if v is not None}
-    if data_kind(dataset, text_ok=False) == "builtin":
-        batches = builtin_batches(model, dataset, **builtin_options(dataset, options, 8 if quick else None))
-    else:
-        options = {"batch_size": 4, "max_items": 8 if quick else 32, **options}
-        batches = list(resolve_data(model, dataset, **options))
+    options = {"batch_size": 4, **{k: v for k, v in (data_options or {}).items() if v is not None}}
+    batches = list(open_data(model, dataset, options, n=8 if quick else None))
     if out is not None:
         begin_outputs(out)  # the command starts here: its steps write (ablation logs) before the report
-    return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k)
+    return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k, **aim)
 
 
 def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print,

@@ -7,7 +7,7 @@ from interp.hooks import attn_hook, block_hook, hook_name, is_block_hook
 
 PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 # Not hook names: timm state-dict keys of the digits ViT's conversion (``blocks.{i}.attn.qkv.weight``).
-NOT_HOOKS = {"models/digits.py"}
+NOT_HOOKS = {"training/digits.py"}
 HAND_SPELLED = re.compile(r"""f["']blocks\.|["']blocks\.\{""")
 
 

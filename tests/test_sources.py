@@ -13,7 +13,7 @@ from PIL import Image
 import interp
 from interp.errors import InputError
 from interp.models import tiny_hf_model
-from interp.sources import resolve_data
+from interp.data.sources import resolve_data
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_images_match_the_preprocessing_by_hand(vit, tmp_path):
     img = np.asarray(Image.open(path).convert("RGB"))[:, 5:45]  # centre square crop of 40 x 50
     ref = torch.nn.functional.interpolate(torch.tensor(img / 255.0, dtype=torch.float32).permute(2, 0, 1)[None],
                                           size=(32, 32), mode="bilinear", antialias=True, align_corners=False)[0]
-    mean, std = torch.tensor(interp.batch.IMAGENET_MEAN), torch.tensor(interp.batch.IMAGENET_STD)
+    mean, std = torch.tensor(interp.data.batch.IMAGENET_MEAN), torch.tensor(interp.data.batch.IMAGENET_STD)
     torch.testing.assert_close(x, (ref - mean[:, None, None]) / std[:, None, None], rtol=0, atol=1e-6)
 
 

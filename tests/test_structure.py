@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 # Lowest layer first. A module may import only from layers strictly below its own.
 LAYERS = [
     ["interp._version", "interp.errors", "interp.types", "interp.hooks"],
-    ["interp.io", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
+    ["interp.io", "interp.bootstrap", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
      "interp.single_input_plots"],
     ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip",
      "interp.models.adapters.timm_vit", "interp.plots", "interp.interactive", "interp.models.audit"],
@@ -20,20 +20,20 @@ LAYERS = [
     ["interp.models.info", "interp.models.zoo", "interp.models.sink_arms"],
     ["interp.checks"],
     ["interp.models.bridge"],
-    ["interp.models.tiny", "interp.models.loading", "interp.models.fetch"],
-    ["interp.heads", "interp.batch", "interp.fingerprint"],
-    ["interp.sources"],
-    ["interp.data"],
+    ["interp.models.tiny", "interp.models.loading"],
+    ["interp.heads", "interp.data.batch", "interp.fingerprint"],
+    ["interp.data.sources"], ["interp.data.builtin"], ["interp.data.iterate"],
+    ["interp.data", "interp.fetch"],
     ["interp.stats"],
-    ["interp.patching", "interp.record"],
+    ["interp.patching", "interp.record", "interp.analysis.origin_intervals"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log", "interp.ablation.prefix"],
     ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"],
-    ["interp.analysis", "interp.ablation.attribution"],
+    ["interp.analysis", "interp.ablation.attribution", "interp.ablation.implicit"],
     ["interp.ablation.distance"],
     ["interp.ablation.sweep"],
     ["interp.ablation"],
-    ["interp.models.digits", "interp.models.mnist_vit", "interp.pipeline"],
+    ["interp.pipeline", "interp.training.digits", "interp.training.mnist_vit"],
     ["interp.training.corpus", "interp.training.sink_metrics", "interp.training.sink_report"],
     ["interp.training.sinks"], ["interp.training.sink_results"], ["interp.training"],
     ["interp.report"],
@@ -75,6 +75,42 @@ def interp_imports(tree: ast.AST, name: str):
 
     visit(tree, False)
     return found
+
+
+def layer_diagram() -> str:
+    """README's architecture diagram, generated from LAYERS (top layer first, one line per layer)."""
+    lines = []
+    for rank in range(len(LAYERS) - 1, -1, -1):
+        names = ", ".join(m.removeprefix("interp.") if m != "interp" else "interp" for m in LAYERS[rank])
+        lines.append(f"{rank:>2}  {names}")
+    return "\n".join(["```", *lines, "```"])
+
+
+def readme_block(text: str) -> str:
+    start, end = "<!-- layers:start -->", "<!-- layers:end -->"
+    assert start in text and end in text, "README needs the generated layers block (run tests/test_structure.py)"
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
+
+
+def test_readme_diagram_is_the_layer_table():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    assert readme_block(readme) == layer_diagram(), "README's diagram drifted: python tests/test_structure.py"
+
+
+def test_models_import_no_data_and_no_training():
+    for name, path in MODULES.items():
+        if name.startswith("interp.models"):
+            for target, line, _ in interp_imports(ast.parse(path.read_text()), name):
+                assert not target.startswith(("interp.data", "interp.training", "interp.fetch")), \
+                    f"{name}:{line} imports {target}: models sit below data and training"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_class_over_150_lines(name):
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.ClassDef):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= 150, f"{name}.{node.name} is {length} lines long"
 
 
 def test_every_module_has_a_layer():
@@ -138,3 +174,10 @@ def test_public_names_are_exported():
         assert hasattr(interp, name), name
     for name in ("load_model", "record_qkv", "origin_shift", "ablate_bias", "builtin_batches", "list_families"):
         assert name in interp.__all__
+
+
+if __name__ == "__main__":  # regenerate README's diagram from LAYERS
+    readme_path = PACKAGE.parent / "README.md"
+    text = readme_path.read_text()
+    readme_path.write_text(text.replace(readme_block(text), layer_diagram()))
+    print(f"wrote the layers block of {readme_path}")

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from interp.analysis.scores import _key_mask, score_terms
 from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names
-from interp.batch import Batch, image_norm, normalise, square_resize
+from interp.data.batch import Batch, image_norm, normalise, square_resize
 from interp.checks import check_count, check_heads, check_layers, inputs_checked_on_host
 from interp.data import model_inputs
 from interp.errors import InputError
@@ -55,7 +55,7 @@ from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
 from interp.patching import stacked_patch_hooks
-from interp.sources import BUILTIN
+from interp.data.sources import BUILTIN
 
 CONDITIONS = ("intact", "no_b_q", "no_b_k", "no_b_v", "no_key_prior")
 QUERIES = ("cls", "first", "last", "mean", "all")

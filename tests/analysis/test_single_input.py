@@ -239,7 +239,7 @@ def test_vit_queries_from_cls_with_patch_coordinates_and_the_image_it_saw(tmp_pa
     pos = result.positions
     assert list(pos.label[:2]) == ["cls", "patch (0, 0)"] and pos.iloc[-1].label == "patch (3, 3)"
     assert (pos.iloc[1:].row * 4 + pos.iloc[1:].col + 1 == pos.iloc[1:].pos).all()
-    from interp.batch import square_resize
+    from interp.data.batch import square_resize
 
     assert np.abs(result.image - square_resize(pixels, 32).permute(1, 2, 0).numpy()).max() <= 1e-6
     intact = result.patterns.query("condition == 'intact'")

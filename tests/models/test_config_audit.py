@@ -13,7 +13,7 @@ import transformers as tf
 
 import interp
 from interp.analysis.scores import _key_mask, score_terms
-from interp.batch import Batch
+from interp.data.batch import Batch
 from interp.errors import UnsupportedModelError
 from interp.models.audit import FAMILY, attention_attributes, audit_of, config_attributes
 from interp.models.families import get_family, list_families

@@ -8,7 +8,7 @@ import pytest
 
 import interp
 from interp.errors import MissingWeightsError
-from interp.models.fetch import _extract, _wheel
+from interp.fetch import _extract, _wheel
 from interp.io import sha256_file
 from interp.models.zoo import ZOO
 

@@ -12,8 +12,8 @@ import torch
 import interp
 from interp.data import mnist
 from interp.errors import InputError, MissingWeightsError
-from interp.models.fetch import mnist_tensors
-from interp.models.zoo import DATASETS
+from interp.fetch import mnist_tensors
+from interp.data.builtin import DATASETS
 
 
 def test_the_fetched_mnist_has_every_image_and_label():
@@ -70,7 +70,7 @@ def test_mnist_is_a_builtin_name_for_vision_models_only():
 
 
 def test_one_epoch_smoke_run_of_every_variant():
-    from interp.models.mnist_vit import VARIANTS, k_biases, train_mnist_vit
+    from interp.training.mnist_vit import VARIANTS, k_biases, train_mnist_vit
 
     for variant in VARIANTS:
         model, acc = train_mnist_vit(variant, seed=0, epochs=1, n_train=12_800, n_test=1_000)
@@ -87,7 +87,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "mnist_vit"
 def test_readme_quotes_the_per_seed_table():
     import pandas as pd
 
-    from interp.models.mnist_vit import readme_table, summarise
+    from interp.training.mnist_vit import readme_table, summarise
 
     seeds = pd.read_csv(RESULTS / "seeds.csv")
     assert seeds.groupby("variant").seed.nunique().min() >= 5  # the experiment, not a smoke run
@@ -100,7 +100,7 @@ def test_readme_quotes_the_per_seed_table():
 def test_the_shipped_variants_reach_their_reported_accuracy(variant):
     import pandas as pd
 
-    from interp.models.mnist_vit import ZOO_NAMES
+    from interp.training.mnist_vit import ZOO_NAMES
 
     model = interp.load_model(ZOO_NAMES[variant], device="cpu")
     x, y = mnist(28, "test")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from interp.batch import Batch, image_norm, normalise, square_resize
+from interp.data.batch import Batch, image_norm, normalise, square_resize
 from interp.errors import InputError
 from interp.models.bridge import InterpBridge, require_bridge
 

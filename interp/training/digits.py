@@ -1,6 +1,6 @@
 """Train the controlled pair: small ViTs on scikit-learn digits, identical except ``qkv_bias``.
 
-    python -m interp.models.digits --seeds 0 1 2 --ship-seed 0
+    python -m interp.training.digits --seeds 0 1 2 --ship-seed 0
 
 trains each seed with and without QKV bias (same init for every shared parameter, same
 data order), prints test accuracy, writes ``interp/models/shipped/digits_vit_results.csv`` and ships the

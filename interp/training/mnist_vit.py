@@ -1,7 +1,7 @@
 """The controlled MNIST experiment: one small ViT recipe in three bias variants.
 
     python benchmarks/train_mnist_vit.py --seeds 0 1 2 3 4      # the full experiment
-    python -m interp.models.mnist_vit --seeds 0 --ship           # retrain and ship seed 0
+    python -m interp.training.mnist_vit --seeds 0 --ship           # retrain and ship seed 0
 
 Variants, identical except for the attention biases (every shared parameter starts from the
 same initialisation; every variant sees the same data in the same order for a seed):

@@ -1,0 +1,146 @@
+"""Every accepted ``data`` argument as batches: the one decision of what a ``data`` argument is
+(``open_data``, used by the API, the pipeline and the CLI) and the batches it yields.
+
+A batch is a ``Batch``: ``inputs`` (token ids ``[batch, pos]`` or pixel values
+``[batch, C, H, W]``) and ``attention_mask`` (``[batch, pos]``, 1 = real token; None for
+images).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Iterator, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from interp.checks import check_max_batches
+from interp.data.batch import Batch
+from interp.data.builtin import builtin_batches, builtin_options
+from interp.data.sources import DataSource, data_kind, is_dataset, resolve_data
+from interp.errors import InputError
+from interp.models.bridge import InterpBridge, require_bridge
+
+__all__ = ["batch_to_device", "check_data_name", "iter_batches", "model_inputs", "open_data", "to_device"]
+
+
+def model_inputs(model: InterpBridge, batch: Batch) -> tuple[Tensor, dict]:
+    """(input, forward kwargs) for ``model``: pixels cast to the model's dtype, or token
+    ids with their attention mask, all on the model's device."""
+    p = next(model.parameters())
+    if model.interp.modality == "vision":
+        return to_device(batch.inputs, p.device).to(p.dtype), {}
+    kw = {} if batch.attention_mask is None else {"attention_mask": to_device(batch.attention_mask, p.device)}
+    return to_device(batch.inputs, p.device), kw
+
+
+def batch_to_device(batch: Batch, device: torch.device) -> Batch:
+    """``batch`` with every tensor on ``device`` (see ``to_device``)."""
+    def move(t: Optional[Tensor]) -> Optional[Tensor]:
+        return None if t is None else to_device(t, device)
+    return Batch(move(batch.inputs), move(batch.attention_mask), move(batch.labels))
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device``; a host tensor bound for a GPU goes through pinned memory without
+    blocking, so that feeding a batch does not synchronise the host with the device."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _to_batch(model: InterpBridge, item: Any) -> Batch:
+    info = model.interp
+    if isinstance(item, Batch):
+        return item
+    if isinstance(item, dict):
+        key = "pixel_values" if "pixel_values" in item else "input_ids"
+        if key not in item:
+            raise InputError(f"a dict batch needs 'input_ids' or 'pixel_values'; got keys {sorted(item)}")
+        return Batch(item[key], item.get("attention_mask"), item.get("labels"))
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(t, Tensor) for t in item):
+        return Batch(item[0], labels=item[1]) if info.modality == "vision" else Batch(item[0], item[1])
+    if isinstance(item, Tensor):
+        return Batch(item)
+    if isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], str)):
+        if info.modality != "text":
+            raise InputError(f"{info.name} is a vision model: text cannot be its data")
+        if model.tokenizer is None:
+            raise InputError(f"{info.name} has no tokenizer, so text cannot be tokenised: pass token ids, or load it "
+                             "with interp.load_model(model, tokenizer=AutoTokenizer.from_pretrained(...))")
+        texts = [item] if isinstance(item, str) else item
+        enc = model.tokenizer(texts, return_tensors="pt", padding=True)
+        return Batch(enc["input_ids"], enc["attention_mask"])
+    raise InputError(
+        f"cannot make a batch from {type(item).__name__}: expected a tensor, a dict with "
+        "input_ids/pixel_values, text, or a built-in dataset name"
+    )
+
+
+def check_data_name(data: Any) -> None:
+    """A built-in data set name or an existing path; else one error naming both kinds (``data_kind``)."""
+    if isinstance(data, (str, os.PathLike)):
+        data_kind(data, text_ok=False)
+
+
+def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] = None,
+              n: Optional[int] = None) -> Iterable[Any]:
+    """What a ``data`` argument is, decided in one place (the API, ``make_context`` and the CLI call
+    this): a built-in name (its batches, built with ``options``), a sentence for a language model, a
+    path (a folder of images, an image, .txt, .jsonl/.csv/.parquet: a ``DataSource``), a
+    ``DataSource``, a numpy array or ``datasets.Dataset`` (a ``DataSource``), a Tensor | Batch | dict
+    | text | (ids, mask) (one batch), or an iterable of those (a torch ``DataLoader`` included).
+
+    ``options``: ``resolve_data``'s keywords (``batch_size``, ``max_items``, ``text_column``, ...);
+    ``n``: the item cap when ``options`` gives no ``max_items`` (None: all the data). Options given
+    for data already in batches are refused, not ignored."""
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    kind = data_kind(data, model.interp.modality == "text") if isinstance(data, (str, os.PathLike)) else ""
+    if kind == "builtin":
+        return builtin_batches(model, str(data), **builtin_options(str(data), options, n))
+    if kind == "path" or isinstance(data, np.ndarray) or is_dataset(data):
+        capped = {"max_items": n} if n is not None else {}
+        return resolve_data(model, data, **{**capped, **options})
+    if options:
+        raise InputError(f"data options ({', '.join(sorted(options))}) apply to a built-in data set, a path, a "
+                         f"numpy array or a datasets.Dataset; this data is already {type(data).__name__} batches: "
+                         "drop the options, or pass the data as one of those")
+    if kind == "text":
+        return [[data]]  # a sentence for a language model: one batch of one text
+    if isinstance(data, DataSource):
+        return data
+    if isinstance(data, (bytes, bytearray)) or (hasattr(data, "columns") and hasattr(data, "iloc")):
+        what = "bytes" if isinstance(data, (bytes, bytearray)) else "a pandas DataFrame"
+        raise InputError(f"data is {what}, which would be read item by item (bytes, or column names): pass text "
+                         "as str or a list of str (e.g. df['text'].tolist()), or a table's path (.parquet/.csv)")
+    if isinstance(data, (Tensor, Batch, dict)):
+        return [data]
+    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        return [data]  # one (input_ids, attention_mask) or (pixel_values, labels) pair, not two batches
+    if isinstance(data, list) and data and isinstance(data[0], str):
+        return [data]
+    if isinstance(data, Iterable):
+        return data
+    raise InputError(f"data must be a dataset name, a tensor or an iterable of batches; got {type(data).__name__}")
+
+
+def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
+    """``data`` (anything ``open_data`` takes) as batches, at most ``max_batches``.
+
+    The arguments are checked at once; the batches are produced lazily.
+    """
+    model = require_bridge(model)
+    max_batches = check_max_batches(max_batches)
+    return _batches(model, open_data(model, data), max_batches)
+
+
+def _batches(model: InterpBridge, items: Iterable[Any], max_batches: Optional[int]) -> Iterator[Batch]:
+    count = 0
+    for item in items:
+        if max_batches is not None and count >= max_batches:
+            return
+        yield _to_batch(model, item)
+        count += 1
+    if count == 0:
+        raise InputError("data is empty: no batches to process")
