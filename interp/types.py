@@ -12,7 +12,7 @@ Kind = Literal["q", "k", "v", "o"]
 #: the biases that can be recorded and patched (o is never patched: it is not per head)
 QKVKind = Literal["q", "k", "v"]
 #: what replaces an ablated bias (see ``interp.ablation``)
-Method = Literal["zero", "mean", "layer_mean", "fold"]
+Method = Literal["zero", "mean", "layer_mean", "fold", "random"]
 #: how an ablation's effect is measured
 Estimate = Literal["exact", "attribution", "atp", "atp_distance", "auto"]
 #: which part of an activation a statistic describes: a = XW + b ("full") or XW ("content")

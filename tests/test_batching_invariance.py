@@ -1,6 +1,9 @@
 """Batching invariance, as a property: every public analyzer gives the same numbers whether the
 same sequences arrive in one padded batch, in random padded groups, or one at a time.
 
+Bootstrap intervals (``*_lo`` / ``*_hi``: ablation deltas, shift ratios, shares) are compared too: they
+resample items in a canonical order, so they do not depend on the batching either.
+
 The weighting is the one ``docs/mathematics.md`` states: each real token (query row) counts once
 in token means, each sequence or image once in item means; padding never counts. Models run in
 float64 so that equal means equal to rounding (1e-9).
@@ -77,7 +80,7 @@ def _analyses(model, batches):
     stats = interp.record_qkv(model, batches, progress=False)
     return {
         "record": stats.to_frame(),
-        "origin": interp.origin_shift(model, stats),
+        "origin": interp.origin_shift(model, stats, data=batches),  # with bootstrap intervals over items
         "scores": interp.score_decomposition(model, batches, progress=False),
         "frequency": interp.frequency_profile(model, batches, progress=False),
         "ablation_exact": interp.ablate_bias(model, batches, kinds=("q", "v"), estimate="exact", progress=False),

@@ -46,9 +46,10 @@ def _keep_grad(acts: dict, site: tuple[int, str]) -> Callable[[Tensor, Any], Ten
     return fn
 
 
-def _linear_shifts(model: InterpBridge, sites: list, method: Method, stats: Optional[QKVStats]) -> dict:
+def _linear_shifts(model: InterpBridge, sites: list, method: Method, stats: Optional[QKVStats],
+                   bias_seed: int = 0) -> dict:
     """a' - a per site [heads, d_head]; zero for ``fold``, an exact identity."""
-    shift = {(l, k): bias_shift(model, l, k, method, stats) for l, k in sites}
+    shift = {(l, k): bias_shift(model, l, k, method, stats, bias_seed) for l, k in sites}
     if method == "fold":
         shift = {site: torch.zeros_like(s) for site, s in shift.items()}
     return shift
@@ -70,10 +71,11 @@ def _linear_terms(model: InterpBridge, acts: dict, batch: Batch, shift: dict) ->
 def attribution_deltas(
     model: InterpBridge, batches: Sequence[Batch], weights: Sequence[float], variants: Sequence[Variant],
     method: Method, stats: Optional[QKVStats], value: Callable, refs: Sequence[dict], need_hidden: bool,
+    bias_seed: int = 0,
 ) -> list[float]:
-    """The first-order delta of each variant (see the module doc)."""
+    """The first-order delta of each variant (see the module doc; ``bias_seed``: ``method="random"``'s)."""
     sites = sorted({(l, k) for v in variants for l, _, k in v.targets})
-    shift = _linear_shifts(model, sites, method, stats)
+    shift = _linear_shifts(model, sites, method, stats, bias_seed)
     contrib = {site: torch.zeros(shift[site].shape[0], dtype=torch.float64) for site in sites}
     total = sum(weights)
     for batch, ref, weight in zip(batches, refs, weights):
@@ -124,6 +126,7 @@ def _pattern_terms(model: InterpBridge, cache: dict, grads: dict, sites: list, s
 def atp_star_deltas(
     model: InterpBridge, batches: Sequence[Batch], weights: Sequence[float], variants: Sequence[Variant],
     method: Method, stats: Optional[QKVStats], value: Callable, refs: Sequence[dict], need_hidden: bool,
+    bias_seed: int = 0,
 ) -> list[float]:
     """The AtP* delta of each variant (see the module doc); v targets as ``attribution_deltas``,
     from the same forward and backward."""
@@ -133,8 +136,8 @@ def atp_star_deltas(
                          f"{spec.score_refusal}; use estimate='attribution' or 'exact'")
     pattern_sites = sorted({(l, k) for v in variants for l, _, k in v.targets if k in ("q", "k")})
     linear_sites = sorted({(l, k) for v in variants for l, _, k in v.targets if k not in ("q", "k")})
-    shift = {site: bias_shift(model, site[0], site[1], method, stats) for site in pattern_sites}
-    shift.update(_linear_shifts(model, linear_sites, method, stats))
+    shift = {site: bias_shift(model, site[0], site[1], method, stats, bias_seed) for site in pattern_sites}
+    shift.update(_linear_shifts(model, linear_sites, method, stats, bias_seed))
     layers = sorted({l for l, _ in pattern_sites})
     cached = ("q", "k", "v", "pattern") + (("cos", "sin") if model.interp.rotary else ())
     names = {hook_name(l, n) for l in layers for n in cached}

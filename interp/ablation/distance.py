@@ -60,7 +60,7 @@ def _directions(intact: Tensor, n: int, generator: torch.Generator) -> list[Tens
 def distance_deltas(
     model: InterpBridge, batches: Sequence[Batch], weights: Sequence[float], variants: Sequence[Variant],
     method: Method, stats: Optional[QKVStats], metric_name: str, refs: Sequence[dict], need_hidden: bool,
-    n_projections: int = 8, seed: int = 0,
+    n_projections: int = 8, seed: int = 0, bias_seed: int = 0,
 ) -> list[float]:
     """The second-order estimate of each variant's change in a distance metric (see the module doc)."""
     linear = attribution_deltas if model.interp.spec.score_refusal else atp_star_deltas
@@ -72,7 +72,7 @@ def distance_deltas(
         squares = torch.zeros(len(variants), dtype=torch.float64)
         for direction in _directions(intact, n_projections, generator):
             e = linear(model, [batch], [1.0], variants, method, stats, _projection(metric_name, direction),
-                       [ref], need_hidden)
+                       [ref], need_hidden, bias_seed=bias_seed)
             squares += torch.tensor(e, dtype=torch.float64) ** 2
         n_samples = intact.shape[0]
         estimate += (weight / total) * -(squares / n_projections) / (2 * n_samples)

@@ -26,6 +26,8 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from interp.analysis.origin_intervals import origin_intervals
+from interp.bootstrap import check_bootstrap
 from interp.checks import check_heads, check_layers
 from interp.errors import InputError
 from interp.heads import attention_weights, kv_group
@@ -77,13 +79,19 @@ def _recorded_layers(stats: QKVStats, layers: Any, info: Any) -> list[int]:
     return chosen
 
 
-def origin_shift(model: InterpBridge, stats: QKVStats, *, layers: Any = None, heads: Any = None) -> pd.DataFrame:
+def origin_shift(model: InterpBridge, stats: QKVStats, *, layers: Any = None, heads: Any = None, data: Any = None,
+                 max_batches: Optional[int] = None, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per layer x head x kind: how the bias shifts the head's origin (see module doc).
 
-    ``layers`` / ``heads`` (None: all): only those rows, equal to the same rows of the full table."""
+    ``layers`` / ``heads`` (None: all): only those rows, equal to the same rows of the full table.
+    shift_ratio_lo / shift_ratio_hi and bias_share_lo / bias_share_hi: 95% percentile bootstrap over
+    items (``n_boot`` resamples fixed by ``seed``). The statistics keep no per-item data, so the
+    intervals need the ``data`` (and ``max_batches``) they were recorded on, passed again: one more pass
+    keeps per-item sums (``interp.analysis.origin_intervals``). Without ``data`` these columns are NaN."""
     info = require_bridge(model, "origin_shift").interp
     stats = require_stats(stats).require_model(model)
     layers, heads = _recorded_layers(stats, layers, info), check_heads(heads, info)
+    boot = check_bootstrap(n_boot, seed)
     cls, pos = _embedding_directions(model)
     group = kv_group(info.n_heads, info.n_kv_heads)
     rows = []
@@ -119,4 +127,14 @@ def origin_shift(model: InterpBridge, stats: QKVStats, *, layers: Any = None, he
                         cosines = (p @ u) / (p.norm(dim=-1).clamp(min=1e-30) * u.norm())
                         row["max_abs_cos_key_prior_pos"] = float(cosines.abs().max())
                 rows.append(row)
-    return pd.DataFrame(rows)
+    return _with_intervals(pd.DataFrame(rows), model, stats, data, layers, boot, max_batches)
+
+
+def _with_intervals(table: pd.DataFrame, model: InterpBridge, stats: QKVStats, data: Any, layers: list[int],
+                    boot: tuple[int, int], max_batches: Optional[int]) -> pd.DataFrame:
+    columns = ("shift_ratio_lo", "shift_ratio_hi", "bias_share_lo", "bias_share_hi")
+    if data is None or boot[0] == 0 or table.empty:
+        return table.assign(**{c: np.nan for c in columns})
+    bounds = origin_intervals(model, stats, data, layers, boot, max_batches)
+    return table.assign(**{c: [float(bounds[(r.layer, r.kind)][c][r.head]) for r in table.itertuples()]
+                           for c in columns})

@@ -21,6 +21,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_heads, check_layers
 from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError, UnsupportedModelError
@@ -117,19 +118,23 @@ def _row_covariance(a: Tensor, b: Tensor, allowed: Tensor) -> Tensor:
 
 
 def _accumulate_terms(terms: dict[str, Tensor], allowed: Tensor, valid_rows: Tensor, acc: dict, layer: int) -> Tensor:
-    """Add each term's row variance and row covariance with the score to ``acc``; return the score."""
+    """Add each term's row variance and row covariance with the score to ``acc``; return the score.
+    The per-item sums a share's bootstrap needs (each term's covariance, the score's variance) are kept
+    too, [batch, h] per batch under ("items", layer, name, stat)."""
     terms = {name: t.double() for name, t in terms.items()}
     total = sum(terms.values())  # in float64, so that sum_t Cov(t, s) = Var(s) to rounding
     for name, t in list(terms.items()) + [("total", total)]:
         for stat, other in (("var", t), ("cov", total)):
-            v = (_row_covariance(t, other, allowed) * valid_rows).sum((0, 2))  # [h]
-            acc[(layer, name, stat)] = acc.get((layer, name, stat), 0) + v
+            per_item = (_row_covariance(t, other, allowed) * valid_rows).sum(2)  # [b, h]
+            acc[(layer, name, stat)] = acc.get((layer, name, stat), 0) + per_item.sum(0)
+            if (stat == "cov") != (name == "total"):
+                acc.setdefault(("items", layer, name, stat), []).append(per_item)
     return total
 
 
 def score_decomposition(
     model: InterpBridge, data: Any, *, max_batches: Optional[int] = None, layers: Any = None, heads: Any = None,
-    progress: bool = True,
+    progress: bool = True, n_boot: int = 1000, seed: int = 0,
 ) -> pd.DataFrame:
     """Per layer x head x term: how much of the score's variance across keys each term carries.
 
@@ -143,7 +148,9 @@ def score_decomposition(
     sum, the score without ALiBi / relative terms), kl_without_key_prior (mean over rows of
     KL(P || P without the key_prior term), nats), rotary, terms_complete (False where the
     family adds a content-free score term the four leave out: ALiBi, BEiT's relative
-    position bias). Refused (``UnsupportedModelError``, with the reason) where the score is
+    position bias), share_lo / share_hi (95% percentile bootstrap over items of the share, ``n_boot``
+    resamples fixed by ``seed``, from per-item sums kept for it: independent of the batching;
+    ``interp.bootstrap``). Refused (``UnsupportedModelError``, with the reason) where the score is
     not bilinear in content + bias: qk-norm, Gemma 2's soft-capping, OLMo's ``clip_qkv``; and
     whenever the softmax of the four terms is not the model's own pattern (a config flag the
     audit does not know). Each layer's rows use its sliding window (Mistral, Qwen2) and its
@@ -153,18 +160,32 @@ def score_decomposition(
     info = require_bridge(model, "score_decomposition").interp
     _require_bilinear_scores(info)
     layers, heads = check_layers(layers, info), check_heads(heads, info)
+    boot = check_bootstrap(n_boot, seed)
     acc: dict[tuple[int, str], Tensor] = {}
     kl_acc: dict[int, Tensor] = {}
-    rows_acc = 0.0
+    rows_acc, keys = 0.0, []
     with torch.no_grad():
         for batch in tqdm(iter_batches(model, data, max_batches), desc="score decomposition",
                           disable=not progress, unit="batch"):
             batch.check(info)
+            keys += item_keys(batch)
             rows_acc += _decompose_batch(model, batch, acc, kl_acc, layers)
     if rows_acc == 0:
         raise InputError("data is empty: no query rows to decompose")
-    table = _decomposition_table(info, acc, kl_acc, rows_acc, layers)
+    table = _share_intervals(_decomposition_table(info, acc, kl_acc, rows_acc, layers), acc, Resampler(keys, *boot))
     return table[table["head"].isin(heads)].reset_index(drop=True)
+
+
+def _share_intervals(table: pd.DataFrame, acc: dict, resampler: Resampler) -> pd.DataFrame:
+    """``table`` with share_lo / share_hi: each resample's share is sum_i Cov_i(t, s) / sum_i Var_i(s)."""
+    bounds = {}
+    for layer in table.layer.unique():
+        den = torch.cat(acc[("items", layer, "total", "var")]).cpu().numpy()  # [items, h]
+        for term in TERMS:
+            num = torch.cat(acc[("items", layer, term, "cov")]).cpu().numpy()
+            bounds[(layer, term)] = resampler.ratio_interval(num, den)
+    lo_hi = [(bounds[(r.layer, r.term)][0][r.head], bounds[(r.layer, r.term)][1][r.head]) for r in table.itertuples()]
+    return table.assign(share_lo=[float(lo) for lo, _ in lo_hi], share_hi=[float(hi) for _, hi in lo_hi])
 
 
 _KEPT = {"attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "attn.hook_cos": "attn.hook_cos",
