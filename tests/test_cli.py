@@ -73,6 +73,64 @@ def test_analysis_subcommands_list_their_options_and_write_their_tables(command,
     expected = {"origin": "origin_shift.csv", "scores": "score_decomposition.csv", "frequency": "frequency_profile.csv",
                 "sinks": "sink_profile.csv"}
     assert expected[command] in written and "manifest.json" in written
+    # --layers / --heads: exactly the same rows of the full run, no others
+    aimed = tmp_path / "aimed"
+    assert cli_main([command, "--model", "digits-vit", "--data", "digits", "--quick", "--layers", "1", "--heads",
+                     "0,2,3", "--out", str(aimed)]) == 0
+    full, part = pd.read_csv(tmp_path / expected[command]), pd.read_csv(aimed / expected[command])
+    keep = full[full.layer.eq(1) & full["head"].isin([0, 2, 3])].reset_index(drop=True)
+    if command == "frequency":  # the families are fitted on the selected heads: compare the profile's own columns
+        part, keep = (t.drop(columns=[c for c in t.columns if c in CLUSTER_COLUMNS]) for t in (part, keep))
+    pd.testing.assert_frame_equal(part, keep, check_exact=True)
+    meta = json.loads((aimed / "manifest.json").read_text())["meta"]
+    assert (meta["layers"], meta["heads"]) == ([1], [0, 2, 3])
+
+
+CLUSTER_COLUMNS = ("cluster", "silhouette", "silhouette_mean", "k", "null_silhouette", "p_value", "separation",
+                   "structure")
+
+
+def test_origin_reads_the_statistics_record_wrote_and_refuses_others(tmp_path):
+    """origin --stats: the numbers of origin recomputing, no copy of the statistics (a reference in the
+    manifest); statistics of another model, or of other data, are refused by fingerprint."""
+    from interp.cli import main as cli_main
+
+    data = ["--data", "digits", "--max-items", "16"]
+    assert cli_main(["record", "--model", "digits-vit", *data, "--out", str(tmp_path / "rec")]) == 0
+    assert cli_main(["origin", "--model", "digits-vit", "--stats", str(tmp_path / "rec"), "--out",
+                     str(tmp_path / "read")]) == 0
+    assert cli_main(["origin", "--model", "digits-vit", *data, "--batch-size", "8", "--out",
+                     str(tmp_path / "again")]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "read" / "origin_shift.csv"),
+                                  pd.read_csv(tmp_path / "again" / "origin_shift.csv"), check_exact=True)
+    assert not list((tmp_path / "read").glob("qkv_stats*"))  # referenced, not copied
+    meta = json.loads((tmp_path / "read" / "manifest.json").read_text())["meta"]
+    recorded = json.loads((tmp_path / "rec" / "manifest.json").read_text())["meta"]
+    assert meta["stats"]["file"] == str((tmp_path / "rec" / "qkv_stats.safetensors").resolve())
+    assert meta["stats"]["data_fingerprint"] == recorded["data_fingerprint"]
+    assert meta["positions"] == recorded["tokens_recorded"]
+    other_model = run("origin", "--model", "digits-vit-nobias", "--stats", str(tmp_path / "rec"), "--out",
+                      str(tmp_path / "no"))
+    assert other_model.returncode == 1 and "recorded on another model" in other_model.stderr
+    other_data = run("origin", "--model", "digits-vit", "--stats", str(tmp_path / "rec"), "--max-items", "8",
+                     "--out", str(tmp_path / "no"))
+    assert other_data.returncode == 1 and "recorded on other data" in other_data.stderr
+    assert "Traceback" not in other_model.stderr + other_data.stderr
+
+
+def test_origin_on_a_file_uses_as_many_tokens_as_record(tmp_path):
+    """interp record counted 867 tokens of a JSONL file, interp origin 574 of the same file (issue 25)."""
+    from interp.cli import main as cli_main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Sentence {i} of a small corpus, said {'again ' * i}."}) + "\n"
+                              for i in range(40)))
+    assert cli_main(["record", "--model", "minilm-l6", "--data", str(corpus), "--out", str(tmp_path / "rec")]) == 0
+    assert cli_main(["origin", "--model", "minilm-l6", "--data", str(corpus), "--out", str(tmp_path / "o")]) == 0
+    recorded = json.loads((tmp_path / "rec" / "manifest.json").read_text())["meta"]
+    used = json.loads((tmp_path / "o" / "manifest.json").read_text())["meta"]
+    counted = pd.read_csv(tmp_path / "o" / "qkv_stats.csv")["count"]
+    assert used["items"] == 40 and used["positions"] == recorded["tokens_recorded"] == counted.iloc[0] > 40 * 8
 
 
 def test_version_and_debug_anywhere():

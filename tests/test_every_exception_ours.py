@@ -504,6 +504,9 @@ CLI_CASES = [
      "--seq-len applies to your own files"),
     ("scores missing folder", ["scores", "--model", "digits-vit", "--data", "./my data/"], "no such file"),
     ("frequency bad model folder", ["frequency", "--model", "/no such/model dir"], "unknown model source"),
+    ("origin heads out of range", ["origin", "--model", "digits-vit", "--heads", "0,9"], "heads must lie in 0..3"),
+    ("sinks layers out of range", ["sinks", "--model", "digits-vit", "--layers", "7"], "layers must lie in 0..3"),
+    ("origin stats not there", ["origin", "--model", "digits-vit", "--stats", "./no stats/"], "no statistics file"),
     ("inventory truncated weights", ["inventory", "--model", "TRUNCATED"], "truncated"),
 ]
 
