@@ -10,6 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 # Lowest layer first. A module may import only from layers strictly below its own.
 LAYERS = [
     ["interp._version", "interp.errors", "interp.types", "interp.hooks"],
+    ["interp.moments"],
     ["interp.io", "interp.bootstrap", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
      "interp.single_input_plots"],
     ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip",
@@ -24,11 +25,11 @@ LAYERS = [
     ["interp.heads", "interp.data.batch", "interp.fingerprint"],
     ["interp.data.sources"], ["interp.data.builtin"], ["interp.data.iterate"],
     ["interp.data", "interp.fetch"],
-    ["interp.stats"],
+    ["interp.stats_format"], ["interp.stats_dist"], ["interp.stats"],
     ["interp.patching", "interp.record", "interp.analysis.origin_intervals"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log", "interp.ablation.prefix"],
-    ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"],
+    ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"], ["interp.analysis.high_norm"],
     ["interp.analysis", "interp.ablation.attribution", "interp.ablation.implicit"],
     ["interp.ablation.distance"],
     ["interp.ablation.sweep"],
@@ -82,7 +83,7 @@ def layer_diagram() -> str:
     lines = []
     for rank in range(len(LAYERS) - 1, -1, -1):
         names = ", ".join(m.removeprefix("interp.") if m != "interp" else "interp" for m in LAYERS[rank])
-        lines.append(f"{rank:>2}  {names}")
+        lines.append(names)
     return "\n".join(["```", *lines, "```"])
 
 
