@@ -9,12 +9,11 @@ sections out: tables (CSV + Parquet), figures (PNG), ``report.html`` and ``summa
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from interp import plots
 from interp.interactive import Heatmap, TopTable
@@ -24,69 +23,15 @@ from interp.analysis.one_input import single_input
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
 from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_profile, sink_shares
-from interp.data import Batch, open_data
+from interp.bootstrap import Resampler
+from interp.data import open_data
 from interp.checks import check_heads, check_layers
 from interp.heads import bias_spec
 from interp.io import begin_outputs
 from interp.models.bridge import InterpBridge
 from interp.record import record_qkv
+from interp.sections import Context, Section
 from interp.stats import QKVStats
-
-
-@dataclass
-class Section:
-    """One part of the report: its numbers as data, and what is drawn and said from them."""
-
-    key: str
-    title: str
-    text: str
-    numbers: dict[str, Any] = field(default_factory=dict)  # JSON-ready headline numbers
-    headline: str = ""  # one sentence for the top of the report ("" = none)
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    figures: dict[str, Figure] = field(default_factory=dict)
-    shown: list[str] = field(default_factory=list)  # figures embedded in report.html
-    stats: dict[str, QKVStats] = field(default_factory=dict)  # saved as <name>.safetensors
-    seconds: float = 0.0  # time the step that made it took
-    heatmaps: list[Heatmap] = field(default_factory=list)  # interactive, in report.html (from any section's tables)
-    top_tables: list[TopTable] = field(default_factory=list)  # sortable, in report.html
-
-
-@dataclass
-class Context:
-    """What the steps share: the model, its data, and results later steps read."""
-
-    model: InterpBridge
-    dataset: str
-    batches: list[Batch]
-    quick: bool = False
-    out: Optional[Path] = None  # where steps that keep resumable logs (ablation) put them
-    stats: Optional[QKVStats] = None
-    ablation_estimate: str = "auto"  # one pass for every head, exact for the top_k per kind
-    top_k: int = 5
-    layers: Optional[list[int]] = None  # the layers and heads the analysis steps look at (None: all)
-    heads: Optional[list[int]] = None
-
-    @property
-    def name(self) -> str:
-        return self.model.interp.name
-
-    def data_label(self, batches: Optional[list[Batch]] = None) -> str:
-        """What a figure was made from, e.g. "photos, 2,056 patches (8 images)"."""
-        batches = self.batches if batches is None else batches
-        vision = self.model.interp.modality == "vision"
-        items = sum(int(b.inputs.shape[0]) for b in batches)
-        if vision:
-            info = self.model.interp
-            count = items * ((info.image_size // info.patch_size) ** 2 + info.n_prefix_tokens)
-        else:
-            count = sum(int(b.attention_mask.sum()) if b.attention_mask is not None else b.inputs.numel()
-                        for b in batches)
-        unit = ("patches", "images") if vision else ("tokens", "sequences")
-        return f"{self.dataset}, {count:,} {unit[0]} ({items:,} {unit[1]})"
-
-    def first(self, n_full: int) -> list[Batch]:
-        """The first batches an expensive step uses: 1 in quick mode, else ``n_full``."""
-        return self.batches[:1] if self.quick else self.batches[:n_full]
 
 
 def inventory_step(ctx: Context) -> list[Section]:
@@ -131,7 +76,7 @@ def referenced_recording(stats: QKVStats, path: Path, dataset: str) -> Section:
 
 
 def origin_step(ctx: Context) -> list[Section]:
-    origin = origin_shift(ctx.model, ctx.stats, layers=ctx.layers, heads=ctx.heads)
+    origin = origin_shift(ctx.model, ctx.stats, layers=ctx.layers, heads=ctx.heads, data=ctx.batches)
     figs = plots.origin_shift_figures(origin, ctx.name, ctx.data_label())
     med = origin.groupby("kind")[["shift_ratio", "bias_share"]].median()
     top = origin.sort_values("shift_ratio", ascending=False).iloc[0]
@@ -146,7 +91,8 @@ def origin_step(ctx: Context) -> list[Section]:
         + ", ".join(f"{k}: {v:.2f}" for k, v in numbers["median_shift_ratio"].items())
         + f". Largest: layer {largest['layer']}, head {largest['head']}, {largest['kind']} "
           f"({largest['shift_ratio']:.2f}).",
-        numbers, tables={"origin_shift": origin}, figures={"shift_ratio": figs["shift_ratio"]}, shown=["shift_ratio"],
+        numbers, tables={"origin_shift": origin}, shown=["shift_ratio"],
+        figures={n: f for n, f in figs.items() if n.startswith("shift_ratio")},  # with its intervals, when there are
         heatmaps=[Heatmap("origin_shift", "shift_ratio", "||b|| / RMS(XW)",
                           title=f"{ctx.name}: shift ratio per head (hover for values; one colour scale per kind)")],
         top_tables=[TopTable("origin_shift", ("layer", "head", "kind", "bias_norm", "content_rms", "shift_ratio",
@@ -161,7 +107,7 @@ def origin_step(ctx: Context) -> list[Section]:
         "Share of the head's origin E[XW + b] set by the bias rather than by the data, ||b|| / (||b|| + "
         "||E[X]W||). Median per kind: "
         + ", ".join(f"{k}: {v:.2f}" for k, v in share_numbers["median_bias_share"].items()) + ".",
-        share_numbers, figures={"bias_share": figs["bias_share"]}, shown=["bias_share"],
+        share_numbers, figures={n: f for n, f in figs.items() if n.startswith("bias_share")}, shown=["bias_share"],
         heatmaps=[Heatmap("origin_shift", "bias_share", "||b|| / (||b|| + ||E[X]W||)",
                           title=f"{ctx.name}: bias share of each head's origin")])
     return [shift, share]
@@ -173,6 +119,7 @@ def scores_step(ctx: Context) -> list[Section]:
         return [Section("key_prior", "Key prior", f"Not computed for {family.label}: {family.score_refusal}.",
                         dict(refused=family.score_refusal))]
     dec = score_decomposition(ctx.model, ctx.first(2), layers=ctx.layers, heads=ctx.heads)
+    label = ctx.data_label(ctx.first(2))
     shares = dec.groupby("term").share.mean()
     numbers = dict(mean_share={t: float(v) for t, v in shares.items()})
     kp = numbers["mean_share"].get("key_prior", 0.0)
@@ -181,8 +128,10 @@ def scores_step(ctx: Context) -> list[Section]:
             f"{kp:.3f}; content {numbers['mean_share'].get('content', 0.0):.3f}; query_const and const {cancel:.2e}, "
             "which softmax cancels without rotary positions).")
     return [Section("key_prior", "Key prior", text, numbers, tables={"score_decomposition": dec},
-                    figures={"key_prior_share": plots.key_prior_share_figure(dec, ctx.name,
-                                                                             ctx.data_label(ctx.first(2)))},
+                    figures={"key_prior_share": plots.key_prior_share_figure(dec, ctx.name, label),
+                             "key_prior_share_intervals": plots.interval_figure(
+                                 dec[dec.term == "key_prior"], "share", ctx.name, facet="term",
+                                 label="key-prior share of score variance", data=label)},
                     shown=["key_prior_share"],
                     heatmaps=[Heatmap("score_decomposition", "share", "share of score variance", facet="term",
                                       query="term == 'key_prior'",
@@ -348,27 +297,48 @@ def sinks_step(ctx: Context) -> list[Section]:
                              "The largest implicit value biases (click a column to sort)")])]
 
 
-def estimate_vs_exact(per_head: pd.DataFrame) -> dict[str, Any]:
-    """How the one-pass estimate compares with the exact deltas on the variants run both ways."""
+def estimate_vs_exact(per_head: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """How the one-pass estimate compares with the exact deltas on the heads run both ways (identity rows
+    left out): under "auto" the estimate's own top_k per kind ("top") and sample_k per kind drawn at random
+    ("sample"). Spearman on all of them (``n_compared``) and on the random ones alone (``sample_*``: a set
+    the estimate did not choose), each with a 95% percentile bootstrap interval over heads."""
     others = [e for e in dict.fromkeys(per_head.estimate) if e != "exact"]
     if not others or "exact" not in set(per_head.estimate):
         return {}
     keys = ["layer", "head", "kind"]
     est = per_head[per_head.estimate == others[0]].set_index(keys).delta
-    exact = per_head[(per_head.estimate == "exact") & (per_head.identity.fillna("") == "")].set_index(keys).delta
-    both = pd.concat([exact.rename("exact"), est.rename("estimate")], axis=1, join="inner")
+    exact = per_head[(per_head.estimate == "exact") & (per_head.identity.fillna("") == "")].set_index(keys)
+    why = exact.exact_because if "exact_because" in exact else pd.Series("", index=exact.index)
+    both = pd.concat([exact.delta.rename("exact"), est.rename("estimate"), why.rename("why")], axis=1, join="inner")
     if both.empty:
         return {}
-    spearman = both.exact.rank().corr(both.estimate.rank()) if len(both) > 2 else float("nan")
-    return dict(estimate=others[0], n_compared=len(both), spearman=float(spearman),
-                median_ratio=float((both.estimate / both.exact).median()),
-                max_abs_error=float((both.estimate - both.exact).abs().max()))
+    out = dict(estimate=others[0], n_top=int((both.why == "top").sum()),
+               **rank_agreement(both, "", n_boot, seed), **rank_agreement(both[both.why == "sample"], "sample_",
+                                                                          n_boot, seed))
+    out["n_compared"] = out.pop("n")
+    return out
 
 
-def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -> Section:
+def rank_agreement(both: pd.DataFrame, prefix: str, n_boot: int, seed: int) -> dict[str, Any]:
+    """Spearman between ``both.exact`` and ``both.estimate`` (NaN below 3 heads), its 95% percentile bootstrap
+    interval over the heads (``interp.bootstrap``), n, median ratio and largest absolute error."""
+    def spearman(take: np.ndarray) -> float:
+        pair = both.iloc[take]
+        return float(pair.exact.rank().corr(pair.estimate.rank())) if len(pair) > 2 else float("nan")
+    resampler = Resampler([f"{layer}/{head}/{kind}" for layer, head, kind in both.index], n_boot, seed)
+    lo, hi = resampler.interval(resampler.resampled(spearman))
+    ratio = (both.estimate / both.exact).median() if len(both) else float("nan")
+    error = (both.estimate - both.exact).abs().max() if len(both) else float("nan")
+    return {f"{prefix}n": len(both), f"{prefix}spearman": spearman(np.arange(len(both))), f"{prefix}spearman_lo":
+            float(lo), f"{prefix}spearman_hi": float(hi), f"{prefix}median_ratio": float(ratio),
+            f"{prefix}max_abs_error": float(error)}
+
+
+def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "",
+                       control: Optional[pd.DataFrame] = None) -> Section:
     """The ablation step's section, from ``ablate_bias`` rows (one method; one estimate, or a one-pass
     estimate of every head plus exact rows for the top heads). Headline numbers come from exact rows
-    where there are any."""
+    where there are any. ``control``: rows of ``method="random"`` on the same data, marked on the figure."""
     per_head = results[results.scope == "head"]
     # the best-known delta per head: exact where it was run, else the estimate (or the identity's 0)
     best = (per_head.assign(_estimated=per_head.estimate != "exact").sort_values("_estimated", kind="stable")
@@ -382,24 +352,26 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
         top_heads=[dict(layer=int(r.layer), head=int(r["head"]), kind=r.kind, delta=float(r.delta))
                    for _, r in top.iterrows()],
         identity_answered=int((results.identity.fillna("") != "").sum()),
-        estimate_vs_exact=estimate_vs_exact(per_head),
+        estimate_vs_exact=estimate_vs_exact(per_head), random_control=_control_numbers(control),
     )
-    figs = plots.ablation_figures(results, model_name, data=data)
+    figs = plots.ablation_figures(results if control is None else pd.concat([results, control], ignore_index=True),
+                                  model_name, data=data)
     heads = "; ".join(f"L{t['layer']} H{t['head']} {t['kind']} ({t['delta']:+.2e})" for t in numbers["top_heads"])
     text = (f"{first.method.capitalize()}-ablating one head's bias at a time ({first.metric}, baseline "
             f"{numbers['baseline']:.4f}; {numbers['identity_answered']} of {numbers['n_variants']} rows answered "
             "by an identity, without a forward). " + _estimate_text(numbers) + " Largest |delta| per kind: "
             + ", ".join(f"{k}: {v:.2e}" for k, v in numbers["max_abs_delta"].items())
-            + f". Most bias-dependent heads: {heads}.")
+            + f". Most bias-dependent heads: {heads}." + _control_text(numbers["random_control"]))
     top_name = next((n for n in (f"ablation_top_{first.method}_exact", f"ablation_top_{first.method}_{first.estimate}")
                      if n in figs), None)
-    comparison = [n for n in figs if n.startswith("ablation_exact_vs_")]
+    comparison = [n for n in figs if n.startswith("ablation_exact_vs_") and n.endswith(f"_{first.method}")]
     headline = "" if not numbers["top_heads"] else (
         f"The most bias-dependent head is layer {numbers['top_heads'][0]['layer']}, head "
         f"{numbers['top_heads'][0]['head']} ({numbers['top_heads'][0]['kind']}): removing its bias changes "
         f"{first.metric} by {numbers['top_heads'][0]['delta']:+.2e} ({first.estimate}).")
     every = numbers["estimates"][0]  # the estimate that covers every head
-    return Section("ablation", "Bias ablations", text, numbers, headline=headline, tables={"ablation": results},
+    tables = {"ablation": results, **({} if control is None else {"ablation_random_control": control})}
+    return Section("ablation", "Bias ablations", text, numbers, headline=headline, tables=tables,
                    figures=figs, shown=[n for n in [top_name] + comparison if n],
                    heatmaps=[Heatmap("ablation", "delta", f"delta {first.metric} (ablated - intact)",
                                      query=f"scope == 'head' and estimate == '{every}'",
@@ -408,19 +380,44 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
                                         "The largest effects (click a column to sort)", query="scope == 'head'")])
 
 
+def _control_numbers(control: Optional[pd.DataFrame]) -> dict[str, float]:
+    """Per kind, the largest |delta| when each head's bias is replaced by a random direction of its norm
+    (exact rows where run, else the estimate; identity rows count as their 0)."""
+    if control is None or control.empty:
+        return {}
+    per_head = control[control.scope == "head"]
+    best = (per_head.assign(_e=per_head.estimate != "exact").sort_values("_e", kind="stable")
+            .drop_duplicates(["layer", "head", "kind"]))
+    return {k: float(v) for k, v in best.groupby("kind").delta.apply(lambda d: d.abs().max()).items()}
+
+
+def _control_text(control: dict[str, float]) -> str:
+    if not control:
+        return ""
+    return (" Control: replacing each head's bias by a random direction of the same norm moves the metric by at "
+            "most " + ", ".join(f"{k}: {v:.2e}" for k, v in control.items()) + " (marked on the figure).")
+
+
 def _estimate_text(numbers: dict) -> str:
     cmp = numbers["estimate_vs_exact"]
     if not cmp:
         return f"Estimate: {numbers['estimate']}."
-    return (f"Every head estimated in one pass ({cmp['estimate']}); the {cmp['n_compared']} it ranks highest "
-            f"run exactly: Spearman {cmp['spearman']:.2f} between estimate and exact there, median ratio "
-            f"{cmp['median_ratio']:.2f}.")
+    interval = lambda p: f"{cmp[p + 'spearman']:.2f} [{cmp[p + 'spearman_lo']:.2f}, {cmp[p + 'spearman_hi']:.2f}]"  # noqa
+    sample = (f"on the {cmp['sample_n']} heads drawn at random Spearman {interval('sample_')} between estimate and "
+              "exact, ") if cmp["sample_n"] else ""
+    return (f"Every head estimated in one pass ({cmp['estimate']}); run exactly on the {cmp['n_top']} it ranks "
+            f"highest and {cmp['sample_n']} drawn at random: {sample}on all {cmp['n_compared']} heads run both ways "
+            f"Spearman {interval('')} (95% bootstrap over heads), median ratio {cmp['median_ratio']:.2f}.")
 
 
 def ablation_step(ctx: Context) -> list[Section]:
-    results = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="zero", estimate=ctx.ablation_estimate,
-                          top_k=ctx.top_k, out=None if ctx.out is None else ctx.out / "ablation")
-    return [summarise_ablation(results, ctx.name, ctx.data_label(ctx.first(2)))]
+    """Zero-ablation of every head's bias, and the control: each bias replaced by a random direction of its
+    norm (``method="random"``; one-pass estimate of every head, exact for its own top heads)."""
+    kw = dict(kinds=("q", "k", "v"), estimate=ctx.ablation_estimate, top_k=ctx.top_k,
+              out=None if ctx.out is None else ctx.out / "ablation")
+    results = ablate_bias(ctx.model, ctx.first(2), method="zero", **kw)
+    control = ablate_bias(ctx.model, ctx.first(2), method="random", sample_k=0, **kw)
+    return [summarise_ablation(results, ctx.name, ctx.data_label(ctx.first(2)), control)]
 
 
 Step = Callable[[Context], list[Section]]

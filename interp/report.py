@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from interp.interactive import heatmap_html, page_scripts, rows_of, sortable_table
 from interp.io import atomic_path, begin_outputs, forget_outputs, sha256_file, written_since_begin, write_table
-from interp.pipeline import Section
+from interp.sections import Section
 from interp.plots import save_figure
 
 

@@ -33,7 +33,7 @@ LAYERS = [
     ["interp.analysis", "interp.ablation.attribution", "interp.ablation.implicit"],
     ["interp.ablation.distance"],
     ["interp.ablation.sweep"],
-    ["interp.ablation"],
+    ["interp.ablation"], ["interp.sections"],
     ["interp.pipeline", "interp.training.digits", "interp.training.mnist_vit"],
     ["interp.training.corpus", "interp.training.sink_metrics", "interp.training.sink_report"],
     ["interp.training.sinks"], ["interp.training.sink_results"], ["interp.training"],
