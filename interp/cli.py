@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from interp.types import CLI_ESTIMATES, CLI_SCOPES, DEMO_ESTIMATES, METHODS, NORMALIZE
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -180,6 +182,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from interp.ablation.sweep import ablate_bias, merge_shards
+    from interp.io import write_table
     from interp.models.loading import load_model
     from interp.report import begin_outputs
 
@@ -202,11 +205,10 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
     if world > 1:
+        write_table(results, mine / "ablation")  # this rank's estimates together, under the sweep's own name
         dist.barrier()  # every rank's table is written (atomically) in its folder: read, no pickling
         if rank == 0:
-            results = merge_shards([
-                pd.concat([pd.read_parquet(out / f"rank{r}" / f"ablation_{args.method}_{est}.parquet")
-                           for est in estimates[::-1]], ignore_index=True) for r in range(world)])
+            results = merge_shards([pd.read_parquet(out / f"rank{r}" / "ablation.parquet") for r in range(world)])
     if rank == 0:
         _write_ablation(results, args, out, world)
     if world > 1:
@@ -216,14 +218,13 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: int) -> None:
-    from interp.io import write_table
+    """The section (its table is ``ablation.csv``, the one table of the folder: the sweep's own, with every
+    estimate's rows and, under torchrun, every rank's) and the manifest."""
     from interp.pipeline import summarise_ablation
     from interp.report import write_manifest, write_section
 
     section = summarise_ablation(results, args.model)
     write_section(section, out)
-    if world > 1:  # the merged table, under the name one process gives it
-        write_table(results, out / f"ablation_{args.method}_{args.estimate}")
     write_manifest(out, dict(command="ablate", model=args.model, data=args.data, max_batches=args.max_batches,
                              processes=world, model_fingerprint=results.model_fingerprint.iloc[0],
                              data_fingerprint=results.data_fingerprint.iloc[0]))
@@ -386,7 +387,7 @@ def _add_data_options(p: argparse.ArgumentParser, batch_size: Optional[int] = 8,
     p.add_argument("--max-items", "--max-images", dest="max_items", type=int, default=None,
                    help="at most this many images, rows or text windows (all ranks together)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop once this many real tokens were read")
-    p.add_argument("--normalize", default="model", choices=["model", "imagenet", "none"],
+    p.add_argument("--normalize", default="model", choices=NORMALIZE,
                    help="image mean/std: the model's (processor or timm config), ImageNet's, or none "
                         "(default: %(default)s)")
     p.add_argument("--strict", action="store_true", help="an unreadable image is an error instead of a counted skip")
@@ -441,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="built-in dataset name, or your own: " + DATA_HELP.split("; ", 1)[1])
     p.add_argument("--out", default="out/demo", help="output folder (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="fewer images and batches (CI)")
-    p.add_argument("--ablation-estimate", default="auto", choices=["auto", "exact"],
+    p.add_argument("--ablation-estimate", default="auto", choices=DEMO_ESTIMATES,
                    help="auto: every head estimated in one pass (AtP*), the top --top-k per kind run exactly; "
                         "exact: every head run exactly (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under auto (default: %(default)s)")
@@ -456,10 +457,10 @@ def _add_ablate_parser(sub: Any) -> None:
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--kinds", default="q,k,v", help="comma-separated biases to ablate, of q, k, v "
                    "(default: %(default)s)")
-    p.add_argument("--scope", default="head", choices=["head", "layer", "all"],
+    p.add_argument("--scope", default="head", choices=CLI_SCOPES,
                    help="patch one head, every head of a layer, or every head of a kind at a time "
                         "(default: %(default)s)")
-    p.add_argument("--method", default="zero", choices=["zero", "mean", "layer_mean", "fold"],
+    p.add_argument("--method", default="zero", choices=METHODS,
                    help="zero: b -> 0; mean: b -> E[XW] (the data-induced origin, so the head's origin moves to "
                         "2 E[XW]); layer_mean: b -> the layer's mean bias over heads (does each head need its own?); "
                         "fold: b_v into b_O, exact (default: %(default)s)")
@@ -467,7 +468,7 @@ def _add_ablate_parser(sub: Any) -> None:
                    help="auto (the family's default), next_token_ce, cross_entropy, embedding_cosine or "
                         "feature_cosine (default: %(default)s)")
     p.add_argument("--estimate", default="auto",
-                   choices=["exact", "attribution", "atp", "atp_distance", "auto", "both"],
+                   choices=CLI_ESTIMATES,
                    help="exact forwards; a first-order estimate from one backward (attribution); AtP*: the "
                         "patched head's pattern exact, linear after it (atp); a second-order estimate for "
                         "distance metrics through random projections (atp_distance); auto: the one-pass "

@@ -23,6 +23,8 @@ Scope = Literal["head", "layer", "all", "custom"]
 Modality = Literal["text", "vision"]
 #: attention direction of a model family
 Attention = Literal["causal", "bidirectional"]
+#: how image pixels are normalised when a researcher's own images are read
+Normalize = Literal["model", "imagenet", "none"]
 #: how a family encodes positions (decides whether b_k can change the pattern)
 Positions = Literal["learned", "rotary", "alibi", "relative", "none"]
 
@@ -33,3 +35,10 @@ ESTIMATES: tuple[str, ...] = get_args(Estimate)
 PARTS: tuple[str, ...] = get_args(Part)
 SCOPES: tuple[str, ...] = get_args(Scope)
 POSITIONS: tuple[str, ...] = get_args(Positions)
+NORMALIZE: tuple[str, ...] = get_args(Normalize)
+#: the CLI's --estimate: the API's estimates, and "both" (attribution, then exact, one table each)
+CLI_ESTIMATES: tuple[str, ...] = (*ESTIMATES, "both")
+#: the CLI's --scope: every scope but "custom" (a list of targets, which the API takes)
+CLI_SCOPES: tuple[str, ...] = tuple(s for s in SCOPES if s != "custom")
+#: the demo's --ablation-estimate: the two that rank every head
+DEMO_ESTIMATES: tuple[str, ...] = ("auto", "exact")

@@ -36,13 +36,13 @@ import torch
 from torch import Tensor
 
 from interp.data.batch import Batch, image_norm, normalise, square_resize
+from interp.types import NORMALIZE
 from interp.errors import InputError
 from interp.models.bridge import InterpBridge, require_bridge
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 TABLE_SUFFIXES = (".jsonl", ".csv", ".parquet")
 TEXT_SUFFIXES = (".txt",)
-NORMALIZE = ("model", "imagenet", "none")
 DEFAULT_SEQ_LEN = 128
 BUILTIN = ("photos", "digits", "mnist", "python-docs")
 # a string ending in one of these names a file, never a sentence (even with spaces in it)
