@@ -414,7 +414,7 @@ def ablation_step(ctx: Context) -> list[Section]:
     """Zero-ablation of every head's bias, and the control: each bias replaced by a random direction of its
     norm (``method="random"``; one-pass estimate of every head, exact for its own top heads)."""
     kw = dict(kinds=("q", "k", "v"), estimate=ctx.ablation_estimate, top_k=ctx.top_k,
-              out=None if ctx.out is None else ctx.out / "ablation")
+              out=ctx.out)  # its log (ablation.jsonl) beside the one table, ablation.csv
     results = ablate_bias(ctx.model, ctx.first(2), method="zero", **kw)
     control = ablate_bias(ctx.model, ctx.first(2), method="random", sample_k=0, **kw)
     return [summarise_ablation(results, ctx.name, ctx.data_label(ctx.first(2)), control)]

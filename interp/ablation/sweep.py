@@ -16,7 +16,8 @@ Estimates (the ``estimate`` column):
 
 Variants the mathematics answers (b_k under positions that cancel it, absent biases, b_v
 folded) are written without a forward, with the reason in ``identity``. With ``out``, each
-finished variant is appended to ``out/ablation.jsonl`` at once; a rerun skips finished variants.
+finished variant is appended to ``out/ablation.jsonl`` at once; a rerun skips finished variants; the
+table is written as ``out/ablation.csv`` / ``.parquet`` (one name: a later call into ``out`` replaces it).
 """
 
 from __future__ import annotations
@@ -399,5 +400,5 @@ def ablate_bias(
     opts = dict(force_exact=force_exact, stack=stack, progress=progress, n_projections=int(n_projections))
     df = _sweep(run, variants, method, estimate, stats, log, opts, (rank, world), int(top_k))
     if out is not None:
-        write_table(df, Path(out) / f"ablation_{method}_{estimate}")
+        write_table(df, Path(out) / "ablation")
     return df

@@ -101,7 +101,7 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     torch.testing.assert_close(torch.tensor(resumed.delta.values), torch.tensor(straight.delta.values))
     assert all(json.loads(l) for l in log.read_text().splitlines())
     assert "_fingerprint" in json.loads(log.read_text().splitlines()[0])
-    assert (out / "ablation_zero_exact.parquet").exists()
+    assert (out / "ablation.parquet").exists()
 
 
 def test_attribution_tracks_exact_on_the_trained_vit():
@@ -264,9 +264,9 @@ def test_interp_ablate_under_torchrun_equals_one_process(tmp_path):
     r2 = subprocess.run([torchrun, "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
                         capture_output=True, text=True, timeout=600, env=env)
     assert r2.returncode == 0, r2.stderr[-2000:]
-    one = pd.read_parquet(tmp_path / "one" / "ablation_zero_auto.parquet")
-    two = pd.read_parquet(tmp_path / "two" / "ablation_zero_auto.parquet")
-    shares = [pd.read_parquet(tmp_path / "two" / f"rank{r}" / "ablation_zero_auto.parquet") for r in range(2)]
+    one = pd.read_parquet(tmp_path / "one" / "ablation.parquet")
+    two = pd.read_parquet(tmp_path / "two" / "ablation.parquet")
+    shares = [pd.read_parquet(tmp_path / "two" / f"rank{r}" / "ablation.parquet") for r in range(2)]
     exact = [s[s.estimate == "exact"] for s in shares]
     assert len(exact[0]) and len(exact[1]) and len(exact[0]) + len(exact[1]) == (one.estimate == "exact").sum()
     pd.testing.assert_frame_equal(two, one, check_exact=False, rtol=1e-7, atol=1e-12)  # float32 model
