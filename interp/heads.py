@@ -30,25 +30,35 @@ from interp.types import KINDS
 
 @dataclass
 class AttentionWeights:
-    """One layer's attention parameters in per-head form (zeros stand in for absent biases)."""
+    """One layer's attention parameters in per-head form (zeros stand in for absent biases), named as
+    TransformerLens names them (``W_Q``, ``b_Q``, ...). The 0.1 names (``W_q``, ``b_q``, ...) still read
+    the same tensors."""
 
-    W_q: Float[Tensor, "head_index d_model d_head"]
-    b_q: Float[Tensor, "head_index d_head"]
-    W_k: Float[Tensor, "kv_head d_model d_head"]
-    b_k: Float[Tensor, "kv_head d_head"]
-    W_v: Float[Tensor, "kv_head d_model d_head"]
-    b_v: Float[Tensor, "kv_head d_head"]
-    W_o: Float[Tensor, "head_index d_head d_model"]
-    b_o: Float[Tensor, " d_model"]
+    W_Q: Float[Tensor, "head_index d_model d_head"]
+    b_Q: Float[Tensor, "head_index d_head"]
+    W_K: Float[Tensor, "kv_head d_model d_head"]
+    b_K: Float[Tensor, "kv_head d_head"]
+    W_V: Float[Tensor, "kv_head d_model d_head"]
+    b_V: Float[Tensor, "kv_head d_head"]
+    W_O: Float[Tensor, "head_index d_head d_model"]
+    b_O: Float[Tensor, " d_model"]
     present: dict[str, bool]
 
     def bias(self, kind: str) -> Tensor:
+        """b_Q, b_K, b_V or b_O for ``kind`` q, k, v or o."""
         check_kind(kind)
-        return {"q": self.b_q, "k": self.b_k, "v": self.b_v, "o": self.b_o}[kind]
+        return getattr(self, f"b_{kind.upper()}")
 
     def weight(self, kind: str) -> Tensor:
+        """W_Q, W_K, W_V or W_O for ``kind`` q, k, v or o."""
         check_kind(kind)
-        return {"q": self.W_q, "k": self.W_k, "v": self.W_v, "o": self.W_o}[kind]
+        return getattr(self, f"W_{kind.upper()}")
+
+    def __getattr__(self, name: str) -> Tensor:
+        # the 0.1 release's lower-case names (W_q, b_q, ...): read-only aliases of the TransformerLens names
+        if len(name) == 3 and name[:2] in ("W_", "b_") and name[2] in "qkvo":
+            return getattr(self, name[:2] + name[2].upper())
+        raise AttributeError(f"AttentionWeights has no attribute {name!r}")
 
 
 def kv_group(n_heads: int, n_kv_heads: int) -> list[int]:
@@ -95,13 +105,13 @@ def attention_weights(model: InterpBridge, layer: int, dtype: torch.dtype | None
     for kind in ("q", "k", "v"):
         w, b = _linear(model, layer, kind)
         present[kind] = b is not None
-        out[f"W_{kind}"] = rearrange(w, "(h d) m -> h m d", h=info.heads(kind))
+        out[f"W_{kind.upper()}"] = rearrange(w, "(h d) m -> h m d", h=info.heads(kind))
         b = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b
-        out[f"b_{kind}"] = rearrange(b, "(h d) -> h d", h=info.heads(kind))
+        out[f"b_{kind.upper()}"] = rearrange(b, "(h d) -> h d", h=info.heads(kind))
     w, b = _linear(model, layer, "o")
     present["o"] = b is not None
-    out["W_o"] = rearrange(w, "m (h d) -> h d m", h=info.n_heads)
-    out["b_o"] = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b
+    out["W_O"] = rearrange(w, "m (h d) -> h d m", h=info.n_heads)
+    out["b_O"] = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b
     if dtype is not None:
         out = {k: v.to(dtype) for k, v in out.items()}
     return AttentionWeights(present=present, **out)
@@ -118,8 +128,8 @@ def v_fold_vector(model: InterpBridge, layer: int, heads: list[int] | None = Non
     w = attention_weights(model, layer, dtype)
     group = kv_group(info.n_heads, info.n_kv_heads)
     query_heads = list(range(info.n_heads)) if heads is None else list(heads)
-    b_v = w.b_v[[group[h] for h in query_heads]]
-    return einsum(b_v, w.W_o[query_heads], "h d, h d m -> m")
+    b_v = w.b_V[[group[h] for h in query_heads]]
+    return einsum(b_v, w.W_O[query_heads], "h d, h d m -> m")
 
 
 def bias_spec(model: InterpBridge) -> pd.DataFrame:

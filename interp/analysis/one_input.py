@@ -339,9 +339,9 @@ def _removed_norms(model: InterpBridge, layer: int) -> tuple[dict[str, Tensor], 
     info = model.interp
     w = attention_weights(model, layer, torch.float64)
     g = kv_group(info.n_heads, info.n_kv_heads)
-    u = torch.einsum("hmd,hd->hm", w.W_k[g], w.b_q)
-    norms = {"intact": torch.zeros(info.n_heads, dtype=torch.float64), "no_b_q": w.b_q.norm(dim=-1),
-             "no_b_k": w.b_k[g].norm(dim=-1), "no_b_v": w.b_v[g].norm(dim=-1), "no_key_prior": u.norm(dim=-1)}
+    u = torch.einsum("hmd,hd->hm", w.W_K[g], w.b_Q)
+    norms = {"intact": torch.zeros(info.n_heads, dtype=torch.float64), "no_b_q": w.b_Q.norm(dim=-1),
+             "no_b_k": w.b_K[g].norm(dim=-1), "no_b_v": w.b_V[g].norm(dim=-1), "no_key_prior": u.norm(dim=-1)}
     present = {"intact": True, "no_b_q": w.present["q"], "no_b_k": w.present["k"], "no_b_v": w.present["v"],
                "no_key_prior": w.present["q"]}
     return {c: n.cpu() for c, n in norms.items()}, present
@@ -365,7 +365,7 @@ def _head_rows(model: InterpBridge, got: _Layer, heads: Sequence[int]) -> list[d
     RMS over real queries of ||(z' - z) W_O[h]|| (the change of what the head writes), the removed norm."""
     norms, present = _removed_norms(model, got.layer)
     base, z0, allowed, real = got.patterns["intact"], got.z["intact"], got.allowed, got.real
-    W_o = attention_weights(model, got.layer, torch.float64).W_o.to(allowed.device)
+    W_o = attention_weights(model, got.layer, torch.float64).W_O.to(allowed.device)
     rows = []
     for cond, p in got.patterns.items():
         diff = (p - base).abs().masked_fill(~allowed, 0).amax((-1, -2))

@@ -117,7 +117,7 @@ def origin_shift(model: InterpBridge, stats: QKVStats, *, layers: Any = None, he
                     cos_key_prior_cls=np.nan, max_abs_cos_key_prior_pos=np.nan,
                 )
                 if kind == "q":
-                    u = w.W_k[group[h]].cpu() @ b[h]  # [d_model]
+                    u = w.W_K[group[h]].cpu() @ b[h]  # [d_model]
                     row["key_prior_norm"] = float(u.norm())
                     row["cos_key_prior_mean_input"] = _cos(u, x_mean)
                     if cls is not None:

@@ -88,7 +88,7 @@ def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreT
     q = cache[hook_name(layer, "q")]
     k = cache[hook_name(layer, "k")]
     dt = q.dtype
-    bq, bk = w.b_q.to(q.device, dt), w.b_k.to(k.device, dt)
+    bq, bk = w.b_Q.to(q.device, dt), w.b_K.to(k.device, dt)
     cq, ck = q - bq, k - bk
     bq_full = bq.expand_as(q)
     bk_full = bk.expand_as(k)
@@ -345,9 +345,9 @@ def bias_invariances(
             common = dict(layer=layer, rotary=info.rotary, n_batches=len(batches), dtype=dtype,
                           softmax_dtype=softmax_dtype)
             rows.append(dict(check="k_bias_pattern", max_abs_diff=k_diff, bias_kind="k",
-                             bias_norm=float(w.b_k.norm()), **common))
+                             bias_norm=float(w.b_K.norm()), **common))
             rows.append(dict(check="v_bias_fold", max_abs_diff=v_diff, bias_kind="v",
-                             bias_norm=float(w.b_v.norm()), **common))
+                             bias_norm=float(w.b_V.norm()), **common))
     return pd.DataFrame(rows)[["layer", "check", "max_abs_diff", "bias_kind", "bias_norm", "rotary",
                                "n_batches", "dtype", "softmax_dtype"]]
 

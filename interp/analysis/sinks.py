@@ -252,7 +252,7 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     sink_names = check_positions(model, default_sink_positions(model) if positions is None else positions)
     group = kv_group(info.n_heads, info.n_kv_heads)
     weights = {layer: attention_weights(model, layer, dtype=torch.float64) for layer in layers}
-    grams = {layer: w.W_o @ w.W_o.transpose(1, 2) for layer, w in weights.items()}  # W_O W_O^T per head
+    grams = {layer: w.W_O @ w.W_O.transpose(1, 2) for layer, w in weights.items()}  # W_O W_O^T per head
     acc: dict = {}
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
@@ -276,9 +276,9 @@ def _implicit_table(acc: dict, weights: dict, group: list[int], layers: Sequence
     for layer in layers:
         s = {k: v.cpu() / n_rows for k, v in acc[layer].items()}
         w = weights[layer]
-        explicit = torch.einsum("hd,hdm->hm", w.b_v[group], w.W_o)  # b_v W_O per query head
+        explicit = torch.einsum("hd,hdm->hm", w.b_V[group], w.W_O)  # b_v W_O per query head
         for h in range(len(group)):
-            m, e = s["u"][h] @ w.W_o[h], explicit[h]
+            m, e = s["u"][h] @ w.W_O[h], explicit[h]
             mean_sq, m_norm, e_norm = float(s["c_sq"][h]), float(m.norm()), float(e.norm())
             rows.append(dict(
                 model=meta["model"], layer=layer, head=h, positions=meta["positions"], sink_mass=float(s["mass"][h]),

@@ -73,7 +73,7 @@ def test_mean_method_replaces_b_with_the_content_mean():
     with torch.no_grad():
         _, cache = model.run_with_cache(x)
         model.run_with_hooks(x, fwd_hooks=hooks + [grab])
-    b = interp.attention_weights(model, 1).b_q
+    b = interp.attention_weights(model, 1).b_Q
     expected = cache["blocks.1.attn.hook_q"].clone()
     expected[:, :, 2] += -b[2] + stats.mean(1, "q", "content")[2]
     assert (captured["q"] - expected).abs().max() <= 1e-12
@@ -231,7 +231,7 @@ def test_layer_mean_replaces_each_head_bias_by_the_layer_average():
     """The patched q of head h is x W_q[h] + mean over heads of b_q: checked against the hook by hand."""
     model = interp.load_model(interp.tiny_hf_model("vit", bias_scale=2.0), device="cpu")
     x = interp.tiny_inputs("vit")
-    b_q = interp.attention_weights(model, 0).b_q
+    b_q = interp.attention_weights(model, 0).b_Q
     store = {}
     hooks = bias_patch_hooks(model, [(0, h, "q") for h in range(4)], "layer_mean")
     grab = ("blocks.0.attn.hook_q", lambda t, hook: store.__setitem__("q", t.detach()))

@@ -82,12 +82,12 @@ def test_origin_shift_equals_its_definition():
         _, cache = model.run_with_cache(x)
     w = interp.attention_weights(model, 1)
     q = cache["blocks.1.attn.hook_q"].reshape(-1, 4, 8)
-    content = q - w.b_q
+    content = q - w.b_Q
     row = origin.loc[(1, 2, "q")]
-    assert row.bias_norm == pytest.approx(float(w.b_q[2].norm()), rel=1e-9)
+    assert row.bias_norm == pytest.approx(float(w.b_Q[2].norm()), rel=1e-9)
     assert row.content_rms == pytest.approx(float(content[:, 2].pow(2).sum(-1).mean().sqrt()), rel=1e-9)
     assert row.data_origin_norm == pytest.approx(float(content[:, 2].mean(0).norm()), rel=1e-9)
-    u = w.W_k[2] @ w.b_q[2]
+    u = w.W_K[2] @ w.b_Q[2]
     assert row.key_prior_norm == pytest.approx(float(u.norm()), rel=1e-9)
 
 
@@ -101,7 +101,7 @@ def test_planted_key_prior_head_has_the_largest_key_prior_share():
         xin = cache["blocks.0.attn.q.hook_in"]  # [b, p, d]
         target = xin[:, 5].mean(0)  # the residual direction of token 5
         w = interp.attention_weights(model, 0)
-        W_k = w.W_k[1]  # [d_model, d_head]
+        W_k = w.W_K[1]  # [d_model, d_head]
         # b_q minimising ||W_k b_q - 40 target||: the key prior points at token 5
         b_q = torch.linalg.lstsq(W_k, 40 * target[:, None]).solution[:, 0]
         bias = model.blocks[0].attn.q.original_component.bias  # the HF parameter itself
@@ -130,7 +130,7 @@ def test_key_prior_cosines_with_cls_and_positions_are_filled_for_a_vit():
     q = origin[origin.kind == "q"]
     assert q.cos_key_prior_cls.notna().all() and q.max_abs_cos_key_prior_pos.notna().all()
     w = interp.attention_weights(model, 0)
-    u = w.W_k[0] @ w.b_q[0]
+    u = w.W_K[0] @ w.b_Q[0]
     cls = model.hf_model.embeddings.cls_token.detach().reshape(-1).double()
     expected = float(u @ cls / (u.norm() * cls.norm()))
     assert q[(q.layer == 0) & (q["head"] == 0)].cos_key_prior_cls.iloc[0] == pytest.approx(expected, rel=1e-9)

@@ -182,7 +182,7 @@ def test_b_v_leaves_the_pattern_and_moves_the_output_by_b_v_W_O(family):
         w = interp.attention_weights(model, layer)
         for head in range(info.n_heads):
             g = interp.kv_group(info.n_heads, info.n_kv_heads)[head]
-            expected = float((w.b_v[g] @ w.W_o[head]).norm())
+            expected = float((w.b_V[g] @ w.W_O[head]).norm())
             got = result.heads.query("condition == 'no_b_v' and layer == @layer and head == @head")
             # rows of A sum to 1 up to the softmax's rounding (float32 in HF's Qwen2 even in float64)
             assert abs(float(got.output_change_rms.iloc[0]) - expected) <= 1e-6 * max(1.0, expected)
