@@ -1,6 +1,8 @@
 """Interactive, self-contained pieces of ``report.html``: layer x head heatmaps with hover
 values (plotly, its JavaScript embedded once in the page: nothing is fetched) and sortable
-tables. Like ``interp.plots``, they only draw DataFrames.
+tables. Like ``interp.plots``, they only draw DataFrames. The same heatmaps as plotly figures for a
+notebook: ``layer_head_heatmap`` (any table with layer, head and a value) and one per report heatmap
+(``shift_ratio``, ``bias_share``, ``key_prior_share``, ``frequency``, ``sink_mass``, ``ablation_delta``).
 
 Each heatmap's figure JSON sits in a ``<script type="application/json" class="interp-heatmap">``
 element next to its ``<div>``, so the numbers drawn are readable (and testable) as data.
@@ -18,6 +20,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
+
+from interp.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,61 @@ def heatmap_figure(df: pd.DataFrame, spec: Heatmap) -> go.Figure:
     fig.update_layout(title=spec.title or spec.value, height=420, width=max(520, 430 * len(grids)),
                       margin=dict(l=50, r=50, t=80, b=50))
     return fig
+
+
+# ----- the same heatmaps in a notebook: a plotly figure of any layer x head table -------------------------
+
+
+def layer_head_heatmap(df: pd.DataFrame, value: str, *, facet: Optional[str] = "kind", label: str = "",
+                       title: str = "", query: str = "") -> go.Figure:
+    """An interactive plotly heatmap (hover: layer, head, value; one panel and colour scale per ``facet``
+    value; no facet when the table lacks that column) of ``value`` from a table of interp's: what
+    ``report.html`` shows, as a figure a notebook displays inline. ``query`` picks rows (pandas query).
+    The drawn numbers are the table's (``heatmap_grids``): rows that repeat a layer and head in a panel
+    are averaged; use ``query`` (or ``facet``) to keep them apart."""
+    if not isinstance(df, pd.DataFrame):
+        raise InputError(f"layer_head_heatmap draws a DataFrame of interp's (origin_shift, frequency_profile, ...); "
+                         f"got {type(df).__name__}")
+    missing = [c for c in ("layer", "head", value) if c not in df.columns]
+    if missing:
+        raise InputError(f"the table has no column(s) {missing}: it needs layer, head and {value!r} (columns: "
+                         f"{', '.join(map(str, df.columns))})")
+    facet = facet if facet is not None and facet in df.columns else None
+    return heatmap_figure(df, Heatmap("", value, label or value, facet, title, query))
+
+
+def shift_ratio(origin: pd.DataFrame, title: str = "shift ratio per head") -> go.Figure:
+    """``origin_shift``'s shift_ratio, a panel per kind (the report's heatmap)."""
+    return layer_head_heatmap(origin, "shift_ratio", label="||b|| / RMS(XW)", title=title)
+
+
+def bias_share(origin: pd.DataFrame, title: str = "bias share of each head's origin") -> go.Figure:
+    return layer_head_heatmap(origin, "bias_share", label="||b|| / (||b|| + ||E[X]W||)", title=title)
+
+
+def key_prior_share(decomposition: pd.DataFrame, title: str = "key-prior share of score variance") -> go.Figure:
+    """``score_decomposition``'s key_prior share per head."""
+    return layer_head_heatmap(decomposition, "share", facet="term", query="term == 'key_prior'",
+                              label="share of score variance", title=title)
+
+
+def frequency(profile: pd.DataFrame, value: str = "hf_ratio", title: str = "") -> go.Figure:
+    """A ``frequency_profile`` column per head (hf_ratio, mean_attention_distance, entropy, sink_mass)."""
+    return layer_head_heatmap(profile, value, facet=None, title=title or f"{value} per head")
+
+
+def sink_mass(profile: pd.DataFrame, title: str = "attention mass on each position class") -> go.Figure:
+    """``sink_profile``'s mass, a panel per position class."""
+    return layer_head_heatmap(profile, "mass", facet="position", label="mean attention mass", title=title)
+
+
+def ablation_delta(results: pd.DataFrame, estimate: Optional[str] = None, title: str = "") -> go.Figure:
+    """``ablate_bias``'s per-head delta, a panel per kind, for one estimate (default: the first, the one
+    that covers every head under ``estimate="auto"``)."""
+    estimate = estimate or str(results.estimate.iloc[0])
+    return layer_head_heatmap(results, "delta", query=f"scope == 'head' and estimate == {estimate!r}",
+                              label="delta (ablated - intact)", title=title or f"effect of removing each bias "
+                              f"({estimate})")
 
 
 def heatmap_html(df: pd.DataFrame, spec: Heatmap, element_id: str) -> str:
