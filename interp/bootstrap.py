@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -76,6 +76,12 @@ class Resampler:
         """[n_boot, ...]: each resample's sum of ``per_item`` [n_items, ...]."""
         per_item = np.asarray(per_item, dtype=np.float64)
         return (self.weights @ per_item.reshape(per_item.shape[0], -1)).reshape((self.n_boot,) + per_item.shape[1:])
+
+    def resampled(self, statistic: Callable[[np.ndarray], float]) -> np.ndarray:
+        """[n_boot]: ``statistic(take)`` on each resample, ``take`` the arrived items' indices with their
+        repeats (sorted: for statistics that do not depend on the items' order, e.g. a rank correlation)."""
+        items = np.arange(self.weights.shape[1])
+        return np.array([statistic(np.repeat(items, w.astype(int))) for w in self.weights], dtype=np.float64)
 
     def interval(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) over the first axis of resampled ``values`` (NaN where none is finite, or no resamples)."""

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from interp.io import atomic_path
 
@@ -111,7 +112,8 @@ def layer_head_heatmaps(
 
 
 def origin_shift_figures(origin: pd.DataFrame, model_name: str, data: str = "") -> dict[str, plt.Figure]:
-    """Shift ratio and bias share per kind (q, k, v), as layer x head heatmaps (own scale per kind)."""
+    """Shift ratio and bias share per kind (q, k, v), as layer x head heatmaps (own scale per kind); where the
+    frame has bootstrap intervals, also the top heads with them (``shift_ratio_intervals``, ...)."""
     notes = panel_notes(origin)
     return {
         "shift_ratio": layer_head_heatmaps(
@@ -123,7 +125,38 @@ def origin_shift_figures(origin: pd.DataFrame, model_name: str, data: str = "") 
             notes=notes, subtitle=data,
             title=f"{model_name}: bias share of the head's origin (0 = data only, 1 = bias only)",
         ),
+        **{f"{value}_intervals": interval_figure(origin, value, model_name, label=label, data=data)
+           for value, label in (("shift_ratio", "||b|| / RMS(XW)"), ("bias_share", "||b|| / (||b|| + ||E[X]W||)"))
+           if f"{value}_lo" in origin and origin[f"{value}_lo"].notna().any()},
     }
+
+
+def interval_figure(frame: pd.DataFrame, value: str, model_name: str, *, facet: str = "kind", top: int = 12,
+                    label: str = "", data: str = "") -> plt.Figure:
+    """The ``top`` heads per panel by ``value``, each a dot with its 95% bootstrap interval over items
+    (``value``_lo to ``value``_hi) as a line: the uncertainty a heatmap of the same values cannot show."""
+    facets = [f for f in dict.fromkeys(frame[facet]) if frame[frame[facet] == f][f"{value}_lo"].notna().any()]
+    fig, axes = plt.subplots(1, max(len(facets), 1), figsize=(3.6 * max(len(facets), 1) + 0.6,
+                                                             0.32 * top + 1.8), squeeze=False)
+    for ax, f in zip(axes[0], facets):
+        df = frame[frame[facet] == f].dropna(subset=[value]).nlargest(top, value).iloc[::-1]
+        y = range(len(df))
+        xerr = np.stack([(df[value] - df[f"{value}_lo"]).clip(lower=0), (df[f"{value}_hi"] - df[value]).clip(lower=0)])
+        ax.errorbar(df[value], list(y), xerr=np.nan_to_num(xerr), fmt="o", color="k", ms=3.5, ecolor="#3182bd",
+                    elinewidth=2, capsize=4, label="estimate, 95% interval")
+        ax.set_yticks(list(y), [f"L{r.layer} H{r.head}" for r in df.itertuples()], fontsize=8)
+        ax.set_title(f"{facet} = {f}", fontsize=10)
+        ax.set_xlabel(label or value)
+        ax.set_ylabel("layer, head")
+    if not facets:
+        _text_panel(axes[0][0], "no intervals", f"{value}_lo / {value}_hi are NaN (no data or n_boot=0)")
+    else:
+        axes[0][0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"{model_name}: {value} of the top {top} heads with 95% percentile bootstrap intervals over items "
+                 "(caps; some narrower than the dot)"
+                 + (f"\n{data}" if data else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def key_prior_share_figure(decomposition: pd.DataFrame, model_name: str, data: str = "") -> plt.Figure:
@@ -149,9 +182,12 @@ UNITS = {"next_token_ce": "nats", "cross_entropy": "nats", "feature_cosine": "co
 
 
 def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data: str = "") -> dict[str, plt.Figure]:
-    """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads, estimate vs exact."""
+    """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads (with the 95% bootstrap interval
+    over items where there is one, and, where ``method="random"`` rows are among ``results``, each head's
+    random-direction control as a mark), estimate vs exact."""
     figs: dict[str, plt.Figure] = {}
     per_head = results[results.scope == "head"] if "scope" in results else results
+    control = per_head[per_head.method == "random"]
     most = per_head.groupby(["method", "estimate"]).size().groupby("method").max()
     for (method, estimate), df in per_head.groupby(["method", "estimate"]):
         metric = df.metric.iloc[0]
@@ -162,7 +198,8 @@ def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data
                 notes=panel_notes(df), subtitle=_ablation_subtitle(df, data),
                 title=f"{model_name}: effect of {method}-ablating each head's bias ({estimate})",
             )
-        figs[f"ablation_top_{method}_{estimate}"] = _top_heads_figure(df, model_name, method, estimate, top, data)
+        figs[f"ablation_top_{method}_{estimate}"] = _top_heads_figure(
+            df, model_name, method, estimate, top, data, None if method == "random" else control)
     for method, df in per_head.groupby("method"):
         for estimate in [e for e in dict.fromkeys(df.estimate) if e != "exact" and "exact" in set(df.estimate)]:
             figs[f"ablation_exact_vs_{estimate}_{method}"] = _estimate_scatter(df, model_name, method, estimate)
@@ -175,25 +212,52 @@ def _ablation_subtitle(df: pd.DataFrame, data: str) -> str:
     return f"{data}; {base}" if data else base
 
 
+def _spread(ranked: pd.DataFrame) -> tuple[Optional[np.ndarray], str]:
+    """(xerr [2, n], what it is): the 95% bootstrap interval over items where the rows have one, else the
+    standard error over items, else none."""
+    if "delta_lo" in ranked and ranked.delta_lo.notna().any():
+        lo, hi = (ranked.delta - ranked.delta_lo).clip(lower=0), (ranked.delta_hi - ranked.delta).clip(lower=0)
+        return np.stack([lo.fillna(0).to_numpy(), hi.fillna(0).to_numpy()]), "; bars: 95% bootstrap interval over items"
+    if "delta_se" in ranked and ranked.delta_se.notna().any():
+        se = ranked.delta_se.fillna(0).to_numpy()
+        return np.stack([se, se]), " ± standard error over items"
+    return None, ""
+
+
+def _control_marks(ax: plt.Axes, ranked: pd.DataFrame, control: Optional[pd.DataFrame]) -> None:
+    """Each shown head's delta under ``method="random"`` (exact where run, else the estimate) as a mark."""
+    if control is None or control.empty:
+        return
+    best = control.assign(_e=control.estimate != "exact").sort_values("_e", kind="stable")
+    best = best.drop_duplicates(["layer", "head", "kind"]).set_index(["layer", "head", "kind"])
+    keys = list(zip(ranked.layer, ranked["head"], ranked.kind))
+    y = [i for i, k in enumerate(keys) if k in best.index]
+    if y:
+        how = "/".join(dict.fromkeys(best.loc[[keys[i] for i in y]].estimate))
+        ax.scatter(best.loc[[keys[i] for i in y]].delta.to_numpy(), y, marker="D", s=28, facecolor="white",
+                   edgecolor="k", zorder=4, label=f"random direction, same norm ({how})")
+
+
 def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: str, top: int,
-                      data: str = "") -> plt.Figure:
+                      data: str = "", control: Optional[pd.DataFrame] = None) -> plt.Figure:
     metric = df.metric.iloc[0]
     runnable = df[df.identity.fillna("") == ""] if "identity" in df else df
     ranked = runnable.assign(abs_delta=runnable.delta.abs()).nlargest(top, "abs_delta")
-    fig, ax = plt.subplots(figsize=(7.5, 0.35 * max(len(ranked), 1) + 2.0))
+    fig, ax = plt.subplots(figsize=(9.5, 0.35 * max(len(ranked), 1) + 2.0))
     labels = [f"L{r.layer} H{r['head']} {r.kind}" for _, r in ranked.iterrows()]
     sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax)
-    if "delta_se" in ranked and ranked.delta_se.notna().any():  # spread over items (exact rows)
-        ax.errorbar(ranked.delta.values, range(len(ranked)), xerr=ranked.delta_se.fillna(0).values, fmt="none",
-                    ecolor="k", elinewidth=1, capsize=3)
+    xerr, spread = _spread(ranked)
+    if xerr is not None:  # spread over items (exact rows)
+        ax.errorbar(ranked.delta.values, range(len(ranked)), xerr=xerr, fmt="none", ecolor="k", elinewidth=1, capsize=3)
+    _control_marks(ax, ranked, control)
     ax.axvline(0.0, color="k", lw=0.8)
-    spread = " ± standard error over items" if "delta_se" in ranked and ranked.delta_se.notna().any() else ""
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))  # small deltas: short tick labels
     ax.set_xlabel(f"delta {metric} (ablated - intact, {UNITS.get(metric, 'metric units')}){spread}")
     ax.set_ylabel("layer, head, kind")
     ax.set_title(f"{model_name}: the {len(ranked)} most bias-dependent heads ({method}, {estimate})\n"
                  + _ablation_subtitle(df, data), fontsize=10)
     if len(ranked):
-        ax.legend(title="kind")
+        ax.legend(title="kind", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     left_out = [f"{k}: {note.splitlines()[-1]}" for k, note in panel_notes(df).items()]
     if left_out:  # say which kinds have nothing to show, and why
         fig.text(0.01, 0.005, "not shown: " + "; ".join(left_out), fontsize=8, va="bottom")

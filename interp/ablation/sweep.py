@@ -12,7 +12,16 @@ Estimates (the ``estimate`` column):
   through AtP* (``interp.ablation.distance``).
 * ``auto`` (a request, not a row label): ``atp`` (or ``atp_distance``, or ``attribution``
   where the family refuses score recomputation) for every variant, then ``exact`` for the
-  ``top_k`` per kind that it ranks highest: rows of both, to compare.
+  ``top_k`` per kind that it ranks highest (``exact_because`` "top") and for ``sample_k`` per kind
+  drawn at random by ``seed`` among the rest ("sample"): rows of both, to compare, on heads whose
+  choice does not depend on the estimate too. An ``exact`` request's rows say "requested".
+
+Uncertainty: ``delta_lo`` / ``delta_hi`` (exact rows) are the 95% percentile bootstrap over items
+(``n_boot`` resamples fixed by ``seed``, ``interp.bootstrap``) of the same ratio of per-item sums as the
+delta, so independent of the batching; over batches for a callable metric that returns one scalar per
+batch. ``method="random"`` replaces each bias by a random direction of its norm (per head, fixed by
+``seed``; ``interp.patching``): the control any other method's deltas can be held against. ``n_boot``
+and ``seed`` are in the fingerprint.
 
 Variants the mathematics answers (b_k under positions that cancel it, absent biases, b_v
 folded) are written without a forward, with the reason in ``identity``. With ``out``, each
@@ -29,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -41,6 +51,7 @@ from interp.ablation.log import ResultLog
 from interp.ablation.prefix import first_layer, output_bytes, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
+from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_count
 from interp.data import Batch, batch_to_device, iter_batches
 from interp.errors import InputError
@@ -54,10 +65,11 @@ from interp.stats import QKVStats
 from interp.types import ESTIMATES, Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
-           "delta_se", "kl", "n_targets", "identity", "below_rounding", "model_fingerprint", "data_fingerprint"]
+           "delta_se", "delta_lo", "delta_hi", "kl", "n_targets", "identity", "exact_because", "below_rounding",
+           "model_fingerprint", "data_fingerprint"]
 PREFIX_BUDGET = 2 * 2**30  # bytes of intact block outputs prefix reuse may keep (all batches together)
-NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "kl": float, "n_targets": int,
-           "below_rounding": bool}
+NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "delta_lo": float,
+           "delta_hi": float, "kl": float, "n_targets": int, "below_rounding": bool}
 
 
 @dataclass
@@ -78,6 +90,7 @@ class _Run:
     block_outputs: list[list[Any]] = field(default_factory=list)  # per batch, per layer (prefix reuse)
     base_sums: Optional[Tensor] = None  # the intact metric's per-item sums, all batches in order
     weights_per_item: list[float] = field(default_factory=list)  # and each item's count (tokens or 1)
+    resampler: Optional[Resampler] = None  # bootstrap resamples of the items (delta_lo / delta_hi)
 
     def items(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> tuple[Tensor, Tensor]:
         """(per-item sums, per-item counts) of the metric on one batch's output."""
@@ -95,18 +108,20 @@ class _Run:
         weights = self.weights if weights is None else weights
         return sum(v * w for v, w in zip(values, weights)) / sum(weights)
 
-    def ablated_and_se(self, sums: Tensor) -> tuple[float, float]:
-        """(metric, standard error of its delta) from an ablated run's per-item sums.
+    def ablated_and_se(self, sums: Tensor) -> tuple[float, float, float, float]:
+        """(metric, standard error of its delta, delta_lo, delta_hi) from an ablated run's per-item sums.
 
         The delta is a ratio of sums over items, sum_i d_i / sum_i n_i with d_i the item's change
         and n_i its count; its standard error is the linearised one over items (clusters):
-        sqrt(N / (N - 1) * sum_i (d_i - delta n_i)^2) / sum_i n_i (NaN with one item)."""
+        sqrt(N / (N - 1) * sum_i (d_i - delta n_i)^2) / sum_i n_i (NaN with one item). delta_lo /
+        delta_hi: the 95% percentile bootstrap over items of the same ratio (``interp.bootstrap``)."""
         counts = torch.tensor(self.weights_per_item, dtype=sums.dtype, device=sums.device)
         total, d = counts.sum(), sums - self.base_sums.to(sums.dtype)
         delta = d.sum() / total
         n = d.shape[0]
         se = ((n / (n - 1) * ((d - delta * counts) ** 2).sum()) ** 0.5 / total) if n > 1 else float("nan")
-        return float(sums.sum() / total), float(se)
+        lo, hi = self.resampler.ratio_interval(d.cpu().numpy(), counts.cpu().numpy())
+        return float(sums.sum() / total), float(se), float(lo), float(hi)
 
 
 def _check_estimate(estimate: str, name: str, batches: list[Batch]) -> None:
@@ -161,7 +176,7 @@ def rounding_level(model: InterpBridge, baseline: float) -> float:
 
 
 def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: str,
-             max_batches: Optional[int], reuse_prefix: bool = False) -> _Run:
+             max_batches: Optional[int], reuse_prefix: bool = False, boot: tuple[int, int] = (0, 0)) -> _Run:
     if estimate not in ESTIMATES:
         raise InputError(f"estimate must be one of {', '.join(ESTIMATES)}; got {estimate!r}")
     host = list(iter_batches(model, data, max_batches))
@@ -174,18 +189,25 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     metrics.check_labels(model, name, host)  # on the host, once
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], 0.0, [], 0.0)
     _run_intact(run, reuse_prefix)
+    keys = [item_keys(b) for b in host]
+    units = [k for ks in keys for k in ks]
+    if len(units) != len(run.base_sums):  # a callable metric that returns one scalar per batch: resample batches
+        units = ["+".join(ks) for ks in keys]
+    run.resampler = Resampler(units, *boot)
     identity = callable_identity(metric) if callable(metric) and not isinstance(metric, str) else name
     run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
                            data=data_fingerprint(host), batches=len(batches), max_batches=max_batches,
-                           metric=identity, interp=__version__)
+                           metric=identity, interp=__version__, n_boot=boot[0], seed=boot[1])
     return run
 
 
 def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float,
-         identity: str = "", delta_se: float = float("nan")) -> dict:
+         identity: str = "", spread: tuple[float, float, float] = (float("nan"),) * 3) -> dict:
+    """One result row; ``spread`` = (delta_se, delta_lo, delta_hi) where per-item sums exist (exact rows)."""
     return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
                 estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
-                delta=ablated - run.baseline, delta_se=delta_se, kl=kl, n_targets=len(var.targets), identity=identity,
+                delta=ablated - run.baseline, delta_se=spread[0], delta_lo=spread[1], delta_hi=spread[2], kl=kl,
+                n_targets=len(var.targets), identity=identity,
                 below_rounding=bool(not identity and abs(ablated - run.baseline) < run.rounding),
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
 
@@ -193,19 +215,20 @@ def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated:
 def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
     """Why ``var`` provably changes nothing, so that no forward is needed; "" when it must run.
 
-    * every target's bias is absent and the method only removes (zero, fold): nothing to remove;
+    * every target's bias is absent and the method only removes (zero, fold) or replaces it by a random
+      vector of its norm (random): nothing to remove;
     * only b_k, and the registry says b_k cancels in the softmax (learned, ALiBi, relative or no
-      positions; not rotary or qk-norm): zero and mean both shift k by a per-head constant,
+      positions; not rotary or qk-norm): every method shifts k by a per-head constant,
       which adds the same amount to every score of a query row;
     * only b_v, folded into b_O: attention rows sum to 1, so the fold is exact.
     """
     kinds = {kind for _, _, kind in var.targets}
     present = {layer: bias_present(model, layer) for layer in {layer for layer, _, _ in var.targets}}
-    if method in ("zero", "fold") and not any(present[layer][kind] for layer, _, kind in var.targets):
+    if method in ("zero", "fold", "random") and not any(present[layer][kind] for layer, _, kind in var.targets):
         return "absent bias: nothing to remove"
     spec = model.interp.spec
     if kinds == {"k"} and spec.k_bias_inert:
-        return f"b_k cancels in the softmax under {spec.positions} positions"
+        return f"b_k cancels in the softmax under {spec.positions} positions"  # any per-head constant shift does
     if kinds == {"v"} and method == "fold":
         return "b_v folds exactly into b_O (attention rows sum to 1)"
     return ""
@@ -238,7 +261,7 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Op
     with torch.no_grad():
         for start, group in _groups(todo, stack, bool(run.block_outputs)):
             n = len(group)
-            hooks = stacked_patch_hooks(run.model, [v.targets for v in group], method, stats)
+            hooks = stacked_patch_hooks(run.model, [v.targets for v in group], method, stats, run.fingerprint["seed"])
             vals: list[list[Tensor]] = [[] for _ in group]  # per variant: per-item sums of each batch
             kls: list[list[Optional[Tensor]]] = [[] for _ in group]
             for index, (batch, ref) in enumerate(zip(run.batches, run.refs)):
@@ -249,8 +272,8 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Op
                     kls[i].append(metrics.kl_from_intact(run.model, ref["output"], o, batch))
             for var, vv, kk in zip(group, vals, kls):  # one host sync per group of stacked variants
                 kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
-                ablated, se = run.ablated_and_se(torch.cat(vv))
-                log.add(_row(var, keys[var], method, "exact", run, ablated, kl, delta_se=se))
+                ablated, *spread = run.ablated_and_se(torch.cat(vv))
+                log.add(_row(var, keys[var], method, "exact", run, ablated, kl, spread=tuple(spread)))
             bar.update(n)
     bar.close()
 
@@ -277,10 +300,11 @@ def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: 
     elif todo:
         args = (run.model, run.batches, run.weights, todo, method, stats)
         if estimate == "atp_distance":
-            deltas = distance_deltas(*args, run.metric_name, run.refs, run.need_hidden, opts["n_projections"])
+            deltas = distance_deltas(*args, run.metric_name, run.refs, run.need_hidden, opts["n_projections"],
+                                     bias_seed=opts["seed"])
         else:
             estimator = atp_star_deltas if estimate == "atp" else attribution_deltas
-            deltas = estimator(*args, run.value, run.refs, run.need_hidden)
+            deltas = estimator(*args, run.value, run.refs, run.need_hidden, bias_seed=opts["seed"])
         for var, d in zip(todo, deltas):
             log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
     missing = {c: False if NUMERIC.get(c) is bool else float("nan") if c in NUMERIC else "" for c in COLUMNS}
@@ -307,16 +331,46 @@ def top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -
     return [variants[i] for i in sorted(chosen._i)]
 
 
+def sample_variants(estimated: pd.DataFrame, variants: list[Variant], top: list[Variant], sample_k: int,
+                    seed: int) -> list[Variant]:
+    """Up to ``sample_k`` variants per kind drawn at random (``numpy.random.default_rng(seed)``, kinds in
+    order) among those the estimate did not rank in its top and no identity answers: exact rows whose
+    choice does not depend on the estimate, so that estimate and exact can be compared without bias."""
+    rng = np.random.default_rng(seed)
+    taken, chosen = set(top), []
+    answered = {i for i, ident in enumerate(estimated.identity.fillna("")) if ident}
+    for kind in dict.fromkeys(v.kind for v in variants):
+        pool = [i for i, v in enumerate(variants) if v.kind == kind and v not in taken and i not in answered]
+        picks = rng.choice(len(pool), size=min(sample_k, len(pool)), replace=False) if pool else []
+        chosen += [pool[j] for j in sorted(int(p) for p in picks)]
+    return [variants[i] for i in sorted(chosen)]
+
+
 def _sweep(run: _Run, variants: list[Variant], method: Method, estimate: str, stats: Optional[QKVStats],
            log: ResultLog, opts: dict, shard: tuple[int, int], top_k: int) -> pd.DataFrame:
     """This rank's rows: its share of the variants, or, for "auto", the one-pass estimate of every
-    variant (identical on every rank) and its share of the top_k per kind run exactly."""
+    variant (identical on every rank) and its share of the top_k per kind (``exact_because`` "top") and
+    of ``sample_k`` random others per kind ("sample") run exactly."""
     rank, world = shard
     if estimate != "auto":
-        return _run_estimate(run, variants[rank::world], method, estimate, stats, log, opts)
+        df = _run_estimate(run, variants[rank::world], method, estimate, stats, log, opts)
+        return df.assign(exact_because="requested" if estimate == "exact" else "")
     estimated = _run_estimate(run, variants, method, one_pass_estimate(run.model, run.metric_name), stats, log, opts)
-    chosen = top_variants(estimated, variants, top_k)[rank::world]
-    return pd.concat([estimated, _run_estimate(run, chosen, method, "exact", stats, log, opts)], ignore_index=True)
+    top = top_variants(estimated, variants, top_k)
+    sample = sample_variants(estimated, variants, top, opts["sample_k"], opts["seed"])
+    why = {v: "top" for v in top} | {v: "sample" for v in sample}
+    chosen = [v for v in variants if v in why][rank::world]
+    exact = _run_estimate(run, chosen, method, "exact", stats, log, opts).assign(exact_because=[why[v] for v in chosen])
+    return pd.concat([estimated.assign(exact_because=""), exact], ignore_index=True)
+
+
+def _check_counts(top_k: Any, stack: Any, sample_k: Any, n_boot: Any, seed: Any,
+                  n_projections: Any) -> tuple[int, int, int, tuple[int, int]]:
+    """(top_k, stack, sample_k, (n_boot, seed)) checked; n_projections too."""
+    if isinstance(n_projections, bool) or not isinstance(n_projections, int) or n_projections < 1:
+        raise InputError(f"n_projections must be >= 1 (random projections of the features); got {n_projections!r}")
+    return (check_count("top_k", top_k, minimum=0), check_count("stack", stack),
+            check_count("sample_k", sample_k, minimum=0), check_bootstrap(n_boot, seed))
 
 
 def check_shard(shard: Any) -> tuple[int, int]:
@@ -337,7 +391,7 @@ def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     key = ["layer", "head", "kind", "scope", "method", "estimate", "n_targets"]
     df = df.drop_duplicates(key).reset_index(drop=True)
     order = {e: i for i, e in enumerate(dict.fromkeys(frames[0].estimate))}
-    df = df.assign(_e=df.estimate.map(order), _k=df.kind.map({"q": 0, "k": 1, "v": 2}))
+    df = df.assign(_e=df.estimate.map(order), _k=df.kind.map({"q": 0, "k": 1, "v": 2, "sink_v": 3, "massive": 4}))
     df = df.sort_values(["_e", "_k", "layer", "head"], kind="stable", na_position="first")
     return df.drop(columns=["_e", "_k"]).reset_index(drop=True)
 
@@ -355,49 +409,42 @@ def ablate_bias(
     out: Optional[Union[str, Path]] = None,
     overwrite: bool = False,
     max_batches: Optional[int] = None,
-    stack: int = 8,
-    force_exact: bool = False,
-    reuse_prefix: bool = True,
-    top_k: int = 5,
-    n_projections: int = 8,
-    shard: tuple[int, int] = (0, 1),
-    progress: bool = True,
-    layers: Optional[Sequence[int]] = None,
-    heads: Optional[Sequence[int]] = None,
+    stack: int = 8, force_exact: bool = False, reuse_prefix: bool = True,
+    top_k: int = 5, n_projections: int = 8,
+    shard: tuple[int, int] = (0, 1), progress: bool = True,
+    layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
+    sample_k: int = 5, n_boot: int = 1000, seed: int = 0,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
 
-    Columns: layer, head (None where the variant spans several), kind, scope (head | layer |
-    all | custom), method, estimate, metric, baseline, ablated, delta (= ablated - baseline),
-    delta_se (standard error over items; exact rows), kl (exact, with logits), n_targets, identity,
-    below_rounding (float16/bfloat16: |delta| < eps(dtype) x |baseline|). ``metric`` is
-    "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine,
-    feature_cosine, or a callable ``f(output, batch) -> scalar tensor``. ``estimate``: see
-    the module doc; "auto" estimates every variant in one pass, then runs the ``top_k`` per
-    kind exactly. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
-    a rerun resumes, a log of another run (weights, data, max_batches, metric, library
-    version) is refused or, with ``overwrite=True``, replaced. A variant an identity answers
-    (``identity_reason``) is not run unless ``force_exact``; its row says why.
-    ``reuse_prefix`` (exact): layers below a patch are replayed from the intact run. ``layers`` /
-    ``heads`` (None: all) aim the sweep at those layers and heads (``make_variants``).
-    ``shard=(rank, world)``: this process runs every world-th variant (the one-pass estimate
-    of "auto" runs whole on every rank, so all choose the same top heads); ``merge_shards``
-    joins the ranks' frames into the one-process table.
+    Columns: layer, head (None where the variant spans several), kind, scope (head | layer | all | custom), method,
+    estimate, metric, baseline, ablated, delta (= ablated - baseline), delta_se (standard error over items; exact
+    rows), delta_lo / delta_hi, kl (exact, with logits), n_targets, identity, exact_because, below_rounding
+    (float16/bfloat16: |delta| < eps(dtype) x |baseline|): see the module doc for the intervals, ``sample_k``,
+    ``n_boot``, ``seed`` and ``method="random"``. ``metric`` is "auto" (the family's default), next_token_ce,
+    cross_entropy, embedding_cosine, feature_cosine, or a callable ``f(output, batch) -> scalar tensor``.
+    ``estimate``: see the module doc. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
+    a rerun resumes, a log of another run (weights, data, max_batches, metric, library version) is refused or,
+    with ``overwrite=True``, replaced. A variant an identity answers (``identity_reason``) is not run unless
+    ``force_exact``; its row says why. ``reuse_prefix`` (exact): layers below a patch are replayed from the intact
+    run. ``layers`` / ``heads`` (None: all) aim the sweep at those layers and heads (``make_variants``).
+    ``shard=(rank, world)``: this process runs every world-th variant (the one-pass estimate of "auto" runs whole
+    on every rank, so all choose the same top heads); ``merge_shards`` joins the ranks' frames into the
+    one-process table.
     """
     model = require_bridge(model, "ablate_bias")
     variants = make_variants(model.interp, kinds, scope, layers, heads)
     check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
-    top_k, stack = check_count("top_k", top_k, minimum=0), check_count("stack", stack)
-    if isinstance(n_projections, bool) or not isinstance(n_projections, int) or n_projections < 1:
-        raise InputError(f"n_projections must be >= 1 (random projections of the features); got {n_projections!r}")
+    top_k, stack, sample_k, boot = _check_counts(top_k, stack, sample_k, n_boot, seed, n_projections)
     rank, world = check_shard(shard)
-    run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"))
+    run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"), boot)
     if world > 1:
         run.fingerprint["shard"] = f"{rank}/{world}"  # a rank's log resumes only the same share
     if method == "mean" and stats is None:
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, overwrite)
-    opts = dict(force_exact=force_exact, stack=stack, progress=progress, n_projections=int(n_projections))
+    opts = dict(force_exact=force_exact, stack=stack, progress=progress, n_projections=int(n_projections),
+                sample_k=sample_k, seed=boot[1])
     df = _sweep(run, variants, method, estimate, stats, log, opts, (rank, world), int(top_k))
     if out is not None:
         write_table(df, Path(out) / "ablation")
