@@ -152,11 +152,12 @@ _LIBRARIES = ("builtins", "torch", "numpy", "math", "einops", "transformers", "s
 
 
 def _callable_digest(fn: Callable, depth: int = 0) -> str:
-    """Code and captured values of ``fn``; a library's function (torch, numpy, ...) by its name, and
+    """Code and captured values of ``fn``; a library's function (torch, numpy, ...) by its name (but a
+    ``functools.partial`` by what it wraps and binds: its repr abbreviates large tensors), and
     functions reached through other functions' globals by their code only (no endless recursion)."""
     h = hashlib.blake2b(digest_size=6)
     module = str(getattr(fn, "__module__", None) or "").split(".")[0]
-    if module in _LIBRARIES or isinstance(fn, types.BuiltinFunctionType):
+    if (module in _LIBRARIES or isinstance(fn, types.BuiltinFunctionType)) and not isinstance(fn, functools.partial):
         h.update(f"{module}.{getattr(fn, '__qualname__', repr(fn))}".encode())
         return h.hexdigest()
     code = getattr(fn, "__code__", None)

@@ -1,6 +1,7 @@
 """The walls between modules: imports go downward only, no function over 60 lines, no surgery."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,71 @@ def test_no_class_over_150_lines(name):
         if isinstance(node, ast.ClassDef):
             length = node.end_lineno - node.lineno + 1
             assert length <= 150, f"{name}.{node.name} is {length} lines long"
+
+
+# Modules whose properties are tested in a module named for what it tests together: the test names one
+# of the module's public names, or (file, evidence) where the module is reached through what the
+# evidence names (an estimate, an analyzer, a loader). Every other module with logic has
+# tests/<same path>/test_<module>.py.
+TESTED_IN = {
+    "interp.ablation.attribution": ("tests/ablation/test_sweep.py", "atp"),  # estimates against exact rows
+    "interp.ablation.metrics": "tests/test_batching_invariance.py",
+    "interp.analysis.one_input": "tests/analysis/test_single_input.py",
+    "interp.analysis.origin": "tests/analysis/test_analysis.py",
+    "interp.analysis.origin_intervals": ("tests/analysis/test_intervals.py", "n_boot"),
+    "interp.analysis.scores": "tests/analysis/test_analysis.py",
+    "interp.analysis.sink_parts": ("tests/analysis/test_sinks.py", "sink_profile"),
+    "interp.bootstrap": "tests/ablation/test_uncertainty.py",
+    "interp.data.batch": "tests/data/test_iterate.py",
+    "interp.data.builtin": "tests/models/test_zoo.py",
+    "interp.demo": "tests/test_pipeline.py",
+    "interp.errors": "tests/test_every_exception_ours.py",
+    "interp.interactive": "tests/test_interactive_figures.py",
+    "interp.io": "tests/test_faults.py",
+    "interp.models.bridge": ("tests/models/test_loading.py", "load_model"),
+    "interp.models.folder": ("tests/models/test_loading.py", "save_pretrained"),
+    "interp.models.info": ("tests/models/test_families.py", "model.interp"),
+    "interp.models.tiny": "tests/models/test_families.py",
+    "interp.models.builders": "tests/models/test_families.py",
+    "interp.patching": "tests/test_properties.py",
+    "interp.sections": ("tests/test_pipeline.py", "sections"),
+    "interp.single_input_plots": "tests/analysis/test_single_input.py",
+    "interp.stats_dist": ("tests/test_record.py", "all_reduce"),
+    "interp.stats_format": "tests/test_stats.py",
+    "interp.training.corpus": "tests/training/test_sink_training.py",
+    "interp.training.sink_report": "tests/training/test_sink_results.py",
+    "interp.training.sinks": "tests/training/test_sink_training.py",
+}
+# the adapters are tested through the family registry (tests parametrised over list_families())
+REGISTRY_TESTS = "tests/models/test_families.py"
+
+
+def _public_names(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_tests_mirror_the_package(name):
+    path = MODULES[name]
+    if path.name == "__init__.py" or path.stem.startswith("_") or not any(
+            isinstance(n, ast.FunctionDef) for n in ast.walk(ast.parse(path.read_text()))):
+        return  # a package face or a module of constants: nothing to test on its own
+    mirror = PACKAGE.parent / "tests" / path.relative_to(PACKAGE).parent / f"test_{path.stem}.py"
+    if mirror.exists():
+        return
+    root = PACKAGE.parent
+    if name.startswith("interp.models.adapters."):
+        assert "list_families" in (root / REGISTRY_TESTS).read_text()
+        return
+    assert name in TESTED_IN, f"{name} has logic but no {mirror.relative_to(root)} (or an entry in TESTED_IN)"
+    where, evidence = TESTED_IN[name] if isinstance(TESTED_IN[name], tuple) else (TESTED_IN[name], None)
+    text = (root / where).read_text()
+    if evidence is not None:
+        assert evidence in text, f"{where} no longer reaches {name} through {evidence!r}"
+        return
+    assert name in text or any(re.search(rf"\b{n}\b", text) for n in _public_names(path)), \
+        f"{where} does not use {name}"
 
 
 def test_every_module_has_a_layer():

@@ -4,7 +4,7 @@ Each attribute of a family's HF config class (for timm / open_clip: each constru
 whose name looks attention-relevant (``ATTENTION_RELEVANT``) has one ``Audit`` entry:
 
 * **handled**: interp reproduces HF for non-default values; ``probe`` is such a value, and
-  ``tests/models/test_config_audit.py`` builds a tiny model with it and compares the hooked model's
+  ``tests/models/test_audit.py`` builds a tiny model with it and compares the hooked model's
   logits and patterns with HF's, and the score decomposition's four terms with the pattern;
 * **refused**: ``interp.load_model`` raises ``UnsupportedModelError`` naming the attribute, its value
   and what to do (``scope="load"``), or the model loads and the analyses that need the four score
