@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_VERBOSITY = error
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup models demo notebooks lint install-check test test-fast clean-cache
+.PHONY: setup models demo notebooks notebooks-docs lint install-check test test-fast clean-cache
 
 setup: $(STAMP)
 
@@ -27,6 +27,11 @@ demo: models
 # The tutorials in JupyterLab (the zoo fetched first: they load its models).
 notebooks: models
 	$(VENV)/bin/jupyter lab notebooks/
+
+# Run every tutorial and render it, outputs included, into docs/notebooks/*.md (tests/test_notebook_docs.py
+# fails when a notebook's code changed since). One notebook: $(PY) benchmarks/render_notebooks.py 01
+notebooks-docs: models
+	$(PY) benchmarks/render_notebooks.py
 
 lint: setup
 	$(VENV)/bin/ruff check interp tests benchmarks
