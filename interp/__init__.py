@@ -3,7 +3,8 @@
 Load a model (``load_model``), record per-head Q/K/V statistics (``record_qkv``), and
 ask what each head's bias does: ``origin_shift``, ``score_decomposition``,
 ``bias_invariances``, ``frequency_profile`` / ``cluster_heads``, ``ablate_bias``; and what a model
-makes for itself without a bias: ``sink_profile``, ``implicit_value_bias``, ``massive_activations``.
+makes for itself without a bias: ``sink_profile``, ``implicit_value_bias``, ``massive_activations``,
+``high_norm_tokens``.
 Analyzers return tidy long-form DataFrames; ``interp.plots`` draws them; ``interp.pipeline``
 runs them all and ``interp.report`` writes ``report.html`` and ``summary.json``.
 
@@ -39,6 +40,7 @@ _PUBLIC = {
     "frequency_shift_under_ablation": "interp.analysis.frequency", "origin_shift": "interp.analysis.origin",
     "implicit_value_bias": "interp.analysis.sinks", "massive_activations": "interp.analysis.sinks",
     "sink_profile": "interp.analysis.sinks", "sink_shares": "interp.analysis.sinks",
+    "high_norm_tokens": "interp.analysis.high_norm",
     "SingleInput": "interp.analysis.one_input", "single_input": "interp.analysis.one_input",
     "Batch": "interp.data", "builtin_batches": "interp.data", "iter_batches": "interp.data",
     "attention_weights": "interp.heads", "bias_spec": "interp.heads",
@@ -49,9 +51,10 @@ _PUBLIC = {
     "DataSource": "interp.data", "resolve_data": "interp.data", "open_data": "interp.data", "QKVStats": "interp.stats",
 }
 # reachable as interp.<name> for tests and notebooks, but not the public face (not in __all__)
-_EXTRAS = {"tiny_hf_model": "interp.models", "tiny_inputs": "interp.models", "require_bridge": "interp.models",
+_EXTRAS = {"tiny_hf_model": "interp.testing", "tiny_inputs": "interp.testing", "require_bridge": "interp.models",
            "kv_group": "interp.heads"}
-_SUBMODULES = ("errors", "plots", "pipeline", "report", "fingerprint", "models", "data", "analysis", "ablation")
+_SUBMODULES = ("errors", "plots", "pipeline", "report", "fingerprint", "models", "data", "analysis", "ablation",
+               "testing")
 
 __all__ = ["__version__", "errors", "plots", "InterpError", *sorted(_PUBLIC, key=str.lower)]
 

@@ -40,7 +40,7 @@ LAYERS = [
     ["interp.training.sinks"], ["interp.training.sink_results"], ["interp.training"],
     ["interp.report"],
     ["interp.demo"],
-    ["interp.cli", "interp.models", "interp"],
+    ["interp.cli", "interp.models", "interp.testing", "interp"],
 ]
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}
 
@@ -239,8 +239,14 @@ def test_public_names_are_exported():
 
     for name in interp.__all__:
         assert hasattr(interp, name), name
-    for name in ("load_model", "record_qkv", "origin_shift", "ablate_bias", "builtin_batches", "list_families"):
+    for name in ("load_model", "record_qkv", "origin_shift", "ablate_bias", "builtin_batches", "list_families",
+                 "register_family", "get_family", "merge_shards", "open_data", "QKVStats", "sink_profile"):
         assert name in interp.__all__
+    for fixture_or_internal in ("tiny_hf_model", "tiny_inputs", "require_bridge", "kv_group"):
+        assert fixture_or_internal not in interp.__all__
+    from interp.testing import tiny_hf_model
+
+    assert interp.tiny_hf_model is tiny_hf_model  # still reachable, from interp.testing
 
 
 if __name__ == "__main__":  # regenerate README's diagram from LAYERS

@@ -63,7 +63,8 @@ class ModelInfo:
 
     @property
     def rotary(self) -> bool:
-        return self.positions == "rotary"
+        """Whether q and k rotate by position (so b_q and b_k rotate too): the family's fact, said once."""
+        return self.spec.rotary
 
     @property
     def causal(self) -> bool:
