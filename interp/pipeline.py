@@ -160,7 +160,17 @@ def invariance_step(ctx: Context) -> list[Section]:
                     tables={"bias_invariances": inv})]
 
 
+def _families(profile: pd.DataFrame) -> pd.DataFrame:
+    """``cluster_heads``, or one family said as such when fewer than 3 heads are selected (--heads)."""
+    if len(profile) >= 3:
+        return cluster_heads(profile)
+    return profile.assign(cluster=0, silhouette=np.nan, silhouette_mean=np.nan, k=1, null_silhouette=np.nan,
+                          p_value=np.nan, separation=np.nan, structure=False)
+
+
 def _families_text(numbers: dict, families: str) -> str:
+    if np.isnan(numbers["p_value"]):
+        return f"Too few heads selected to compare families (fewer than 3); {families}."
     test = (f"permutation null p = {numbers['p_value']:.2f}, separation {numbers['separation']:.1f} resolution "
             "units (>= 1 needed)")
     if not numbers["structure"]:
@@ -172,7 +182,7 @@ def _families_text(numbers: dict, families: str) -> str:
 def frequency_step(ctx: Context) -> list[Section]:
     aim = dict(layers=ctx.layers, heads=ctx.heads)
     shift = frequency_shift_under_ablation(ctx.model, ctx.batches[:2], kinds=("q",), **aim)
-    clustered = cluster_heads(frequency_profile(ctx.model, ctx.batches[:2], **aim))
+    clustered = _families(frequency_profile(ctx.model, ctx.batches[:2], **aim))
     fam = clustered.groupby("cluster")[["hf_ratio", "mean_attention_distance"]].mean()
     per_layer = clustered.groupby("layer").mean_attention_distance.mean()
     unit = clustered.distance_unit.iloc[0]

@@ -82,3 +82,17 @@ def test_origin_refuses_layers_the_statistics_lack(models):
     with pytest.raises(InputError, match=r"layers \[1\] were not recorded"):
         interp.origin_shift(model, stats, layers=[0, 1])
     assert set(interp.origin_shift(model, stats).layer) == {0}
+
+
+def test_fewer_than_three_heads_are_one_family_said_as_such(models):
+    """interp frequency --heads 0,1 on one layer: no clustering to do, and the text says why."""
+    from interp.pipeline import _families, _families_text
+
+    model, data = models["vit"]
+    profile = interp.frequency_profile(model, data, layers=[1], heads=[0, 1], progress=False)
+    one = _families(profile)
+    assert (one.cluster == 0).all() and (one.k == 1).all() and not one.structure.any()
+    pd.testing.assert_frame_equal(one[profile.columns], profile)  # the profile itself untouched
+    numbers = dict(p_value=float(one.p_value.iloc[0]), structure=False, k=1)
+    assert _families_text(numbers, "cluster 0: ...").startswith("Too few heads selected")
+    assert "cluster" in _families(interp.frequency_profile(model, data, progress=False))  # 12 heads: clustered
