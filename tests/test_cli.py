@@ -162,3 +162,17 @@ def test_help_answers_without_importing_torch():
             "import interp\nassert interp.load_model.__interp_public__ and 'torch' in sys.modules\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_ablate_writes_one_table(tmp_path):
+    """ablation.csv duplicated ablation_zero_exact.csv (issue 25): one table, every estimate's rows in it."""
+    from interp.cli import main as cli_main
+
+    assert cli_main(["ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1", "--kinds", "q",
+                     "--layers", "0", "--estimate", "both", "--out", str(tmp_path)]) == 0
+    tables = sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".csv", ".parquet"))
+    assert tables == ["ablation.csv", "ablation.parquet"]
+    rows = pd.read_csv(tmp_path / "ablation.csv")
+    assert set(rows.estimate) == {"attribution", "exact"} and (rows.layer == 0).all()
+    same = pd.read_parquet(tmp_path / "ablation.parquet")
+    assert same[["layer", "head", "estimate"]].astype(str).equals(rows[["layer", "head", "estimate"]].astype(str))
