@@ -44,9 +44,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from interp.analysis.scores import _key_mask, score_terms
-from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names
+from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names, run_until_kept
 from interp.data.batch import Batch, image_norm, normalise, square_resize
-from interp.checks import check_count, check_heads, check_layers, inputs_checked_on_host
+from interp.checks import check_count, check_heads, check_layers
 from interp.data import model_inputs
 from interp.errors import InputError
 from interp.fingerprint import data_fingerprint, model_fingerprint
@@ -233,35 +233,10 @@ def resolve_query(model: InterpBridge, query: Any, n_pos: int) -> tuple[str, Opt
 # ----- the forwards ----------------------------------------------------------------------------------------
 
 
-class _Stop(Exception):
-    """Raised once a forward has passed every activation it is read for: nothing after is computed."""
-
-
-def _run(model: InterpBridge, x: Tensor, kw: dict, names: Sequence[str], hooks: Sequence = ()) -> dict[str, Tensor]:
-    """One forward with ``hooks``, keeping the activations at ``names``; it ends (``_Stop``) as soon as all of
-    them are kept, whatever order the family fires them in (TransformerLens' ``stop_at_layer`` does not stop
-    blocks named ``encoder.layer.N``: ViT, DINOv2, BERT; their hook_pattern fires after hook_out)."""
-    store: dict[str, Tensor] = {}
-
-    def keeper(name: str) -> Any:
-        def keep(t: Tensor, hook: Any) -> None:
-            store[name] = t.detach()
-            if len(store) == len(names):
-                raise _Stop
-        return keep
-
-    try:
-        with inputs_checked_on_host():  # the input was checked on the host by Batch.check
-            model.run_with_hooks(x, fwd_hooks=list(hooks) + [(n, keeper(n)) for n in names], **kw)
-    except _Stop:
-        pass
-    return store
-
-
 def _intact_store(model: InterpBridge, x: Tensor, kw: dict, layers: Sequence[int]) -> dict[str, Tensor]:
     """hook_pattern, hook_q, hook_k, hook_v, hook_z (and hook_cos / hook_sin under rotary) of ``layers``."""
     parts = ("pattern", "q", "k", "v", "z") + (("cos", "sin") if model.interp.rotary else ())
-    store = _run(model, x, kw, [hook_name(layer, p) for layer in layers for p in parts])
+    store = run_until_kept(model, x, kw, [hook_name(layer, p) for layer in layers for p in parts])
     patterns_of(model, store, layers)  # a fused attention kernel (no pattern) is refused here, with the fix
     return store
 
@@ -274,7 +249,8 @@ def _without_biases(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> dic
     groups = [[(layer, h, kind) for h in range(model.interp.heads(kind))] for kind in kinds]
     names = [hook_name(layer, p) for p in ("pattern", "z")]
     rep = lambda t: t.repeat(len(kinds), *([1] * (t.ndim - 1)))  # noqa: E731
-    store = _run(model, rep(x), {k: rep(v) for k, v in kw.items()}, names, stacked_patch_hooks(model, groups, "zero"))
+    store = run_until_kept(model, rep(x), {k: rep(v) for k, v in kw.items()}, names,
+                           stacked_patch_hooks(model, groups, "zero"))
     return {kind: (store[names[0]][i], store[names[1]][i]) for i, kind in enumerate(kinds)}
 
 
