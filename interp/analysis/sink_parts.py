@@ -65,13 +65,43 @@ def evaluating(model: InterpBridge) -> Iterator[None]:
 Consumer = Callable[[Batch, dict[str, Tensor], Tensor, dict], None]
 
 
+class StopForward(Exception):
+    """Raised by a keeper once every activation a forward is read for is kept: nothing after is computed."""
+
+
+def run_until_kept(model: InterpBridge, x: Tensor, kw: dict, names: Sequence[str], hooks: Sequence = (),
+                   **forward: Any) -> dict[str, Tensor]:
+    """One forward with ``hooks`` that keeps the activations at ``names`` and ends as soon as all are kept,
+    whatever order the family fires them in (TransformerLens' ``stop_at_layer`` does not stop blocks named
+    ``encoder.layer.N``: ViT, DINOv2, BERT run to the end; and it never skips the final norm and unembedding,
+    which a language model's vocabulary makes costly). A hook that never fires (a fused attention kernel
+    has no pattern) lets the forward finish; the caller then finds the name missing."""
+    store: dict[str, Tensor] = {}
+    wanted = set(names)
+
+    def keeper(name: str) -> Callable[[Tensor, Any], None]:
+        def keep(t: Tensor, hook: Any) -> None:
+            store[name] = t.detach()
+            if len(store) == len(wanted):
+                raise StopForward
+        return keep
+
+    try:
+        with inputs_checked_on_host():  # the caller checked the batch on the host: no device sync here
+            model.run_with_hooks(x, fwd_hooks=list(hooks) + [(n, keeper(n)) for n in wanted], **kw, **forward)
+    except StopForward:
+        pass
+    return store
+
+
 def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], hook_names: list[str],
                    consume: Consumer, *, desc: str, progress: bool = True,
                    stop_at_layer: Optional[int] = None) -> tuple[int, str]:
     """Run every batch with hooks that keep ``hook_names``' activations, pass them to
     ``consume(batch, store, x, forward_kwargs)``; return (batches run, data fingerprint).
 
-    ``stop_at_layer`` ends each forward after that many blocks (nothing later is read).
+    Each forward ends once every ``hook_names`` activation is kept (``run_until_kept``); ``stop_at_layer``
+    also hands TransformerLens the number of blocks to run.
     """
     info = model.interp
     hasher, n_batches = DataHasher(), 0
@@ -81,10 +111,7 @@ def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], h
             batch.check(info)
             hasher.update(batch)
             x, kw = model_inputs(model, batch)
-            store: dict[str, Tensor] = {}
-            hooks = [(name, keeper(store, name)) for name in hook_names]
-            with inputs_checked_on_host():  # checked on the host above: no device sync in the forward
-                model.run_with_hooks(x, fwd_hooks=hooks, **kw, **extra)
+            store = run_until_kept(model, x, kw, hook_names, **extra)  # checked on the host above
             consume(batch, store, x, kw)
             n_batches += 1
     return n_batches, hasher.hexdigest()
@@ -115,10 +142,15 @@ class AbsHistogram:
 
     def lower_median(self) -> float:
         """The midpoint of the bin holding the ceil(n/2)-th smallest value (NaN when empty)."""
+        return self.quantile(0.5)
+
+    def quantile(self, q: float) -> float:
+        """The midpoint of the bin holding the ceil(q n)-th smallest value (at least the first; NaN when
+        empty): the lower q-quantile within a relative 2^-11."""
         n = self.total()
         if n == 0:
             return float("nan")
-        k = (n + 1) // 2
+        k = max(1, math.ceil(q * n))
         i = int(torch.searchsorted(self.counts.cumsum(0), torch.tensor(float(k), dtype=torch.float64,
                                                                        device=self.counts.device)))
         lo, hi = (_edge(i) if i > 0 else 0.0), _edge(i + 1)
