@@ -200,7 +200,8 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
         ablate_bias(model, data, kinds=kinds, scope=args.scope, method=args.method,
                     metric=args.metric, estimate=est, out=mine, overwrite=args.overwrite and i == 0,
                     max_batches=args.max_batches, force_exact=args.force_exact, top_k=args.top_k,
-                    shard=(rank, world), progress=rank == 0, layers=args.layers, heads=args.heads)
+                    shard=(rank, world), progress=rank == 0, layers=args.layers, heads=args.heads,
+                    sample_k=args.sample_k, n_boot=args.n_boot, seed=args.seed)
         for i, est in enumerate(estimates)
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
@@ -355,7 +356,8 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # integer flags, checked before a command does anything (the name its error uses, the least value)
-COUNTS = {"batch_size": 1, "seq_len": 1, "max_items": 1, "max_tokens": 1, "top_k": 0}
+COUNTS = {"batch_size": 1, "seq_len": 1, "max_items": 1, "max_tokens": 1, "top_k": 0, "sample_k": 0, "n_boot": 0,
+          "seed": 0}
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -463,7 +465,8 @@ def _add_ablate_parser(sub: Any) -> None:
     p.add_argument("--method", default="zero", choices=METHODS,
                    help="zero: b -> 0; mean: b -> E[XW] (the data-induced origin, so the head's origin moves to "
                         "2 E[XW]); layer_mean: b -> the layer's mean bias over heads (does each head need its own?); "
-                        "fold: b_v into b_O, exact (default: %(default)s)")
+                        "fold: b_v into b_O, exact; random: b -> a random direction of the same norm, per head "
+                        "(the control; --seed fixes it) (default: %(default)s)")
     p.add_argument("--metric", default="auto",
                    help="auto (the family's default), next_token_ce, cross_entropy, embedding_cosine or "
                         "feature_cosine (default: %(default)s)")
@@ -477,6 +480,13 @@ def _add_ablate_parser(sub: Any) -> None:
     p.add_argument("--layers", type=_int_list, default=None, help="comma-separated layers to ablate (default: all)")
     p.add_argument("--heads", type=_int_list, default=None, help="comma-separated heads to ablate (default: all)")
     p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under --estimate auto "
+                   "(default: %(default)s)")
+    p.add_argument("--sample-k", type=int, default=5, help="heads per kind drawn at random (--seed) and run exactly "
+                   "too under --estimate auto, so estimate and exact are compared off the estimate's own top "
+                   "(default: %(default)s)")
+    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples over items for delta_lo/delta_hi "
+                   "(0: none) (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the bootstrap, the random sample and --method random "
                    "(default: %(default)s)")
     p.add_argument("--max-batches", type=int, default=None, help="at most this many batches (default: all)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")

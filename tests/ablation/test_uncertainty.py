@@ -149,3 +149,18 @@ def test_auto_runs_the_top_and_a_seeded_random_sample_exactly(gpt2):
     again = ablate_bias(gpt2, data, seed=0, **kw)
     other = ablate_bias(gpt2, data, seed=1, **kw)
     assert heads(again, "sample") == heads(df, "sample") != heads(other, "sample")
+
+
+def test_cli_ablate_takes_method_random_seed_n_boot_and_sample_k(tmp_path):
+    from interp.cli import main as cli_main
+    import pandas as pd
+    argv = ["ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1", "--kinds", "q",
+            "--layers", "0", "--heads", "0,1", "--method", "random", "--seed", "3", "--n-boot", "40",
+            "--estimate", "auto", "--top-k", "1", "--sample-k", "1", "--out", str(tmp_path)]
+    assert cli_main(argv) == 0
+    df = pd.read_csv(tmp_path / "ablation.csv")
+    exact = df[df.estimate == "exact"]
+    assert sorted(exact.exact_because) == ["sample", "top"] and (df.method == "random").all()
+    assert (exact.delta_lo <= exact.delta).all() and (exact.delta <= exact.delta_hi).all()
+    header = (tmp_path / "ablation.jsonl").read_text().splitlines()[0]
+    assert '"seed": 3' in header and '"n_boot": 40' in header
