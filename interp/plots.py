@@ -426,6 +426,76 @@ def massive_activations_plot(frame: pd.DataFrame, *, model_name: Optional[str] =
     return fig
 
 
+
+def token_norm_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
+    """From ``high_norm_tokens``: per layer the token-norm distribution (5-95% and 25-75% bands, median,
+    max) and the kept outliers (norm > k x median) as points coloured by the attention mass they receive;
+    log scale when the largest norm is over 20x the median."""
+    per_layer = frame.drop_duplicates("layer").sort_values("layer")
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    x = per_layer.layer
+    ax.fill_between(x, per_layer.norm_q05, per_layer.norm_q95, color="#9ecae1", alpha=0.5, label="5-95% of tokens")
+    ax.fill_between(x, per_layer.norm_q25, per_layer.norm_q75, color="#3182bd", alpha=0.5, label="25-75%")
+    ax.plot(x, per_layer.norm_median, color="#08519c", lw=1.5, label="median")
+    ax.plot(x, per_layer.norm_max, "k:", lw=1, label="max")
+    k = float(frame.k.iloc[0])
+    ax.plot(x, k * per_layer.norm_median, color="#d95f02", lw=1, ls="--", label=f"outlier cut: {k:g} x median")
+    kept = frame.dropna(subset=["norm"])
+    if len(kept):
+        points = ax.scatter(kept.layer, kept.norm, c=kept.mass, cmap="rocket_r", vmin=0, s=28, edgecolors="k",
+                            linewidths=0.4, zorder=3, label=f"outliers ({int(per_layer.n_outliers.sum())} in all)")
+        fig.colorbar(points, ax=ax, label="attention mass received (mean over heads and queries)")
+    if float(per_layer.norm_max.max()) > 20 * float(per_layer.norm_median.min()):
+        ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("layer (residual stream entering the block)")
+    ax.set_ylabel("token norm ||x_i|| (residual-stream units" + (", log scale)" if ax.get_yscale() == "log" else ")"))
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"{_model_of(frame, model_name)}: token norms per layer and high-norm tokens"
+                 + (f"\n{data}" if data else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+KEY_PRIOR_BARS = {"mass": "intact", "mass_without_key_prior": "key prior removed", "mass_without_b_q": "b_q zeroed"}
+
+
+def key_prior_sink_plot(profile: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "",
+                        top: int = 16) -> plt.Figure:
+    """From ``sink_profile(remove="key_prior")``: for the ``top`` sinks (head x position with mass over the
+    threshold, in layers with b_q) the mass intact, with the key-prior term b_q W_k^T x_j removed from the
+    scores, and with b_q zeroed; the label gives the key prior's share (intact - removed) / intact."""
+    name = _model_of(profile, model_name)
+    fig, ax = plt.subplots(figsize=(7.5, max(3.0, 0.32 * min(top, 40) + 1.8)))
+    title = f"{name}: how much of each sink the query bias writes (key prior b_q W_k^T x_j)"
+    need = set(KEY_PRIOR_BARS) - set(profile.columns)
+    sinks = profile[profile.sink & profile.has_b_q] if not need else profile.iloc[:0]
+    if sinks.empty:
+        why = ("no b_q in this model: no key prior to remove" if not profile.has_b_q.any() else
+               f"the profile lacks {', '.join(sorted(need))}: run sink_profile(remove='key_prior')" if need else
+               "no sink in a layer with b_q: nothing for the key prior to write")
+        _text_panel(ax, title, why)
+        ax.set_xlabel("attention mass")
+        ax.set_ylabel("sink (layer, head, position)")
+        return fig
+    sinks = sinks.nlargest(top, "mass").sort_values(["layer", "head"])
+    labels = [f"L{r.layer} H{r.head} {r.position} ({(r.mass - r.mass_without_key_prior) / r.mass:+.0%})"
+              for r in sinks.itertuples()]
+    long = sinks.assign(sink=labels).melt(id_vars="sink", value_vars=list(KEY_PRIOR_BARS), var_name="scores",
+                                          value_name="attention mass")
+    long["scores"] = long.scores.map(KEY_PRIOR_BARS)
+    sns.barplot(data=long, y="sink", x="attention mass", hue="scores", ax=ax, orient="h",
+                palette=["#444444", "#d95f02", "#7570b3"])
+    ax.axvline(float(profile.threshold.iloc[0]), color="k", ls="--", lw=0.8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("attention mass on the sink position (share of a row, mean over queries; dashed: threshold)")
+    ax.set_ylabel("sink: layer, head, position (key prior's share)")
+    ax.legend(fontsize=8, title="scores", loc="lower right")
+    ax.set_title(title + (f"\n{data}" if data else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 # one input, looked at closely (interp.single_input): static and interactive (plotly) figures
 from interp.single_input_plots import (  # noqa: E402, F401
     key_prior_top_tokens,

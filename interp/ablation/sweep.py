@@ -47,6 +47,8 @@ from tqdm.auto import tqdm
 import interp.ablation.metrics as metrics
 from interp.ablation.attribution import atp_star_deltas, attribution_deltas
 from interp.ablation.distance import distance_deltas
+from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
+                                      stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
 from interp.ablation.prefix import first_layer, output_bytes, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
@@ -90,6 +92,7 @@ class _Run:
     block_outputs: list[list[Any]] = field(default_factory=list)  # per batch, per layer (prefix reuse)
     base_sums: Optional[Tensor] = None  # the intact metric's per-item sums, all batches in order
     weights_per_item: list[float] = field(default_factory=list)  # and each item's count (tokens or 1)
+    implicit: Optional[ImplicitSites] = None  # what sink_v / massive variants patch (interp.ablation.implicit)
     resampler: Optional[Resampler] = None  # bootstrap resamples of the items (delta_lo / delta_hi)
 
     def items(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -224,7 +227,8 @@ def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
     """
     kinds = {kind for _, _, kind in var.targets}
     present = {layer: bias_present(model, layer) for layer in {layer for layer, _, _ in var.targets}}
-    if method in ("zero", "fold", "random") and not any(present[layer][kind] for layer, _, kind in var.targets):
+    if method in ("zero", "fold", "random") and not any(present[layer].get(kind, True)
+                                                         for layer, _, kind in var.targets):
         return "absent bias: nothing to remove"
     spec = model.interp.spec
     if kinds == {"k"} and spec.k_bias_inert:
@@ -249,6 +253,8 @@ def _groups(todo: list[Variant], stack: int, reuse_prefix: bool) -> list[tuple[i
 
 def _patched_forward(run: _Run, index: int, n: int, start: int, hooks: list) -> tuple[Tensor, Optional[Tensor]]:
     batch = run.batches[index]
+    if run.implicit is not None:
+        run.implicit.index = index  # the implicit hooks read this batch's sink and real-token masks
     replay = (replay_blocks(run.model, run.block_outputs[index], start, n, batch.inputs.shape[0])
               if start else nullcontext())
     with replay:
@@ -261,7 +267,9 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Op
     with torch.no_grad():
         for start, group in _groups(todo, stack, bool(run.block_outputs)):
             n = len(group)
-            hooks = stacked_patch_hooks(run.model, [v.targets for v in group], method, stats, run.fingerprint["seed"])
+            plain = [explicit_targets(v.targets) for v in group]  # sink_v / massive hooks are added below
+            hooks = stacked_patch_hooks(run.model, plain, method, stats, run.fingerprint["seed"]) if any(plain) else []
+            hooks += stacked_implicit_hooks(run.implicit, [v.targets for v in group], method)
             vals: list[list[Tensor]] = [[] for _ in group]  # per variant: per-item sums of each batch
             kls: list[list[Optional[Tensor]]] = [[] for _ in group]
             for index, (batch, ref) in enumerate(zip(run.batches, run.refs)):
@@ -281,7 +289,8 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Op
 def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, method: Method, estimate: str,
                         log: ResultLog) -> list[Variant]:
     """Log the rows an identity answers (no forward); return the variants left to run."""
-    reasons = {v: identity_reason(run.model, v, method) for v in todo}
+    reasons = {v: identity_reason(run.model, v, method) or (run.implicit.reason(v.targets) if run.implicit else "")
+               for v in todo}
     for var in [v for v in todo if reasons[v]]:
         log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var]))
     return [v for v in todo if not reasons[v]]
@@ -291,7 +300,7 @@ def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: 
                   log: ResultLog, opts: dict) -> pd.DataFrame:
     """Rows of ``variants`` under one concrete estimate: resumed from the log, answered by an
     identity, or computed now (and logged at once)."""
-    keys = {v: v.key(method, estimate, run.metric_name) for v in variants}
+    keys = {v: variant_key(v, method, estimate, run.metric_name, run.implicit) for v in variants}
     force = opts["force_exact"]
     todo = [v for v in variants if keys[v] not in log.rows or (force and log.rows[keys[v]].get("identity"))]
     todo = todo if force else _answer_by_identity(run, todo, keys, method, estimate, log)
@@ -364,6 +373,20 @@ def _sweep(run: _Run, variants: list[Variant], method: Method, estimate: str, st
     return pd.concat([estimated.assign(exact_because=""), exact], ignore_index=True)
 
 
+def _sweep_all(run: _Run, variants: list[Variant], method: Method, estimate: str, stats: Optional[QKVStats],
+               log: ResultLog, opts: dict, shard: tuple[int, int], top_k: int) -> pd.DataFrame:
+    """``_sweep`` of the bias variants, then the implicit ones (sink_v, massive) exactly whatever the
+    estimate (no one-pass estimate of them exists; ``exact_because`` says so): one table."""
+    plain = [v for v in variants if not is_implicit(v.targets)]
+    implicit = [v for v in variants if is_implicit(v.targets)]
+    frames = [_sweep(run, plain, method, estimate, stats, log, opts, shard, top_k)] if plain else []
+    if implicit:
+        rank, world = shard
+        exact = _run_estimate(run, implicit[rank::world], method, "exact", stats, log, opts)
+        frames.append(exact.assign(exact_because="requested" if estimate == "exact" else "exact only"))
+    return pd.concat(frames, ignore_index=True)
+
+
 def _check_counts(top_k: Any, stack: Any, sample_k: Any, n_boot: Any, seed: Any,
                   n_projections: Any) -> tuple[int, int, int, tuple[int, int]]:
     """(top_k, stack, sample_k, (n_boot, seed)) checked; n_projections too."""
@@ -413,6 +436,7 @@ def ablate_bias(
     top_k: int = 5, n_projections: int = 8,
     shard: tuple[int, int] = (0, 1), progress: bool = True,
     layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
+    positions: Any = None, abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
     sample_k: int = 5, n_boot: int = 1000, seed: int = 0,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
@@ -430,22 +454,27 @@ def ablate_bias(
     run. ``layers`` / ``heads`` (None: all) aim the sweep at those layers and heads (``make_variants``).
     ``shard=(rank, world)``: this process runs every world-th variant (the one-pass estimate of "auto" runs whole
     on every rank, so all choose the same top heads); ``merge_shards`` joins the ranks' frames into the
-    one-process table.
+    one-process table. ``kinds`` may add the implicit biases ``sink_v`` (a kv head's values at the sink
+    ``positions``) and ``massive`` (residual entries past ``abs_threshold`` and ``ratio_threshold`` x median),
+    zero or mean, always exact (``interp.ablation.implicit``).
     """
     model = require_bridge(model, "ablate_bias")
     variants = make_variants(model.interp, kinds, scope, layers, heads)
+    sites = check_implicit(model, method, [t for v in variants for t in v.targets], positions, abs_threshold,
+                           ratio_threshold)  # before check_method: its messages are about biases
     check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
     top_k, stack, sample_k, boot = _check_counts(top_k, stack, sample_k, n_boot, seed, n_projections)
     rank, world = check_shard(shard)
     run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"), boot)
     if world > 1:
         run.fingerprint["shard"] = f"{rank}/{world}"  # a rank's log resumes only the same share
-    if method == "mean" and stats is None:
+    run.implicit = sites and prepare_sites(model, sites, run.batches, [t for v in variants for t in v.targets])
+    if method == "mean" and stats is None and any(explicit_targets(v.targets) for v in variants):
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, overwrite)
     opts = dict(force_exact=force_exact, stack=stack, progress=progress, n_projections=int(n_projections),
                 sample_k=sample_k, seed=boot[1])
-    df = _sweep(run, variants, method, estimate, stats, log, opts, (rank, world), int(top_k))
+    df = _sweep_all(run, variants, method, estimate, stats, log, opts, (rank, world), int(top_k))
     if out is not None:
         write_table(df, Path(out) / "ablation")
     return df

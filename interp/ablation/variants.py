@@ -10,7 +10,10 @@ from interp.checks import check_heads, check_kinds, check_layers
 from interp.errors import InputError
 from interp.models.info import ModelInfo
 from interp.patching import Target
-from interp.types import SCOPES, Scope
+from interp.types import QKV, SCOPES, Scope
+
+IMPLICIT_KINDS = ("sink_v", "massive")  # implicit biases (``interp.ablation.implicit``): exact-only
+NO_HEAD = -1  # a massive target's head: the residual stream is not per head
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class Variant:
 
     targets: tuple[Target, ...]
     scope: Scope
-    kind: str  # "q" | "k" | "v", or e.g. "q+v" for a custom set over several kinds
+    kind: str  # "q" | "k" | "v" | "sink_v" | "massive", or e.g. "q+v" for a custom set over several kinds
     layer: Optional[int] = None
     head: Optional[int] = None
 
@@ -54,9 +57,16 @@ def _custom(info: ModelInfo, scope: Iterable[Target]) -> list[Variant]:
     if not targets:
         raise InputError("scope is an empty list of targets: name at least one (layer, head, kind)")
     for layer, head, kind in targets:
-        if not 0 <= layer < info.n_layers or kind not in ("q", "k", "v") or not 0 <= head < info.heads(kind):
-            raise InputError(f"target {(layer, head, kind)} out of range for {info.name}")
+        if not 0 <= layer < info.n_layers or kind not in QKV + IMPLICIT_KINDS or not _head_ok(info, head, kind):
+            raise InputError(f"target {(layer, head, kind)} out of range for {info.name} (kinds q, k, v, sink_v, "
+                             f"massive; a massive target names the whole residual stream: head {NO_HEAD})")
     return [Variant(targets, "custom", "+".join(sorted({k for _, _, k in targets})))]
+
+
+def _head_ok(info: ModelInfo, head: int, kind: str) -> bool:
+    if kind == "massive":
+        return head == NO_HEAD
+    return 0 <= head < info.heads("v" if kind == "sink_v" else kind)
 
 
 def make_variants(info: ModelInfo, kinds: Sequence[str], scope: Union[str, Iterable[Target]],
@@ -64,21 +74,25 @@ def make_variants(info: ModelInfo, kinds: Sequence[str], scope: Union[str, Itera
     """Variants for ``scope`` within the selected ``layers`` and ``heads`` (None: all): "head" (each
     selected head alone), "layer" (the selected heads of each selected layer together), "all" (every
     selected head of a kind together), or explicit targets. Under grouped-query attention k and v
-    have fewer heads: their selection is the selected heads below ``n_kv_heads``."""
-    kinds = check_kinds(kinds)
+    have fewer heads: their selection is the selected heads below ``n_kv_heads``. ``sink_v`` (a kv head's
+    values at the sink positions) has v's heads; ``massive`` (residual entries past Sun et al.'s criterion)
+    is one target per layer, (layer, -1, "massive"): "head" and "layer" give one variant per layer, "all" one."""
+    kinds = check_kinds(kinds, QKV + IMPLICIT_KINDS)
     if not isinstance(scope, str):
         if layers is not None or heads is not None:
             raise InputError("layers= and heads= select among scope='head' / 'layer' / 'all' variants; a list of "
                              "targets already names its heads: leave layers and heads out")
         return _custom(info, scope)
     layers, heads = check_layers(layers, info), check_heads(heads, info)
-    chosen = {k: [h for h in heads if h < info.heads(k)] for k in kinds}
+    chosen = {k: [NO_HEAD] if k == "massive" else [h for h in heads if h < info.heads("v" if k == "sink_v" else k)]
+              for k in kinds}
     empty = [k for k in kinds if not chosen[k]]
     if empty:
         raise InputError(f"heads={heads} selects no {'/'.join(empty)} head: {info.name} has {info.n_kv_heads} kv heads "
                          f"(k and v) and {info.n_heads} query heads")
     if scope == "head":
-        return [Variant(((l, h, k),), "head", k, l, h) for k in kinds for l in layers for h in chosen[k]]
+        return [Variant(((l, h, k),), "head", k, l, h) if k != "massive" else Variant(((l, h, k),), "layer", k, l)
+                for k in kinds for l in layers for h in chosen[k]]
     if scope == "layer":
         return [Variant(tuple((l, h, k) for h in chosen[k]), "layer", k, l) for k in kinds for l in layers]
     if scope == "all":

@@ -1,5 +1,6 @@
 """Analyzers: functions from (model, statistics or data) to tidy long-form DataFrames."""
 
+from interp.analysis.high_norm import high_norm_tokens
 from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
@@ -9,4 +10,4 @@ from interp.analysis.one_input import SingleInput, single_input
 __all__ = ["bias_invariances", "cluster_heads", "frequency_profile", "frequency_shift_under_ablation",
            "implicit_value_bias", "massive_activations", "origin_shift", "score_decomposition", "sink_profile",
            "sink_shares"]
-__all__ += ["SingleInput", "single_input"]
+__all__ += ["SingleInput", "single_input", "high_norm_tokens"]

@@ -39,7 +39,6 @@ from interp.analysis.sink_parts import (
     check_positive,
     check_top_k,
     column_sums,
-    keeper,
     patterns_and_classes,
     provenance,
     rows_or_fail,
@@ -50,9 +49,10 @@ from interp.analysis.sink_parts import (
     class_masks,
     default_sink_positions,
     prefix_names,
+    run_until_kept,
     stream_batches,
 )
-from interp.checks import check_heads, check_layers, inputs_checked_on_host
+from interp.checks import check_heads, check_layers
 from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
@@ -100,13 +100,9 @@ def _pattern_without_key_prior(model: InterpBridge, store: dict, layer: int, bat
 
 def _pattern_without_b_q(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> Tensor:
     """``layer``'s pattern in a forward with that layer's b_q zeroed (``bias_patch_hooks``), stopped after it."""
-    info = model.interp
-    name, store = hook_name(layer, "pattern"), {}
-    hooks = bias_patch_hooks(model, [(layer, h, "q") for h in range(info.n_heads)], "zero")
-    stop = {} if layer + 1 >= info.n_layers else {"stop_at_layer": layer + 1}
-    with inputs_checked_on_host():
-        model.run_with_hooks(x, fwd_hooks=hooks + [(name, keeper(store, name))], **kw, **stop)
-    return store[name]
+    name = hook_name(layer, "pattern")
+    hooks = bias_patch_hooks(model, [(layer, h, "q") for h in range(model.interp.n_heads)], "zero")
+    return run_until_kept(model, x, kw, [name], hooks)[name]  # ends at the pattern: ViT/BERT blocks too
 
 
 def _class_sums(pattern: Tensor, real: Tensor, masks: ClassMasks, names: Sequence[str]) -> dict[str, Tensor]:

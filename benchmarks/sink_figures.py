@@ -1,0 +1,56 @@
+"""Figures of issue 26 on the real zoo: token norms per layer with the high-norm tokens marked
+(``interp.high_norm_tokens``), and the key-prior share of each sink (from the ``sink_profile`` with
+``remove="key_prior"`` that ``benchmarks/sinks_real.py`` wrote).
+
+Writes ``docs/results/<model>/sinks_high_norm.csv`` and ``docs/figures/<model>/{token_norms,key_prior_sinks}.png``
+on the same data as ``sinks_real.py`` (2 batches of 4 items). Run: ``nice python benchmarks/sink_figures.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+
+import interp
+from interp.plots import key_prior_sink_plot, save_figure, token_norm_plot
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = {"minilm-l6": "python-docs", "smollm2-135m": "python-docs", "dinov2-s14": "photos"}
+LABEL = {"python-docs": "Python documentation, 64-token windows", "photos": "built-in photos"}
+
+
+def run_model(name: str, batches: int, batch_size: int, k: float) -> None:
+    t0 = time.time()
+    model = interp.load_model(name, device="cpu")
+    data = interp.builtin_batches(model, DATA[name], batch_size=batch_size, n=batches * batch_size)[:batches]
+    note = f"{LABEL[DATA[name]]}: {batches} batches of {batch_size}"
+    frame = interp.high_norm_tokens(model, data, k=k, progress=False)
+    (ROOT / "docs" / "results" / name).mkdir(parents=True, exist_ok=True)
+    frame.assign(data=DATA[name]).to_csv(ROOT / "docs" / "results" / name / "sinks_high_norm.csv", index=False)
+    figures = ROOT / "docs" / "figures" / name
+    save_figure(token_norm_plot(frame, model_name=name, data=note), figures / "token_norms.png")
+    profile_csv = ROOT / "docs" / "results" / name / "sinks_profile.csv"
+    profile = pd.read_csv(profile_csv) if profile_csv.exists() else None
+    if profile is not None and "mass_without_key_prior" in profile:  # sinks_real.py --remove
+        save_figure(key_prior_sink_plot(profile, model_name=name, data=note), figures / "key_prior_sinks.png")
+    per_layer = frame.drop_duplicates("layer")
+    print(f"{name}: outliers (> {k:g} x median) per layer {per_layer.n_outliers.tolist()}, "
+          f"max ratio {frame.ratio_to_median.max():.3g}, {time.time() - t0:.0f} s", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(DATA))
+    p.add_argument("--batches", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--k", type=float, default=5.0, help="outlier cut: k x the layer's median norm")
+    args = p.parse_args()
+    for name in args.models.split(","):
+        run_model(name, args.batches, args.batch_size, args.k)
+
+
+if __name__ == "__main__":
+    main()
