@@ -152,8 +152,8 @@ def interval_figure(frame: pd.DataFrame, value: str, model_name: str, *, facet: 
         _text_panel(axes[0][0], "no intervals", f"{value}_lo / {value}_hi are NaN (no data or n_boot=0)")
     else:
         axes[0][0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"{model_name}: {value} of the top {top} heads with 95% percentile bootstrap intervals over items "
-                 "(caps; some narrower than the dot)"
+    fig.suptitle(f"{model_name}: {value}, the top {top} heads per panel\n95% percentile bootstrap intervals over "
+                 "items (caps; some narrower than the dot)"
                  + (f"\n{data}" if data else ""), fontsize=10)
     fig.tight_layout()
     return fig
