@@ -13,7 +13,7 @@ keys along u = W_k b_q. Under rotary every term depends on i - j.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -27,7 +27,7 @@ from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
 from interp.hooks import hook_name, is_block_hook
-from interp.patching import bias_patch_hooks
+from interp.patching import bias_patch_hooks, run_until_kept
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
 
@@ -294,20 +294,26 @@ def _final_output(out: Any) -> Tensor:
     return out if isinstance(out, Tensor) else out[0]
 
 
-def _layer_invariances(m: InterpBridge, layer: int, batches: list[Batch]) -> tuple[float, float]:
-    """(max pattern change with b_k removed, max output change with b_v folded into b_O) at ``layer``."""
+def _intact(m: InterpBridge, batch: Batch, layers: Sequence[int]) -> tuple[Tensor, dict, Any, dict[int, Tensor]]:
+    """(input, forward kwargs, intact output, intact pattern per layer): one forward serves every layer."""
+    x, kw = model_inputs(m, batch)
+    names = [hook_name(layer, "pattern") for layer in layers]
+    out, cache = m.run_with_cache(x, names_filter=names, **kw)
+    return x, kw, out, {layer: cache[name] for layer, name in zip(layers, names)}
+
+
+def _layer_invariances(m: InterpBridge, layer: int, intact: list[tuple]) -> tuple[float, float]:
+    """(max pattern change with b_k removed, max output change with b_v folded into b_O) at ``layer``;
+    the patched forward for the pattern stops at it (nothing after it can change it)."""
     info = m.interp
     remove_k = bias_patch_hooks(m, [(layer, h, "k") for h in range(info.n_kv_heads)], "zero")
     fold_v = bias_patch_hooks(m, [(layer, h, "v") for h in range(info.n_kv_heads)], "fold")
     pat = hook_name(layer, "pattern")
     k_diff, v_diff = 0.0, 0.0
-    for batch in batches:
-        x, kw = model_inputs(m, batch)
-        base_out, base = m.run_with_cache(x, names_filter=[pat], **kw)
-        store: dict[str, Tensor] = {}
-        m.run_with_hooks(x, fwd_hooks=remove_k + [(pat, _grab(store, "patched"))], **kw)
-        allowed = _key_mask(m, batch, base[pat].shape[-1], base[pat].device, layer)
-        k_diff = max(k_diff, float((store["patched"] - base[pat]).abs().masked_fill(~allowed, 0).max()))
+    for batch, x, kw, base_out, base in intact:
+        patched = run_until_kept(m, x, kw, [pat], remove_k)[pat]
+        allowed = _key_mask(m, batch, base[layer].shape[-1], base[layer].device, layer)
+        k_diff = max(k_diff, float((patched - base[layer]).abs().masked_fill(~allowed, 0).max()))
         folded = m.run_with_hooks(x, fwd_hooks=fold_v, **kw)
         v_diff = max(v_diff, float((_final_output(folded) - _final_output(base_out)).abs().max()))
     return k_diff, v_diff
@@ -339,9 +345,10 @@ def bias_invariances(
     softmax_dtype = "float32" if info.spec.softmax_float32 and dtype == "float64" else dtype
     rows = []
     with torch.no_grad():
+        intact = [(batch, *_intact(m, batch, layers)) for batch in batches]
         for layer in tqdm(layers, desc="bias invariances", disable=not progress):
             w = attention_weights(m, layer)
-            k_diff, v_diff = _layer_invariances(m, layer, batches)
+            k_diff, v_diff = _layer_invariances(m, layer, intact)
             common = dict(layer=layer, rotary=info.rotary, n_batches=len(batches), dtype=dtype,
                           softmax_dtype=softmax_dtype)
             rows.append(dict(check="k_bias_pattern", max_abs_diff=k_diff, bias_kind="k",

@@ -34,11 +34,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.checks import inputs_checked_on_host
 from interp.data import Batch, iter_batches, model_inputs, to_device
 from interp.errors import InputError, UnsupportedModelError
 from interp.fingerprint import DataHasher, model_fingerprint
 from interp.hooks import hook_name
+from interp.patching import run_until_kept
 from interp.models.bridge import InterpBridge, require_bridge
 
 SPECIAL_TOKENS = (("cls", "cls_token_id"), ("sep", "sep_token_id"), ("bos", "bos_token_id"))
@@ -63,35 +63,6 @@ def evaluating(model: InterpBridge) -> Iterator[None]:
 
 
 Consumer = Callable[[Batch, dict[str, Tensor], Tensor, dict], None]
-
-
-class StopForward(Exception):
-    """Raised by a keeper once every activation a forward is read for is kept: nothing after is computed."""
-
-
-def run_until_kept(model: InterpBridge, x: Tensor, kw: dict, names: Sequence[str], hooks: Sequence = (),
-                   **forward: Any) -> dict[str, Tensor]:
-    """One forward with ``hooks`` that keeps the activations at ``names`` and ends as soon as all are kept,
-    whatever order the family fires them in (TransformerLens' ``stop_at_layer`` does not stop blocks named
-    ``encoder.layer.N``: ViT, DINOv2, BERT run to the end; and it never skips the final norm and unembedding,
-    which a language model's vocabulary makes costly). A hook that never fires (a fused attention kernel
-    has no pattern) lets the forward finish; the caller then finds the name missing."""
-    store: dict[str, Tensor] = {}
-    wanted = set(names)
-
-    def keeper(name: str) -> Callable[[Tensor, Any], None]:
-        def keep(t: Tensor, hook: Any) -> None:
-            store[name] = t.detach()
-            if len(store) == len(wanted):
-                raise StopForward
-        return keep
-
-    try:
-        with inputs_checked_on_host():  # the caller checked the batch on the host: no device sync here
-            model.run_with_hooks(x, fwd_hooks=list(hooks) + [(n, keeper(n)) for n in wanted], **kw, **forward)
-    except StopForward:
-        pass
-    return store
 
 
 def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], hook_names: list[str],
