@@ -290,6 +290,20 @@ def _implicit_table(acc: dict, weights: dict, group: list[int], layers: Sequence
 # ----- massive activations ------------------------------------------------------------------------------
 
 
+def _top_entries(absval: Float[Tensor, "batch pos d_model"], real: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(token, channel) of the ``k`` largest |values| of real tokens, ties in data order, largest first.
+
+    Two stages, exact: an entry among the k largest has at most k - 1 tokens ranked above its own token
+    by (largest |value|, data order), so the k tokens ranked highest hold them all; only their rows are
+    searched (k x d_model values instead of batch x pos x d_model)."""
+    token_max = absval.amax(-1).masked_fill(~real, float("-inf")).flatten()
+    tokens = stable_topk(token_max, k).sort().values  # in data order: candidates stay in data order
+    rows = absval.flatten(0, 1)[tokens].masked_fill(~real.flatten()[tokens][:, None], float("-inf"))
+    best = stable_topk(rows.flatten(), k)
+    d = absval.shape[-1]
+    return tokens[best // d], best % d
+
+
 class _LayerActivations:
     """One layer's running statistics of |residual value|s and token norms."""
 
@@ -300,13 +314,11 @@ class _LayerActivations:
 
     def add(self, h: Float[Tensor, "batch pos d_model"], real: Tensor, payload: Tensor) -> None:
         """``payload`` [batch, pos, 3]: sequence index, position among real tokens, token id."""
-        w = real[..., None].expand_as(h)
         absval = h.abs()
-        self.values.add(absval.flatten(), w.flatten())
-        score = absval.masked_fill(~w, float("-inf")).flatten()
-        top = stable_topk(score, self.top.k)
-        tok, channel = top // h.shape[-1], top % h.shape[-1]
-        self.top.add(score[top], h.flatten()[top], torch.cat([payload.flatten(0, 1)[tok], channel[:, None]], 1))
+        self.values.add(absval.flatten(), real[..., None].expand_as(h).flatten())
+        tok, channel = _top_entries(absval, real, self.top.k)
+        self.top.add(absval.flatten(0, 1)[tok, channel], h.flatten(0, 1)[tok, channel],
+                     torch.cat([payload.flatten(0, 1)[tok], channel[:, None]], 1))
         norms = h.double().norm(dim=-1)
         self.norms.add(norms.flatten(), real.flatten())
         self.norm_sum = self.norm_sum + (norms * real).sum()

@@ -581,3 +581,20 @@ def test_a_subset_of_layers_gives_the_same_numbers(family):
                             "value", "median_abs") if c in full]
         a = full[full.layer == 1].reset_index(drop=True)[cols]
         assert (a - part[cols]).abs().to_numpy().max() <= 1e-6, fn.__name__
+
+
+def test_two_stage_top_entries_equal_a_search_of_every_entry():
+    """massive_activations searches only the rows of the k tokens with the largest |value|: on integer data
+    full of ties, the entries it picks (and their order) equal a stable search over every entry."""
+    from interp.analysis.sink_parts import stable_topk
+    from interp.analysis.sinks import _top_entries
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        h = torch.randint(0, 4, (3, 5, 6), generator=g).float()
+        real = torch.rand(3, 5, generator=g) > 0.3
+        score = h.masked_fill(~real[..., None], float("-inf")).flatten()
+        for k in (1, 3, 7, 40):
+            tok, channel = _top_entries(h, real, k)
+            got, want = tok * 6 + channel, stable_topk(score, k)
+            assert got[score[got] > float("-inf")].tolist() == want[score[want] > float("-inf")].tolist()
