@@ -23,7 +23,8 @@ which is a bias exactly when A_iS and v_S are constant (docs/mathematics.md).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -34,6 +35,7 @@ from interp.analysis.scores import _key_mask, _require_bilinear_scores, score_te
 from interp.analysis.sink_parts import (
     AbsHistogram,
     ClassMasks,
+    Consumer,
     RunningTopK,
     add_sums,
     check_positive,
@@ -128,7 +130,13 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, laye
     [removal columns], has_b_q, threshold, metric, n_rows, n_batches, max_batches, model_fingerprint, data_fingerprint.
     ``layers`` / ``heads`` (None: all): only those rows, equal to the same rows of the full table.
     """
-    info = require_bridge(model, "sink_profile").interp
+    require_bridge(model, "sink_profile")
+    part = _profile_part(model, threshold, layers, heads, positions, remove)
+    return run_parts(model, data, max_batches, [part], "sink profile", progress)[0]
+
+
+def _profile_part(model: InterpBridge, threshold: Any, layers: Any, heads: Any, positions: Any, remove: Any) -> Part:
+    info = model.interp
     threshold, layers, heads = check_threshold(threshold), check_layers(layers, info), check_heads(heads, info)
     names, removals = check_positions(model, positions), _check_remove(model, remove)
     has_b_q = {layer: attention_weights(model, layer).present["q"] for layer in layers}
@@ -149,11 +157,12 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, laye
                 pattern = _pattern_without_b_q(model, x, kw, layer)
                 add_sums(acc, (layer, "mass_without_b_q"), _class_sums(pattern, real, masks, names))
 
-    n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc="sink profile",
-                                        progress=progress, stop_at_layer=max(layers) + 1)
-    columns = ["mass"] + [f"mass_without_{r}" for r in removals]
-    meta = dict(threshold=threshold, metric=MASS_METRIC, **provenance(model, data_fp, n_batches, max_batches))
-    return _select_heads(_profile_table(acc, layers, names, columns, has_b_q, meta, info.n_heads), heads)
+    def finish(n_batches: int, data_fp: str, max_batches: Optional[int]) -> pd.DataFrame:
+        columns = ["mass"] + [f"mass_without_{r}" for r in removals]
+        meta = dict(threshold=threshold, metric=MASS_METRIC, **provenance(model, data_fp, n_batches, max_batches))
+        return _select_heads(_profile_table(acc, layers, names, columns, has_b_q, meta, info.n_heads), heads)
+
+    return Part(hooks, consume, finish, max(layers) + 1)
 
 
 def _select_heads(table: pd.DataFrame, heads: list[int]) -> pd.DataFrame:
@@ -352,7 +361,13 @@ def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequ
     sequences, e.g. BOS) are ranked in data order. Token norms ||h_i||: ``norm_mean`` (exact), ``norm_median``
     (histogram, as above), ``norm_max`` with its ``norm_max_sequence`` / ``norm_max_position``.
     """
-    info = require_bridge(model, "massive_activations").interp
+    require_bridge(model, "massive_activations")
+    part = _massive_part(model, layers, top_k, abs_threshold, ratio_threshold)
+    return run_parts(model, data, max_batches, [part], "massive activations", progress)[0]
+
+
+def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: Any, ratio_threshold: Any) -> Part:
+    info = model.interp
     layers, top_k = check_layers(layers, info), check_top_k(top_k)
     abs_threshold = check_positive(abs_threshold, "abs_threshold")
     ratio_threshold = check_positive(ratio_threshold, "ratio_threshold")
@@ -370,12 +385,49 @@ def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequ
             acc.setdefault(layer, _LayerActivations(top_k, h0.device)).add(store[block_hook(layer, "hook_out")],
                                                                            real, payload)
 
-    n_batches, data_fp = stream_batches(model, data, max_batches, [block_hook(layer, "hook_out") for layer in layers],
-                                        consume, desc="massive activations", progress=progress,
-                                        stop_at_layer=max(layers) + 1)
-    meta = dict(abs_threshold=abs_threshold, ratio_threshold=ratio_threshold,
-                **provenance(model, data_fp, n_batches, max_batches))
-    return _massive_table(model, acc, layers, meta)
+    def finish(n_batches: int, data_fp: str, max_batches: Optional[int]) -> pd.DataFrame:
+        meta = dict(abs_threshold=abs_threshold, ratio_threshold=ratio_threshold,
+                    **provenance(model, data_fp, n_batches, max_batches))
+        return _massive_table(model, acc, layers, meta)
+
+    return Part([block_hook(layer, "hook_out") for layer in layers], consume, finish, max(layers) + 1)
+
+
+def sink_pass(model: InterpBridge, data: Any, *, threshold: float = 0.3, positions: Any = None,
+              remove: Optional[str] = None, top_k: int = 3, abs_threshold: float = 100.0,
+              ratio_threshold: float = 1000.0, max_batches: Optional[int] = None,
+              progress: bool = True) -> dict[str, pd.DataFrame]:
+    """``{"profile": sink_profile(...), "massive": massive_activations(...)}`` from one forward per batch:
+    the same tables as the two calls (every layer), at about the cost of one of them."""
+    require_bridge(model, "sink_pass")
+    parts = [_profile_part(model, threshold, None, None, positions, remove),
+             _massive_part(model, None, top_k, abs_threshold, ratio_threshold)]
+    profile, massive = run_parts(model, data, max_batches, parts, "sinks and massive activations", progress)
+    return {"profile": profile, "massive": massive}
+
+
+@dataclass
+class Part:
+    """One analyzer's share of a streaming pass: the activations it reads, what it does with each batch,
+    how it makes its table, and how many blocks it needs."""
+
+    hooks: list[str]
+    consume: Consumer
+    finish: Callable[[int, str, Optional[int]], pd.DataFrame]
+    blocks: int
+
+
+def run_parts(model: InterpBridge, data: Any, max_batches: Optional[int], parts: Sequence[Part], desc: str,
+              progress: bool) -> list[pd.DataFrame]:
+    """One forward per batch serving every part (``stream_batches``); each part's table."""
+    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+        for part in parts:
+            part.consume(batch, store, x, kw)
+
+    hooks = list(dict.fromkeys(name for part in parts for name in part.hooks))
+    n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc=desc, progress=progress,
+                                        stop_at_layer=max(part.blocks for part in parts))
+    return [part.finish(n_batches, data_fp, max_batches) for part in parts]
 
 
 def _massive_table(model: InterpBridge, acc: dict, layers: Sequence[int], meta: dict) -> pd.DataFrame:

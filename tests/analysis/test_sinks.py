@@ -598,3 +598,13 @@ def test_two_stage_top_entries_equal_a_search_of_every_entry():
             tok, channel = _top_entries(h, real, k)
             got, want = tok * 6 + channel, stable_topk(score, k)
             assert got[score[got] > float("-inf")].tolist() == want[score[want] > float("-inf")].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "vit"])
+def test_one_pass_gives_the_tables_of_the_two_calls(family):
+    """sink_pass runs sink_profile and massive_activations from one forward per batch: the same tables."""
+    model = interp.load_model(tiny_hf_model(family), device="cpu")
+    data = images() if family == "vit" else padded_text_batches()
+    both = interp.sink_pass(model, data, progress=False)
+    pd.testing.assert_frame_equal(both["profile"], interp.sink_profile(model, data, progress=False))
+    pd.testing.assert_frame_equal(both["massive"], interp.massive_activations(model, data, progress=False))
