@@ -17,7 +17,7 @@ import pandas as pd
 
 from interp import plots
 from interp.interactive import Heatmap, TopTable
-from interp.ablation.sweep import ablate_bias
+from interp.ablation.sweep import ablate_bias, one_pass_estimate
 from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.one_input import single_input
 from interp.analysis.origin import origin_shift
@@ -422,11 +422,14 @@ def _estimate_text(numbers: dict) -> str:
 
 def ablation_step(ctx: Context) -> list[Section]:
     """Zero-ablation of every head's bias, and the control: each bias replaced by a random direction of its
-    norm (``method="random"``; one-pass estimate of every head, exact for its own top heads)."""
-    kw = dict(kinds=("q", "k", "v"), estimate=ctx.ablation_estimate, top_k=ctx.top_k,
-              out=ctx.out)  # its log (ablation.jsonl) beside the one table, ablation.csv
-    results = ablate_bias(ctx.model, ctx.first(2), method="zero", **kw)
-    control = ablate_bias(ctx.model, ctx.first(2), method="random", sample_k=0, **kw)
+    norm (``method="random"``) by the one-pass estimate only, so that the control costs one pass, not a
+    second sweep (its marks on the figure say which estimate they are; its rows are the section's table
+    ``ablation_random_control``, not a second sweep log)."""
+    results = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="zero",
+                          estimate=ctx.ablation_estimate, top_k=ctx.top_k,
+                          out=ctx.out)  # its log (ablation.jsonl) beside the one table, ablation.csv
+    cheap = one_pass_estimate(ctx.model, str(results.metric.iloc[0]))
+    control = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="random", estimate=cheap)
     return [summarise_ablation(results, ctx.name, ctx.data_label(ctx.first(2)), control)]
 
 
