@@ -8,6 +8,7 @@ these cases must be caught earlier, by a specific check. CLI help lists only acc
 """
 
 import errno
+import importlib
 import inspect
 import json
 import re
@@ -322,7 +323,7 @@ CASES = [
     ("metric takes one argument", lambda c: lm_sweep(c, metric=lambda out: out.mean()),
      "called as metric\\(output, batch\\)"),
     # ---- a full disk is an OutputError naming the folder and the fix --------------------------------------
-    ("disk full in safetensors", lambda c: _failing(interp.stats, "save_file", SAFETENSORS_FULL)(
+    ("disk full in safetensors", lambda c: _failing(importlib.import_module("interp.stats_format"), "save_file", SAFETENSORS_FULL)(
         lambda: c.stats.save(c.tmp / "full.st")), "disk holding .* is full"),
     ("disk full at rename", lambda c: _failing(interp.io.os, "replace", NO_SPACE)(
         lambda: interp.io.write_table(pd.DataFrame({"a": [1]}), c.tmp / "t")), "nothing was written.*full"),

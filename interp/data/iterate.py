@@ -95,6 +95,7 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
     ``options``: ``resolve_data``'s keywords (``batch_size``, ``max_items``, ``text_column``, ...);
     ``n``: the item cap when ``options`` gives no ``max_items`` (None: all the data). Options given
     for data already in batches are refused, not ignored."""
+    model = require_bridge(model, "open_data")
     options = {k: v for k, v in (options or {}).items() if v is not None}
     kind = data_kind(data, model.interp.modality == "text") if isinstance(data, (str, os.PathLike)) else ""
     if kind == "builtin":
