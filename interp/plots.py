@@ -445,6 +445,9 @@ def token_norm_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, da
         points = ax.scatter(kept.layer, kept.norm, c=kept.mass, cmap="rocket_r", vmin=0, s=28, edgecolors="k",
                             linewidths=0.4, zorder=3, label=f"outliers ({int(per_layer.n_outliers.sum())} in all)")
         fig.colorbar(points, ax=ax, label="attention mass received (mean over heads and queries)")
+    else:
+        ax.text(0.98, 0.5, f"no token above {k:g} x median\nin any layer", transform=ax.transAxes, ha="right",
+                fontsize=9, bbox=dict(boxstyle="round", facecolor="#f2f2f2", edgecolor="#999999"))
     if float(per_layer.norm_max.max()) > 20 * float(per_layer.norm_median.min()):
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
