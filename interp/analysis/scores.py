@@ -108,24 +108,24 @@ def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreT
     }
 
 
-def _row_covariance(a: Tensor, b: Tensor, allowed: Tensor) -> Tensor:
-    """Covariance of a and b across allowed keys within each row -> [b, h, q] (a is b: the variance)."""
-    m = allowed.to(a.dtype)
-    n = m.sum(-1).clamp(min=1)
-    a_c = a - (a * m).sum(-1, keepdim=True) / n[..., None]
-    b_c = b - (b * m).sum(-1, keepdim=True) / n[..., None]
-    return (a_c * b_c * m).sum(-1) / n
+def _row_centred(a: Tensor, m: Tensor, n: Tensor) -> Tensor:
+    """a less its mean over the allowed keys of its row, 0 on the keys not allowed (m: 0/1 mask, n: counts)."""
+    return (a - (a * m).sum(-1, keepdim=True) / n[..., None]) * m
 
 
 def _accumulate_terms(terms: dict[str, Tensor], allowed: Tensor, valid_rows: Tensor, acc: dict, layer: int) -> Tensor:
     """Add each term's row variance and row covariance with the score to ``acc``; return the score.
-    The per-item sums a share's bootstrap needs (each term's covariance, the score's variance) are kept
-    too, [batch, h] per batch under ("items", layer, name, stat)."""
+    Within a row, Cov(a, b) = mean over allowed keys of (a - mean a)(b - mean b); each term is centred
+    once. The per-item sums a share's bootstrap needs (each term's covariance, the score's variance) are
+    kept too, [batch, h] per batch under ("items", layer, name, stat)."""
     terms = {name: t.double() for name, t in terms.items()}
     total = sum(terms.values())  # in float64, so that sum_t Cov(t, s) = Var(s) to rounding
-    for name, t in list(terms.items()) + [("total", total)]:
-        for stat, other in (("var", t), ("cov", total)):
-            per_item = (_row_covariance(t, other, allowed) * valid_rows).sum(2)  # [b, h]
+    m = allowed.to(torch.float64)
+    n = m.sum(-1).clamp(min=1)
+    centred = {name: _row_centred(t, m, n) for name, t in [*terms.items(), ("total", total)]}
+    for name, c in centred.items():
+        for stat, other in (("var", c), ("cov", centred["total"])):
+            per_item = ((c * other).sum(-1) / n * valid_rows).sum(2)  # [b, h]
             acc[(layer, name, stat)] = acc.get((layer, name, stat), 0) + per_item.sum(0)
             if (stat == "cov") != (name == "total"):
                 acc.setdefault(("items", layer, name, stat), []).append(per_item)
