@@ -18,6 +18,7 @@ exact identity, so its estimated change is zero by construction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -68,29 +69,6 @@ def _linear_terms(model: InterpBridge, acts: dict, batch: Batch, shift: dict) ->
     return out
 
 
-def attribution_deltas(
-    model: InterpBridge, batches: Sequence[Batch], weights: Sequence[float], variants: Sequence[Variant],
-    method: Method, stats: Optional[QKVStats], value: Callable, refs: Sequence[dict], need_hidden: bool,
-    bias_seed: int = 0,
-) -> list[float]:
-    """The first-order delta of each variant (see the module doc; ``bias_seed``: ``method="random"``'s)."""
-    sites = sorted({(l, k) for v in variants for l, _, k in v.targets})
-    shift = _linear_shifts(model, sites, method, stats, bias_seed)
-    contrib = {site: torch.zeros(shift[site].shape[0], dtype=torch.float64) for site in sites}
-    total = sum(weights)
-    for batch, ref, weight in zip(batches, refs, weights):
-        acts: dict[tuple[int, str], Tensor] = {}
-        hooks = [(hook_name(l, k), _keep_grad(acts, (l, k))) for l, k in sites]
-        model.zero_grad(set_to_none=True)
-        with torch.enable_grad():
-            out, hidden = run_forward(model, batch, hooks, need_hidden)
-            value(out, hidden, ref, batch).backward()
-        for site, per_head in _linear_terms(model, acts, batch, shift).items():
-            contrib[site] += per_head * (weight / total)
-    model.zero_grad(set_to_none=True)
-    return [float(sum(contrib[(l, k)][h] for l, h, k in v.targets)) for v in variants]
-
-
 def _score_shift(model: InterpBridge, cache: dict, layer: int, kind: str, shift: Tensor) -> Tensor:
     """dS [b, head, q, k] of every query head when b_kind moves by ``shift`` [heads of kind, d]."""
     info = model.interp
@@ -104,8 +82,9 @@ def _score_shift(model: InterpBridge, cache: dict, layer: int, kind: str, shift:
     return torch.einsum("bihd,bjhd->bhij", q, k) * info.score_scale(layer)  # 1/sqrt(d), or GPT-2's 1/(sqrt(d) (l+1))
 
 
-def _pattern_terms(model: InterpBridge, cache: dict, grads: dict, sites: list, shift: dict) -> dict:
-    """Per (layer, kind): [head of the kind] sum over the batch of (A' - A) V . dL/dz (AtP*)."""
+def _pattern_dz(model: InterpBridge, cache: dict, sites: list, shift: dict) -> dict:
+    """Per (layer, kind): dz = (A' - A) V [b, q, head, d], A' = softmax(log A + dS) (AtP*); it does not
+    depend on the metric, so one serves every metric read from the same forward."""
     info = model.interp
     out = {}
     for layer, kind in sites:
@@ -114,8 +93,16 @@ def _pattern_terms(model: InterpBridge, cache: dict, grads: dict, sites: list, s
         log_a = torch.where(pattern > 0, pattern.clamp_min(1e-300).log(), torch.full_like(pattern, -torch.inf))
         patched = (log_a + _score_shift(model, cache, layer, kind, shift[(layer, kind)])).softmax(-1)
         patched = torch.where(pattern > 0, patched, torch.zeros_like(patched))
-        dz = torch.einsum("bhij,bjhd->bihd", patched - pattern, v)
-        per_query_head = torch.einsum("bihd,bihd->h", dz, grads[layer].double()).cpu()
+        out[(layer, kind)] = torch.einsum("bhij,bjhd->bihd", patched - pattern, v)
+    return out
+
+
+def _pattern_terms(model: InterpBridge, dz: dict, grads: dict) -> dict:
+    """Per (layer, kind): [head of the kind] sum over the batch of dz . dL/dz."""
+    info = model.interp
+    out = {}
+    for (layer, kind), d in dz.items():
+        per_query_head = torch.einsum("bihd,bihd->h", d, grads[layer].double()).cpu()
         if kind == "k":  # a kv head's b_k moves the patterns of every query head in its group
             group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads))
             per_query_head = torch.zeros(info.n_kv_heads, dtype=torch.float64).index_add_(0, group, per_query_head)
@@ -123,44 +110,81 @@ def _pattern_terms(model: InterpBridge, cache: dict, grads: dict, sites: list, s
     return out
 
 
-def atp_star_deltas(
-    model: InterpBridge, batches: Sequence[Batch], weights: Sequence[float], variants: Sequence[Variant],
-    method: Method, stats: Optional[QKVStats], value: Callable, refs: Sequence[dict], need_hidden: bool,
-    bias_seed: int = 0,
-) -> list[float]:
+@dataclass(frozen=True)
+class EstimateInputs:
+    """What every one-pass estimate reads besides its metric: the model, the batches with their weights
+    (tokens or items) and intact references, the variants, and how a bias is replaced."""
+
+    model: InterpBridge
+    batches: Sequence[Batch]
+    weights: Sequence[float]
+    variants: Sequence[Variant]
+    method: Method
+    stats: Optional[QKVStats]
+    refs: Sequence[dict]
+    need_hidden: bool
+    bias_seed: int = 0  # method="random"'s directions
+
+    def sites(self, pattern: bool) -> tuple[list, list]:
+        """(sites whose pattern AtP* recomputes: q and k when ``pattern``; sites estimated linearly)."""
+        every = sorted({(l, k) for v in self.variants for l, _, k in v.targets})
+        recomputed = [s for s in every if pattern and s[1] in ("q", "k")]
+        return recomputed, [s for s in every if s not in recomputed]
+
+
+def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Sequence[Callable],
+                    pattern: bool) -> Tensor:
+    """[metric, variant]: the first-order (``pattern`` False) or AtP* delta of each variant in each metric
+    of ``values`` on one batch, from one forward and one backward per metric."""
+    model, pattern_sites, linear_sites = job.model, *job.sites(pattern)
+    shift = {site: bias_shift(model, site[0], site[1], job.method, job.stats, job.bias_seed) for site in pattern_sites}
+    shift.update(_linear_shifts(model, linear_sites, job.method, job.stats, job.bias_seed))
+    layers = sorted({l for l, _ in pattern_sites})
+    names = {hook_name(l, n) for l in layers for n in ("q", "k", "v", "pattern") + (("cos", "sin") if
+                                                                                  model.interp.rotary else ())}
+    cache: dict[str, Tensor] = {}
+    zs: dict[int, Tensor] = {}
+    acts: dict[tuple[int, str], Tensor] = {}
+    hooks = ([(n, _store(cache, n)) for n in names] + [(hook_name(l, "z"), _keep_grad(zs, l)) for l in layers]
+             + [(hook_name(l, k), _keep_grad(acts, site)) for site in linear_sites for l, k in [site]])
+    rows = []
+    model.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        out, hidden = run_forward(model, batch, hooks, job.need_hidden)
+        dz = None
+        for i, value in enumerate(values):
+            for t in (*zs.values(), *acts.values()):
+                t.grad = None  # each metric's gradient alone, not summed with the previous one's
+            value(out, hidden, ref, batch).backward(retain_graph=i < len(values) - 1)
+            dz = _pattern_dz(model, cache, pattern_sites, shift) if dz is None else dz
+            terms = _pattern_terms(model, dz, {l: z.grad for l, z in zs.items()})
+            terms.update(_linear_terms(model, acts, batch, shift))
+            rows.append([float(sum(terms[(l, k)][h] for l, h, k in v.targets)) for v in job.variants])
+    model.zero_grad(set_to_none=True)
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def _weighted(job: EstimateInputs, value: Callable, pattern: bool) -> list[float]:
+    total = sum(job.weights)
+    deltas = torch.zeros(len(job.variants), dtype=torch.float64)
+    for batch, ref, weight in zip(job.batches, job.refs, job.weights):
+        deltas += batch_estimates(job, batch, ref, [value], pattern)[0] * (weight / total)
+    return deltas.tolist()
+
+
+def attribution_deltas(job: EstimateInputs, value: Callable) -> list[float]:
+    """The first-order delta of each variant (see the module doc)."""
+    return _weighted(job, value, pattern=False)
+
+
+def atp_star_deltas(job: EstimateInputs, value: Callable) -> list[float]:
     """The AtP* delta of each variant (see the module doc); v targets as ``attribution_deltas``,
     from the same forward and backward."""
-    spec = model.interp.spec
+    spec = job.model.interp.spec
     if spec.score_refusal:
         raise InputError(f"estimate='atp' recomputes attention scores, which {spec.label} does not allow: "
                          f"{spec.score_refusal}; use estimate='attribution' or 'exact'")
-    pattern_sites = sorted({(l, k) for v in variants for l, _, k in v.targets if k in ("q", "k")})
-    linear_sites = sorted({(l, k) for v in variants for l, _, k in v.targets if k not in ("q", "k")})
-    shift = {site: bias_shift(model, site[0], site[1], method, stats, bias_seed) for site in pattern_sites}
-    shift.update(_linear_shifts(model, linear_sites, method, stats, bias_seed))
-    layers = sorted({l for l, _ in pattern_sites})
-    cached = ("q", "k", "v", "pattern") + (("cos", "sin") if model.interp.rotary else ())
-    names = {hook_name(l, n) for l in layers for n in cached}
-    contrib = {site: torch.zeros(model.interp.heads(site[1]), dtype=torch.float64)
-               for site in pattern_sites + linear_sites}
-    for batch, ref, weight in zip(batches, refs, weights):
-        cache: dict[str, Tensor] = {}
-        grads: dict[int, Tensor] = {}
-        acts: dict[tuple[int, str], Tensor] = {}
-        hooks = ([(n, _store(cache, n)) for n in names]
-                 + [(hook_name(l, "z"), _keep_grad(grads, l)) for l in layers]
-                 + [(hook_name(l, k), _keep_grad(acts, (l, k))) for l, k in linear_sites])
-        model.zero_grad(set_to_none=True)
-        with torch.enable_grad():
-            out, hidden = run_forward(model, batch, hooks, need_hidden)
-            value(out, hidden, ref, batch).backward()
-        grads = {l: g.grad for l, g in grads.items()}
-        terms = _pattern_terms(model, cache, grads, pattern_sites, shift)
-        terms.update(_linear_terms(model, acts, batch, shift))
-        for site, per_head in terms.items():
-            contrib[site] += per_head * (weight / sum(weights))
-    model.zero_grad(set_to_none=True)
-    return [float(sum(contrib[(l, k)][h] for l, h, k in v.targets)) for v in variants]
+    return _weighted(job, value, pattern=True)
 
 
 def _store(cache: dict, name: str) -> Callable[[Tensor, Any], None]:

@@ -22,18 +22,14 @@ top heads exactly.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from interp.ablation.attribution import atp_star_deltas, attribution_deltas
+from interp.ablation.attribution import EstimateInputs, batch_estimates
 from interp.ablation.metrics import distance_features
-from interp.ablation.variants import Variant
 from interp.data import Batch
-from interp.models.bridge import InterpBridge
-from interp.stats import QKVStats
-from interp.types import Method
 
 
 def _projection(name: str, direction: Tensor) -> Callable:
@@ -57,23 +53,17 @@ def _directions(intact: Tensor, n: int, generator: torch.Generator) -> list[Tens
     return out
 
 
-def distance_deltas(
-    model: InterpBridge, batches: Sequence[Batch], weights: Sequence[float], variants: Sequence[Variant],
-    method: Method, stats: Optional[QKVStats], metric_name: str, refs: Sequence[dict], need_hidden: bool,
-    n_projections: int = 8, seed: int = 0, bias_seed: int = 0,
-) -> list[float]:
-    """The second-order estimate of each variant's change in a distance metric (see the module doc)."""
-    linear = attribution_deltas if model.interp.spec.score_refusal else atp_star_deltas
+def distance_deltas(job: EstimateInputs, metric_name: str, n_projections: int = 8, seed: int = 0) -> list[float]:
+    """The second-order estimate of each variant's change in a distance metric (see the module doc): per
+    batch, one forward and one backward per projection (``batch_estimates``)."""
+    pattern = not job.model.interp.spec.score_refusal  # AtP* where scores can be recomputed, else linear
     generator = torch.Generator().manual_seed(seed)
-    total = sum(weights)
-    estimate = torch.zeros(len(variants), dtype=torch.float64)
-    for batch, ref, weight in zip(batches, refs, weights):
+    total = sum(job.weights)
+    estimate = torch.zeros(len(job.variants), dtype=torch.float64)
+    for batch, ref, weight in zip(job.batches, job.refs, job.weights):
         intact = ref["features"] if metric_name == "feature_cosine" else ref["embedding"]
-        squares = torch.zeros(len(variants), dtype=torch.float64)
-        for direction in _directions(intact, n_projections, generator):
-            e = linear(model, [batch], [1.0], variants, method, stats, _projection(metric_name, direction),
-                       [ref], need_hidden, bias_seed=bias_seed)
-            squares += torch.tensor(e, dtype=torch.float64) ** 2
+        values = [_projection(metric_name, r) for r in _directions(intact, n_projections, generator)]
+        squares = (batch_estimates(job, batch, ref, values, pattern) ** 2).sum(0)
         n_samples = intact.shape[0]
         estimate += (weight / total) * -(squares / n_projections) / (2 * n_samples)
     return estimate.tolist()

@@ -45,7 +45,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 import interp.ablation.metrics as metrics
-from interp.ablation.attribution import atp_star_deltas, attribution_deltas
+from interp.ablation.attribution import EstimateInputs, atp_star_deltas, attribution_deltas
 from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
@@ -307,13 +307,12 @@ def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: 
     if estimate == "exact":
         _exact(run, todo, keys, method, stats, opts["stack"], log, opts["progress"])
     elif todo:
-        args = (run.model, run.batches, run.weights, todo, method, stats)
+        job = EstimateInputs(run.model, run.batches, run.weights, todo, method, stats, run.refs, run.need_hidden,
+                             bias_seed=opts["seed"])
         if estimate == "atp_distance":
-            deltas = distance_deltas(*args, run.metric_name, run.refs, run.need_hidden, opts["n_projections"],
-                                     bias_seed=opts["seed"])
+            deltas = distance_deltas(job, run.metric_name, opts["n_projections"])
         else:
-            estimator = atp_star_deltas if estimate == "atp" else attribution_deltas
-            deltas = estimator(*args, run.value, run.refs, run.need_hidden, bias_seed=opts["seed"])
+            deltas = (atp_star_deltas if estimate == "atp" else attribution_deltas)(job, run.value)
         for var, d in zip(todo, deltas):
             log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
     missing = {c: False if NUMERIC.get(c) is bool else float("nan") if c in NUMERIC else "" for c in COLUMNS}
