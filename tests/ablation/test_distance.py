@@ -48,7 +48,7 @@ def test_first_order_estimates_still_refuse_distance_metrics_and_atp_distance_re
                                                  ("qwen2", "next_token_ce", "atp")])
 def test_auto_estimates_every_head_then_runs_the_top_k_per_kind_exactly(family, metric, first):
     model, data = model_and_data(family)
-    auto = ablate_bias(model, data, metric=metric, estimate="auto", top_k=2, progress=False)
+    auto = ablate_bias(model, data, metric=metric, estimate="auto", top_k=2, sample_k=0, progress=False)
     estimated, exact = auto[auto.estimate == first], auto[auto.estimate == "exact"]
     assert set(auto.estimate) == {first, "exact"}
     n_variants = model.interp.n_layers * (model.interp.n_heads + 2 * model.interp.n_kv_heads)
