@@ -37,11 +37,10 @@ from interp.stats import QKVStats
 from interp.types import Method
 
 
-def _keep_grad(acts: dict, site: tuple[int, str]) -> Callable[[Tensor, Any], Tensor]:
+def _keep_node(acts: dict, site: Any) -> Callable[[Tensor, Any], Tensor]:
     def fn(t: Tensor, hook: Any) -> Tensor:
-        # a fresh node that the bridge computes *from*, so its gradient is populated
+        # a fresh node that the bridge computes *from*, so gradients with respect to it are the metric's
         t = t.clone()
-        t.retain_grad()
         acts[site] = t
         return t
     return fn
@@ -56,11 +55,10 @@ def _linear_shifts(model: InterpBridge, sites: list, method: Method, stats: Opti
     return shift
 
 
-def _linear_terms(model: InterpBridge, acts: dict, batch: Batch, shift: dict) -> dict:
+def _linear_terms(model: InterpBridge, grads: dict, batch: Batch, shift: dict) -> dict:
     """Per site: [head] sum over the batch and (real) positions of (a' - a) . dL/da."""
     out = {}
-    for site, a in acts.items():
-        grad = a.grad  # [batch, pos, head_index, d_head]
+    for site, grad in grads.items():  # [batch, pos, head_index, d_head]
         if grad is None:
             continue
         if batch.attention_mask is not None and model.interp.modality == "text":
@@ -132,10 +130,31 @@ class EstimateInputs:
         return recomputed, [s for s in every if s not in recomputed]
 
 
-def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Sequence[Callable],
-                    pattern: bool) -> Tensor:
+@dataclass(frozen=True)
+class Projections:
+    """Several metrics g_r = sum(features * directions[r]) of one feature tensor (``interp.ablation.distance``):
+    their gradients come from one batched backward (``is_grads_batched``), not one backward each."""
+
+    features: Callable[[Any, Optional[Tensor], dict, Batch], Tensor]
+    directions: Tensor  # [r, *features.shape]
+
+
+def _metric_grads(out: Any, hidden: Optional[Tensor], ref: dict, batch: Batch, values: Any,
+                  nodes: list[Tensor]) -> list[list[Optional[Tensor]]]:
+    """[metric][node]: d metric / d node for each metric of ``values`` (callables or ``Projections``)."""
+    if isinstance(values, Projections):
+        feats = values.features(out, hidden, ref, batch)
+        grads = torch.autograd.grad(feats, nodes, grad_outputs=values.directions.to(feats.device, feats.dtype),
+                                    is_grads_batched=True, allow_unused=True)
+        return [[None if g is None else g[r] for g in grads] for r in range(values.directions.shape[0])]
+    return [list(torch.autograd.grad(value(out, hidden, ref, batch), nodes, retain_graph=i < len(values) - 1,
+                                     allow_unused=True)) for i, value in enumerate(values)]
+
+
+def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Any, pattern: bool) -> Tensor:
     """[metric, variant]: the first-order (``pattern`` False) or AtP* delta of each variant in each metric
-    of ``values`` on one batch, from one forward and one backward per metric."""
+    of ``values`` (callables, or ``Projections``) on one batch, from one forward; the (A' - A) V of AtP*
+    does not depend on the metric and is computed once."""
     model, pattern_sites, linear_sites = job.model, *job.sites(pattern)
     shift = {site: bias_shift(model, site[0], site[1], job.method, job.stats, job.bias_seed) for site in pattern_sites}
     shift.update(_linear_shifts(model, linear_sites, job.method, job.stats, job.bias_seed))
@@ -143,24 +162,20 @@ def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Sequen
     names = {hook_name(l, n) for l in layers for n in ("q", "k", "v", "pattern") + (("cos", "sin") if
                                                                                   model.interp.rotary else ())}
     cache: dict[str, Tensor] = {}
-    zs: dict[int, Tensor] = {}
-    acts: dict[tuple[int, str], Tensor] = {}
-    hooks = ([(n, _store(cache, n)) for n in names] + [(hook_name(l, "z"), _keep_grad(zs, l)) for l in layers]
-             + [(hook_name(l, k), _keep_grad(acts, site)) for site in linear_sites for l, k in [site]])
-    rows = []
-    model.zero_grad(set_to_none=True)
+    nodes: dict[Any, Tensor] = {}  # layer -> hook_z (AtP*), (layer, kind) -> hook_q|k|v (linear)
+    hooks = ([(n, _store(cache, n)) for n in names] + [(hook_name(l, "z"), _keep_node(nodes, l)) for l in layers]
+             + [(hook_name(l, k), _keep_node(nodes, site)) for site in linear_sites for l, k in [site]])
     with torch.enable_grad():
         out, hidden = run_forward(model, batch, hooks, job.need_hidden)
-        dz = None
-        for i, value in enumerate(values):
-            for t in (*zs.values(), *acts.values()):
-                t.grad = None  # each metric's gradient alone, not summed with the previous one's
-            value(out, hidden, ref, batch).backward(retain_graph=i < len(values) - 1)
-            dz = _pattern_dz(model, cache, pattern_sites, shift) if dz is None else dz
-            terms = _pattern_terms(model, dz, {l: z.grad for l, z in zs.items()})
-            terms.update(_linear_terms(model, acts, batch, shift))
-            rows.append([float(sum(terms[(l, k)][h] for l, h, k in v.targets)) for v in job.variants])
-    model.zero_grad(set_to_none=True)
+        keys = list(nodes)
+        per_metric = _metric_grads(out, hidden, ref, batch, values, [nodes[k] for k in keys])
+    dz = _pattern_dz(model, cache, pattern_sites, shift)
+    rows = []
+    for grads in per_metric:
+        by_key = dict(zip(keys, grads))
+        terms = _pattern_terms(model, dz, {l: by_key[l] for l in layers})
+        terms.update(_linear_terms(model, {site: by_key[site] for site in linear_sites}, batch, shift))
+        rows.append([float(sum(terms[(l, k)][h] for l, h, k in v.targets)) for v in job.variants])
     return torch.tensor(rows, dtype=torch.float64)
 
 

@@ -27,17 +27,17 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from interp.ablation.attribution import EstimateInputs, batch_estimates
+from interp.ablation.attribution import EstimateInputs, Projections, batch_estimates
 from interp.ablation.metrics import distance_features
 from interp.data import Batch
 
 
-def _projection(name: str, direction: Tensor) -> Callable:
-    """The task metric g_r(f) = sum_s direction_s . f_s (direction already P-projected and / ||f_s||)."""
-    def value(out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
-        feats, _ = distance_features(name, out, hidden, ref, batch)
-        return (feats * direction.to(feats.device, feats.dtype)).sum()
-    return value
+def _features(name: str) -> Callable:
+    """The features f_s a distance metric compares (P-projected), whose projections g_r(f) = sum_s r_s . f_s
+    (r already P-projected and / ||f_s||) are the task metrics the estimate linearises."""
+    def features(out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
+        return distance_features(name, out, hidden, ref, batch)[0]
+    return features
 
 
 def _directions(intact: Tensor, n: int, generator: torch.Generator) -> list[Tensor]:
@@ -62,7 +62,8 @@ def distance_deltas(job: EstimateInputs, metric_name: str, n_projections: int = 
     estimate = torch.zeros(len(job.variants), dtype=torch.float64)
     for batch, ref, weight in zip(job.batches, job.refs, job.weights):
         intact = ref["features"] if metric_name == "feature_cosine" else ref["embedding"]
-        values = [_projection(metric_name, r) for r in _directions(intact, n_projections, generator)]
+        directions = torch.stack(_directions(intact, n_projections, generator))
+        values = Projections(_features(metric_name), directions)
         squares = (batch_estimates(job, batch, ref, values, pattern) ** 2).sum(0)
         n_samples = intact.shape[0]
         estimate += (weight / total) * -(squares / n_projections) / (2 * n_samples)
