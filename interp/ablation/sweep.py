@@ -4,7 +4,7 @@ Estimates (the ``estimate`` column):
 
 * ``exact``: one patched forward per variant, ``stack`` variants at a time on the batch
   axis; a variant patched from layer l replays the intact layers 0..l-1
-  (``interp.ablation.prefix``) instead of recomputing them.
+  (``interp.prefix``) instead of recomputing them.
 * ``attribution``: first order in the patched activation, one forward and backward per batch.
 * ``atp`` (AtP*): the patched head's pattern recomputed exactly for q and k, linear after it
   (``interp.ablation.attribution``). Task metrics only (a distance metric's gradient is 0).
@@ -50,7 +50,7 @@ from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
-from interp.ablation.prefix import first_layer, output_bytes, record_block_outputs, replay_blocks
+from interp.prefix import first_layer, output_bytes, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
 from interp.bootstrap import Resampler, check_bootstrap, item_keys

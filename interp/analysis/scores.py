@@ -28,6 +28,7 @@ from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
 from interp.hooks import hook_name, is_block_hook
 from interp.patching import bias_patch_hooks, run_until_kept
+from interp.prefix import record_block_outputs, replay_blocks
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
 
@@ -294,27 +295,31 @@ def _final_output(out: Any) -> Tensor:
     return out if isinstance(out, Tensor) else out[0]
 
 
-def _intact(m: InterpBridge, batch: Batch, layers: Sequence[int]) -> tuple[Tensor, dict, Any, dict[int, Tensor]]:
-    """(input, forward kwargs, intact output, intact pattern per layer): one forward serves every layer."""
+def _intact(m: InterpBridge, batch: Batch, layers: Sequence[int]) -> tuple:
+    """(input, forward kwargs, intact output, intact pattern per layer, every block's output): one forward
+    serves every layer; the block outputs let a patched forward start at its layer (``interp.prefix``)."""
     x, kw = model_inputs(m, batch)
     names = [hook_name(layer, "pattern") for layer in layers]
-    out, cache = m.run_with_cache(x, names_filter=names, **kw)
-    return x, kw, out, {layer: cache[name] for layer, name in zip(layers, names)}
+    with record_block_outputs(m) as blocks:
+        out, cache = m.run_with_cache(x, names_filter=names, **kw)
+    return x, kw, out, {layer: cache[name] for layer, name in zip(layers, names)}, blocks
 
 
 def _layer_invariances(m: InterpBridge, layer: int, intact: list[tuple]) -> tuple[float, float]:
-    """(max pattern change with b_k removed, max output change with b_v folded into b_O) at ``layer``;
-    the patched forward for the pattern stops at it (nothing after it can change it)."""
+    """(max pattern change with b_k removed, max output change with b_v folded into b_O) at ``layer``.
+    Both patched forwards replay the intact blocks below ``layer`` (they compute the same there); the one
+    for the pattern stops at it (nothing after it can change it)."""
     info = m.interp
     remove_k = bias_patch_hooks(m, [(layer, h, "k") for h in range(info.n_kv_heads)], "zero")
     fold_v = bias_patch_hooks(m, [(layer, h, "v") for h in range(info.n_kv_heads)], "fold")
     pat = hook_name(layer, "pattern")
     k_diff, v_diff = 0.0, 0.0
-    for batch, x, kw, base_out, base in intact:
-        patched = run_until_kept(m, x, kw, [pat], remove_k)[pat]
+    for batch, x, kw, base_out, base, blocks in intact:
+        with replay_blocks(m, blocks, layer, 1, x.shape[0]):
+            patched = run_until_kept(m, x, kw, [pat], remove_k)[pat]
+            folded = m.run_with_hooks(x, fwd_hooks=fold_v, **kw)
         allowed = _key_mask(m, batch, base[layer].shape[-1], base[layer].device, layer)
         k_diff = max(k_diff, float((patched - base[layer]).abs().masked_fill(~allowed, 0).max()))
-        folded = m.run_with_hooks(x, fwd_hooks=fold_v, **kw)
         v_diff = max(v_diff, float((_final_output(folded) - _final_output(base_out)).abs().max()))
     return k_diff, v_diff
 
