@@ -182,3 +182,47 @@ def test_findings_sinks_table_equals_its_csvs(model):
     value, layer = numbers(cells[8])[:2]
     assert agrees(value, top.abs_value) and agrees(layer, top.layer)
     assert agrees(cells[9], top.ratio_to_median) and agrees(cells[10], massive.massive.sum())
+
+
+IMPLICIT_MODELS = ("minilm-l6", "dinov2-s14", "smollm2-135m")
+
+
+def _largest(part: pd.DataFrame) -> pd.Series:
+    return part.loc[part.delta.abs().idxmax()]
+
+
+@pytest.mark.parametrize("model", [m for m in IMPLICIT_MODELS if f"| `{m}`, implicit |" in FINDINGS])
+def test_findings_implicit_table_equals_its_csvs(model):
+    """Claim 4 revisited, high-norm tokens and the implicit biases ablated: every number of the row is read
+    from sinks_high_norm.csv (benchmarks/sink_figures.py) and ablation_implicit.csv
+    (benchmarks/ablate_implicit_real.py)."""
+    hn = pd.read_csv(RESULTS / model / "sinks_high_norm.csv")
+    per = hn.drop_duplicates("layer").assign(r=lambda f: f.norm_max / f.norm_median)
+    cells = row(FINDINGS, f"`{model}`, implicit")
+    n, total = numbers(cells[1])
+    assert agrees(n, int((per.n_outliers > 0).sum())) and agrees(total, len(per))
+    top = per.loc[per.r.idxmax()]
+    assert [agrees(q, v) for q, v in zip(numbers(cells[2]), (top.r, top.layer))] == [True, True]
+    kept = hn.dropna(subset=["norm"])
+    if kept.empty:
+        assert cells[3] == "none"
+    else:
+        assert [agrees(q, v) for q, v in zip(numbers(cells[3]), (kept.mass.mean(), per.mass_mean.iloc[0]))] == [True] * 2
+    path = RESULTS / model / "ablation_implicit.csv"
+    if not path.exists():
+        assert cells[4:] == ["not run"] * 3
+        return
+    zero = pd.read_csv(path).query("method == 'zero'")
+    for cell, kind in zip(cells[4:6], ("v", "sink_v")):
+        part = zero[zero.kind == kind]
+        if part.empty:
+            assert cell == "no b_v"
+            continue
+        top = _largest(part)
+        assert [agrees(q, v) for q, v in zip(numbers(cell), (abs(top.delta), top.layer, top["head"]))] == [True] * 3
+    massive = zero[zero.kind == "massive"]
+    if (massive.identity.fillna("") != "").all():
+        assert cells[6] == "none flagged"
+    else:
+        top = _largest(massive[massive.identity.fillna("") == ""])
+        assert [agrees(q, v) for q, v in zip(numbers(cells[6]), (abs(top.delta), top.layer))] == [True] * 2
