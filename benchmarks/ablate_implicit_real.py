@@ -20,12 +20,12 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
 KINDS = {"minilm-l6": ("v", "sink_v", "massive"), "smollm2-135m": ("sink_v", "massive")}
 
 
-def run_model(name: str, batches: int, batch_size: int) -> pd.DataFrame:
+def run_model(name: str, batches: int, batch_size: int, methods: tuple[str, ...] = ("zero", "mean")) -> pd.DataFrame:
     t0 = time.time()
     model = interp.load_model(name, device="cpu")
     data = interp.builtin_batches(model, "python-docs", batch_size=batch_size, n=batches * batch_size)[:batches]
     frames = [interp.ablate_bias(model, data, kinds=KINDS[name], method=method, estimate="exact", progress=False)
-              for method in ("zero", "mean")]
+              for method in methods]
     table = pd.concat(frames, ignore_index=True).assign(model=name)
     (OUT / name).mkdir(parents=True, exist_ok=True)
     table.to_csv(OUT / name / "ablation_implicit.csv", index=False)
@@ -50,11 +50,12 @@ def main() -> None:
     p.add_argument("--models", default=",".join(KINDS))
     p.add_argument("--batches", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--methods", default="zero,mean", help="comma-separated ablation methods")
     p.add_argument("--table", action="store_true", help="print the summary from the CSVs, run nothing")
     args = p.parse_args()
     for name in args.models.split(","):
         table = (pd.read_csv(OUT / name / "ablation_implicit.csv") if args.table
-                 else run_model(name, args.batches, args.batch_size))
+                 else run_model(name, args.batches, args.batch_size, tuple(args.methods.split(","))))
         print(summary(table).to_string(index=False))
 
 
