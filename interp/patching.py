@@ -101,17 +101,13 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
     return hooks
 
 
-def stacked_patch_hooks(model: InterpBridge, groups: Sequence[Sequence[Target]], method: Method = "zero",
-                        stats: Optional[QKVStats] = None, seed: int = 0) -> list[Hook]:
-    """Hooks for ``len(groups)`` variants stacked on the batch axis (variant-major).
-
-    Rows ``v*B:(v+1)*B`` of every activation get variant v's patch, so one forward on a
-    batch repeated V times equals V separate patched forwards.
-    """
-    n = len(groups)
+def stack_hooks(per_variant: Sequence[Sequence[Hook]]) -> list[Hook]:
+    """One hook per hook point for ``len(per_variant)`` variants stacked on the batch axis (variant-major):
+    rows ``v*B:(v+1)*B`` of the activation go through variant v's hook at that point (or pass unchanged)."""
+    n = len(per_variant)
     sites: dict[str, list[Optional[Callable]]] = {}
-    for v, group in enumerate(groups):
-        for name, fn in bias_patch_hooks(model, group, method, stats, seed):
+    for v, hooks in enumerate(per_variant):
+        for name, fn in hooks:
             sites.setdefault(name, [None] * n)[v] = fn
 
     def stacked(fns: list) -> Callable[[Tensor, Any], Tensor]:
@@ -121,6 +117,16 @@ def stacked_patch_hooks(model: InterpBridge, groups: Sequence[Sequence[Target]],
         return edit
 
     return [(name, stacked(fns)) for name, fns in sites.items()]
+
+
+def stacked_patch_hooks(model: InterpBridge, groups: Sequence[Sequence[Target]], method: Method = "zero",
+                        stats: Optional[QKVStats] = None, seed: int = 0) -> list[Hook]:
+    """Hooks for ``len(groups)`` variants stacked on the batch axis (variant-major).
+
+    Rows ``v*B:(v+1)*B`` of every activation get variant v's patch, so one forward on a
+    batch repeated V times equals V separate patched forwards.
+    """
+    return stack_hooks([bias_patch_hooks(model, group, method, stats, seed) for group in groups])
 
 
 def repeat_batch(batch: Batch, n: int) -> Batch:

@@ -38,7 +38,7 @@ from interp.data import Batch
 from interp.errors import InputError
 from interp.hooks import block_hook, hook_name
 from interp.models.bridge import InterpBridge
-from interp.patching import Hook, Target
+from interp.patching import Hook, Target, stack_hooks
 
 IMPLICIT_METHODS = ("zero", "mean")
 
@@ -215,18 +215,7 @@ def stacked_implicit_hooks(sites: Optional[ImplicitSites], groups: Sequence[Sequ
     rows ``v*B:(v+1)*B`` get variant v's patch (the bias targets' hooks come from ``stacked_patch_hooks``)."""
     if sites is None:
         return []
-    n = len(groups)
-    points: dict[str, list[Optional[Callable]]] = {}
-    for v, group in enumerate(groups):
-        for name, fn in implicit_hooks(sites, group, method):
-            points.setdefault(name, [None] * n)[v] = fn
-
-    def stacked(fns: list) -> Callable[[Tensor, Any], Tensor]:
-        def edit(t: Tensor, hook: Any) -> Tensor:
-            chunks = list(t.chunk(n, dim=0))
-            return torch.cat([c if f is None else f(c, hook) for c, f in zip(chunks, fns)], dim=0)
-        return edit
-    return [(name, stacked(fns)) for name, fns in points.items()]
+    return stack_hooks([implicit_hooks(sites, group, method) for group in groups])
 
 
 def variant_key(var: Variant, method: str, estimate: str, metric: str, sites: Optional[ImplicitSites]) -> str:
