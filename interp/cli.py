@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from interp.types import CLI_ESTIMATES, CLI_SCOPES, DEMO_ESTIMATES, METHODS, NORMALIZE
+from interp.types import CLI_ESTIMATES, CLI_SCOPES, DEMO_ESTIMATES, IMPLICIT_KINDS, METHODS, NORMALIZE, QKV
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -370,7 +370,8 @@ def check_args(args: argparse.Namespace) -> None:
             check_count(name, value, minimum=least)
     check_max_batches(getattr(args, "max_batches", None))
     if getattr(args, "kinds", None) is not None:
-        check_kinds([k.strip() for k in args.kinds.split(",") if k.strip()])
+        allowed = QKV + IMPLICIT_KINDS if getattr(args, "implicit_kinds", False) else QKV
+        check_kinds([k.strip() for k in args.kinds.split(",") if k.strip()], allowed)
 
 
 DATA_HELP = ("a built-in data set (photos, digits, mnist, python-docs); a folder of images (PNG/JPEG/WebP, recursive, "
@@ -457,8 +458,9 @@ def _add_ablate_parser(sub: Any) -> None:
     p = sub.add_parser("ablate", help="patch biases out per head and measure the task metric")
     p.add_argument("--model", required=True, help="zoo name (interp models), local HF folder or hub id")
     p.add_argument("--data", required=True, help=DATA_HELP)
-    p.add_argument("--kinds", default="q,k,v", help="comma-separated biases to ablate, of q, k, v "
-                   "(default: %(default)s)")
+    p.add_argument("--kinds", default="q,k,v", help="comma-separated biases to ablate, of q, k, v, and the "
+                   "implicit ones sink_v (a kv head's values at the sink positions) and massive (a layer's massive "
+                   "activations), which run exactly (default: %(default)s)")
     p.add_argument("--scope", default="head", choices=CLI_SCOPES,
                    help="patch one head, every head of a layer, or every head of a kind at a time "
                         "(default: %(default)s)")
@@ -498,7 +500,7 @@ def _add_ablate_parser(sub: Any) -> None:
                    help="run forwards even for variants an identity answers (b_k under non-rotary positions, "
                         "absent biases, b_v folded); by default their rows say why and skip the forward")
     _add_data_options(p)
-    p.set_defaults(func=_cmd_ablate)
+    p.set_defaults(func=_cmd_ablate, implicit_kinds=True)
 
 
 def _add_analysis_parsers(sub: Any) -> None:

@@ -30,6 +30,8 @@ Positions = Literal["learned", "rotary", "alibi", "relative", "none"]
 
 KINDS: tuple[str, ...] = get_args(Kind)
 QKV: tuple[str, ...] = get_args(QKVKind)
+#: the biases a model makes for itself that ``ablate_bias`` can also remove (exact forwards only)
+IMPLICIT_KINDS: tuple[str, ...] = ("sink_v", "massive")
 METHODS: tuple[str, ...] = get_args(Method)
 ESTIMATES: tuple[str, ...] = get_args(Estimate)
 PARTS: tuple[str, ...] = get_args(Part)

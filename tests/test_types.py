@@ -33,3 +33,17 @@ def test_data_sources_check_the_same_normalisations():
     from interp.data import sources
 
     assert sources.NORMALIZE is types.NORMALIZE
+
+
+def test_ablate_takes_the_implicit_kinds_and_record_does_not():
+    from interp.cli import check_args
+
+    parser = build_parser()
+    check_args(parser.parse_args(["ablate", "--model", "m", "--data", "d", "--kinds", "q,sink_v,massive"]))
+    import pytest
+
+    from interp.errors import InputError
+
+    with pytest.raises(InputError, match="kinds must be"):  # a command without the implicit kinds refuses them
+        check_args(argparse.Namespace(kinds="sink_v"))
+    assert types.IMPLICIT_KINDS == ("sink_v", "massive")

@@ -10,9 +10,8 @@ from interp.checks import check_heads, check_kinds, check_layers
 from interp.errors import InputError
 from interp.models.info import ModelInfo
 from interp.patching import Target
-from interp.types import QKV, SCOPES, Scope
+from interp.types import IMPLICIT_KINDS, QKV, SCOPES, Scope  # IMPLICIT_KINDS: exact-only
 
-IMPLICIT_KINDS = ("sink_v", "massive")  # implicit biases (``interp.ablation.implicit``): exact-only
 NO_HEAD = -1  # a massive target's head: the residual stream is not per head
 
 
