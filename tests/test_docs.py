@@ -59,6 +59,15 @@ def test_readme_and_cli_help_name_every_builtin_data_set():
     assert {n.strip() for n in help_names.split(",")} == set(BUILTIN)
 
 
+def test_readme_quickstart_counts_the_builtin_photos():
+    import re
+
+    from interp.data import photos
+
+    said = re.search(r'"photos" alone means all (\d+)', README)
+    assert said and int(said.group(1)) == photos(32).shape[0]
+
+
 def test_guarantees_count_every_registered_family_as_forward_tested():
     from interp.models import TINY_FAMILIES, list_families
 
