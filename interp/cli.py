@@ -244,10 +244,19 @@ ANALYSES = {
 }
 
 
+# what --stats does for each command that takes it
+STATS_COMMANDS = {
+    "origin": "read, not recorded again, and referenced, not copied",
+    "scores": "the scores are computed on the data the statistics were recorded on, and the manifest "
+              "references them",
+}
+
+
 def _cmd_analysis(args: argparse.Namespace) -> int:
     """One analysis of the demo on any model and data, into ``--out`` (tables, figures, manifest).
-    ``origin --stats``: the statistics a previous ``interp record`` wrote, checked against this model and
-    data by fingerprint, are read instead of recorded again, and referenced (not copied) in the manifest."""
+    ``--stats`` (origin, scores): the statistics a previous ``interp record`` wrote, checked against this model
+    and data by fingerprint; ``origin`` reads them instead of recording again, ``scores`` runs on the data they
+    were recorded on; both reference them (not copied) in the manifest."""
     from interp.models.loading import load_model
     from interp.pipeline import make_context, referenced_recording, run_steps
     from interp.report import begin_outputs, write_manifest, write_section
@@ -516,12 +525,12 @@ def _add_analysis_parsers(sub: Any) -> None:
                        "(default: all)")
         p.add_argument("--heads", type=_int_list, default=None, help="comma-separated heads to analyse "
                        "(default: all)")
-        if name == "origin":
+        if name in STATS_COMMANDS:
             p.add_argument("--stats", default=None, help="the --out folder (or its qkv_stats.safetensors) of "
-                           "'interp record' on this model: read, not recorded again, and referenced, not copied; "
-                           "its data and data flags are the recording's unless given (checked by fingerprint)")
-        _add_data_options(p, batch_size=None, batch_help="4" + ("; with --stats, the recording's" if name == "origin"
-                                                                else ""))
+                           "'interp record' on this model: " + STATS_COMMANDS[name] + "; its data and data flags "
+                           "are the recording's unless given (model and data checked by fingerprint)")
+        _add_data_options(p, batch_size=None, batch_help="4" + ("; with --stats, the recording's"
+                                                                if name in STATS_COMMANDS else ""))
         p.set_defaults(func=_cmd_analysis)
 
 

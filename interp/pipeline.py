@@ -64,7 +64,7 @@ def recording_step(ctx: Context) -> list[Section]:
 
 
 def referenced_recording(stats: QKVStats, path: Path, dataset: str) -> Section:
-    """The recording section for statistics read from ``path`` (``interp origin --stats``): the numbers
+    """The recording section for statistics read from ``path`` (``interp origin|scores --stats``): the numbers
     and the reference, no copy of the statistics."""
     count = stats.count(stats.layers[0])
     numbers = dict(positions_counted=count, layers=len(stats.layers), kinds=list(stats.kinds), stats_file=str(path),

@@ -121,6 +121,31 @@ def test_origin_reads_the_statistics_record_wrote_and_refuses_others(tmp_path):
     assert "Traceback" not in other_model.stderr + other_data.stderr
 
 
+def test_scores_runs_on_the_data_record_used_and_refuses_others(tmp_path):
+    """scores --stats: the data and its flags come from the recording's manifest (the same table as scores
+    given those flags), the statistics are referenced in the manifest; another model or other data is refused."""
+    from interp.cli import main as cli_main
+
+    data = ["--data", "digits", "--max-items", "6", "--batch-size", "3"]
+    assert cli_main(["record", "--model", "digits-vit", *data, "--out", str(tmp_path / "rec")]) == 0
+    assert cli_main(["scores", "--model", "digits-vit", "--stats", str(tmp_path / "rec"), "--out",
+                     str(tmp_path / "read")]) == 0
+    assert cli_main(["scores", "--model", "digits-vit", *data, "--out", str(tmp_path / "again")]) == 0
+    for table in ("score_decomposition.csv", "bias_invariances.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "read" / table), pd.read_csv(tmp_path / "again" / table),
+                                      check_exact=True)
+    meta = json.loads((tmp_path / "read" / "manifest.json").read_text())["meta"]
+    recorded = json.loads((tmp_path / "rec" / "manifest.json").read_text())["meta"]
+    assert meta["stats"]["data_fingerprint"] == recorded["data_fingerprint"]
+    assert (meta["positions"], meta["items"]) == (recorded["tokens_recorded"], 6)
+    other_data = run("scores", "--model", "digits-vit", "--stats", str(tmp_path / "rec"), "--max-items", "3",
+                     "--out", str(tmp_path / "no"))
+    assert other_data.returncode == 1 and "recorded on other data" in other_data.stderr
+    other_model = run("scores", "--model", "digits-vit-nobias", "--stats", str(tmp_path / "rec"), "--out",
+                      str(tmp_path / "no"))
+    assert other_model.returncode == 1 and "recorded on another model" in other_model.stderr
+
+
 def test_origin_on_a_file_uses_as_many_tokens_as_record(tmp_path):
     """interp record counted 867 tokens of a JSONL file, interp origin 574 of the same file (issue 25)."""
     from interp.cli import main as cli_main
