@@ -214,7 +214,11 @@ _ENCODER = {
 _VIT = {"qkv_bias": _bias_switch("qkv_bias", False)}
 _DINOV2 = {**_VIT, "layerscale_value": irrelevant("scales the block's output, after attention",
                                                   probe={"layerscale_value": 0.1}),
-           "apply_layernorm": irrelevant("the final layer norm, after every block")}
+           "apply_layernorm": irrelevant("the final layer norm, after every block"),
+           "use_swiglu_ffn": refused(
+               "the DINOv2 bridge maps the fc1/fc2 MLP; the SwiGLU MLP (giant variants) is not bridged",
+               "only DINOv2 with the fc1/fc2 MLP (S/B/L) is supported; load a config with use_swiglu_ffn=False",
+               _is(True), {"use_swiglu_ffn": True})}
 _BEIT = {
     "use_relative_position_bias": handled("the relative position bias is HF's; terms_complete=False says the four "
                                           "terms leave it out", probe={"use_relative_position_bias": False}),
