@@ -136,8 +136,24 @@ def _captured(fn: Callable) -> list[Any]:
         return [type(fn).__call__, dict(vars(fn)) if hasattr(fn, "__dict__") else repr(fn)]
     cells = [c.cell_contents for c in (fn.__closure__ or ()) if _cell_filled(c)]
     glob = getattr(fn, "__globals__", {})
-    constants = {n: glob[n] for n in code.co_names if n in glob and not isinstance(glob[n], types.ModuleType)}
+    names = _code_parts(code)[1]  # with those read inside its comprehensions, generators and lambdas
+    constants = {n: glob[n] for n in names if n in glob and not isinstance(glob[n], types.ModuleType)}
     return [cells, fn.__defaults__, fn.__kwdefaults__, constants]
+
+
+def _code_parts(code: types.CodeType) -> tuple[bytes, set[str]]:
+    """The bytes of a code object and of the code nested in it (comprehensions, generators, lambdas,
+    inner functions: their reprs hold memory addresses, so they are read, not repr'd), and every name
+    any of them reads."""
+    parts, names = [code.co_code, repr(code.co_names).encode()], set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            inner, inner_names = _code_parts(const)
+            parts.append(b"code{" + inner + b"}")
+            names |= inner_names
+        else:
+            parts.append(repr(const).encode())
+    return b"|".join(parts), names
 
 
 def _cell_filled(cell: Any) -> bool:
@@ -162,7 +178,7 @@ def _callable_digest(fn: Callable, depth: int = 0) -> str:
         return h.hexdigest()
     code = getattr(fn, "__code__", None)
     if code is not None:
-        h.update(b"|".join([code.co_code, repr(code.co_consts).encode(), repr(code.co_names).encode()]))
+        h.update(_code_parts(code)[0])
     if depth < 3:
         for value in _captured(fn):
             _value_digest(h, value, depth)
@@ -179,3 +195,26 @@ def callable_identity(fn: Callable) -> str:
     except _Unhashable:
         digest = f"unfingerprintable-{uuid.uuid4().hex[:12]}"
     return f"{name}#{digest}"
+
+
+def _hooked(fn: Callable) -> Callable:
+    """The function a forward hook runs: TransformerLens wraps ``add_hook``'s function in a closure that
+    also holds its HookPoint (a module, unhashable)."""
+    code = getattr(fn, "__code__", None)
+    cells = dict(zip(code.co_freevars, fn.__closure__ or ())) if code is not None else {}
+    wrapped = cells.get("hook")
+    if wrapped is not None and _cell_filled(wrapped) and callable(wrapped.cell_contents):
+        return wrapped.cell_contents
+    return fn
+
+
+def hooks_identity(model: InterpBridge) -> str:
+    """The forward hooks left on the model (a permanent hook, a run inside ``model.hooks(...)``, a hook on
+    an HF module), TransformerLens' own capture hooks aside: each module's name and each hook's
+    identity, hashed; "" when there are none."""
+    hooked = [(f"{name}:{kind}", _hooked(hook)) for name, module in model.named_modules()
+              for kind, hooks in (("pre", module._forward_pre_hooks), ("forward", module._forward_hooks))
+              for hook in hooks.values()]
+    found = [f"{where}:{callable_identity(fn)}" for where, fn in hooked
+             if not str(getattr(fn, "__module__", "")).startswith("transformer_lens.")]
+    return hashlib.blake2b("|".join(found).encode(), digest_size=8).hexdigest() if found else ""

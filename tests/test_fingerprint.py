@@ -56,3 +56,15 @@ def test_callable_identity_hashes_captured_values():
     unhashable = functools.partial(_token_logit, token=object())
     assert "unfingerprintable" in callable_identity(unhashable)
     assert callable_identity(unhashable) != callable_identity(unhashable)  # never resumes
+
+
+def test_callable_identity_reads_code_nested_in_the_function():
+    """A comprehension or generator is a nested code object: its repr holds a memory address (the same
+    source defined twice got two identities, so a new session never resumed) and the globals it reads
+    were left out (changing one resumed old rows)."""
+    source = "def metric(out, batch):\n    return sum(out[..., t + SHIFT].mean() for t in range(2))\n"
+    first, second, other = {"SHIFT": 3}, {"SHIFT": 3}, {"SHIFT": 4}
+    for namespace in (first, second, other):
+        exec(source, namespace)
+    assert callable_identity(first["metric"]) == callable_identity(second["metric"])
+    assert callable_identity(first["metric"]) != callable_identity(other["metric"])

@@ -57,7 +57,7 @@ from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_count
 from interp.data import Batch, batch_to_device, iter_batches
 from interp.errors import InputError
-from interp.fingerprint import callable_identity, data_fingerprint, model_fingerprint
+from interp.fingerprint import callable_identity, data_fingerprint, hooks_identity, model_fingerprint
 from interp.heads import bias_present
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
@@ -201,6 +201,8 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
                            data=data_fingerprint(host), batches=len(batches), max_batches=max_batches,
                            metric=identity, interp=__version__, n_boot=boot[0], seed=boot[1])
+    if hooks_identity(model):  # a hook left on the model changes every number
+        run.fingerprint["hooks"] = hooks_identity(model)
     return run
 
 
@@ -395,6 +397,15 @@ def _check_counts(top_k: Any, stack: Any, sample_k: Any, n_boot: Any, seed: Any,
             check_count("sample_k", sample_k, minimum=0), check_bootstrap(n_boot, seed))
 
 
+def _bind_options(run: _Run, shard: tuple[int, int], method: str, stats: Optional[QKVStats]) -> None:
+    """What else the rows depend on, into the log's fingerprint: a rank's share (a rank's log resumes only
+    the same share) and the statistics a mean ablation patches in (other data's means give other rows)."""
+    if shard[1] > 1:
+        run.fingerprint["shard"] = f"{shard[0]}/{shard[1]}"
+    if method == "mean" and stats is not None:
+        run.fingerprint["stats"] = f"{stats.model_fingerprint}/{stats.data_fingerprint}"
+
+
 def check_shard(shard: Any) -> tuple[int, int]:
     try:
         rank, world = (int(x) for x in shard)
@@ -465,8 +476,7 @@ def ablate_bias(
     top_k, stack, sample_k, boot = _check_counts(top_k, stack, sample_k, n_boot, seed, n_projections)
     rank, world = check_shard(shard)
     run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"), boot)
-    if world > 1:
-        run.fingerprint["shard"] = f"{rank}/{world}"  # a rank's log resumes only the same share
+    _bind_options(run, (rank, world), method, stats)
     run.implicit = sites and prepare_sites(model, sites, run.batches, [t for v in variants for t in v.targets])
     if method == "mean" and stats is None and any(explicit_targets(v.targets) for v in variants):
         stats = record_qkv(model, run.batches, progress=False)

@@ -167,3 +167,45 @@ def test_an_optimizer_step_and_load_state_dict_are_noticed():
     assert interp.fingerprint.model_fingerprint(model) != first
     model.hf_model.load_state_dict(saved)
     assert interp.fingerprint.model_fingerprint(model) == first  # the same bytes again: the same fingerprint
+
+
+SHIFT = 3
+
+
+def _shifted_logits(out, batch):  # SHIFT is read only inside the generator expression (a nested code object)
+    return sum(out[..., t + SHIFT].float().mean() for t in range(2))
+
+
+def test_a_global_read_only_inside_a_comprehension_is_part_of_the_metric(models, tmp_path, monkeypatch):
+    """Found in issue 23's second pass: the global constants were read from the function's own code only, so
+    changing SHIFT resumed the old rows."""
+    a, _ = models
+    ablate_bias(a, data(), kinds=("q",), metric=_shifted_logits, out=tmp_path, progress=False, estimate="exact")
+    monkeypatch.setitem(globals(), "SHIFT", 10)
+    with pytest.raises(StaleResultsError, match="metric:"):
+        ablate_bias(a, data(), kinds=("q",), metric=_shifted_logits, out=tmp_path, progress=False, estimate="exact")
+
+
+def test_mean_ablation_with_statistics_of_other_data_is_refused(models, tmp_path):
+    """Found in issue 23's second pass: the statistics passed to method="mean" were not in the fingerprint,
+    so statistics of other data resumed the rows patched with the first run's means."""
+    a, _ = models
+    first, other = (interp.record_qkv(a, d, progress=False) for d in (data(1), data(2)[1:]))
+    ablate_bias(a, data(), kinds=("v",), method="mean", stats=first, out=tmp_path, progress=False, estimate="exact")
+    with pytest.raises(StaleResultsError, match="stats:"):
+        ablate_bias(a, data(), kinds=("v",), method="mean", stats=other, out=tmp_path, progress=False,
+                    estimate="exact")
+    resumed = ablate_bias(a, data(), kinds=("v",), method="mean", stats=first, out=tmp_path, progress=False,
+                          estimate="exact")
+    assert len(resumed) == 8
+
+
+def test_a_hook_left_on_the_model_is_part_of_the_run(tmp_path):
+    """Found in issue 23's second pass: a permanent hook added between two runs resumed the hook-free rows."""
+    model = interp.load_model(tiny_hf_model("gpt2", seed=0), device="cpu")
+    ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")  # TL's own hooks: resumes
+    model.blocks[0].attn.hook_pattern.add_hook(lambda t, hook: torch.full_like(t, 1.0 / t.shape[-1]),
+                                               is_permanent=True)
+    with pytest.raises(StaleResultsError, match="hooks: None there"):
+        ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")
