@@ -134,3 +134,39 @@ def test_frequency_profile_takes_batches_of_different_lengths_and_ignores_paddin
     separate = interp.frequency_profile(model, [Batch(seqs[0][None]), Batch(seqs[0][None, :4])], progress=False)
     _assert_same({"padded": two, "separate": separate}, ["layer", "head"])
     assert not alone.hf_ratio.equals(short.hf_ratio)  # the lengths do differ: the check above is not vacuous
+
+
+def _left_padded(seqs):
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, width - len(s):], mask[row, width - len(s):] = s, 1
+    return Batch(ids, mask)
+
+
+def test_left_padding_gives_the_numbers_of_right_padding():
+    """Found in issue 23's second pass: next-token cross-entropy counted the prediction of each left-padded
+    row's first real token from the padding before it (the ablation baseline moved by 5e-3)."""
+    model = _model("gpt2")
+    seqs = _sequences()
+    results = {name: _analyses(model, b) for name, b in (("right", [_padded(seqs)]), ("left", [_left_padded(seqs)]))}
+    for analysis, keys in KEYS.items():
+        frames = {side: r[analysis] for side, r in results.items()}
+        if keys is None:
+            keys = [c for c in frames["right"].columns if not pd.api.types.is_float_dtype(frames["right"][c])]
+        _assert_same(frames, keys)
+
+
+def test_left_padding_in_float64_is_refused_where_hf_softmaxes_in_float32():
+    """Qwen2, LLaMA, ... in float64: HF's eager softmax runs in float32, the mask's float64 minimum turns -inf
+    there and left-padding rows become NaN, which reach the real tokens; every analyzer refuses it (the
+    NaN used to give NaN spectra, other invariance checks and an InternalError in massive_activations)."""
+    model = _model("qwen2")
+    left = [_left_padded(_sequences())]
+    for run in (lambda: interp.massive_activations(model, left, progress=False),
+                lambda: interp.frequency_profile(model, left, progress=False),
+                lambda: interp.bias_invariances(interp.load_model(interp.tiny_hf_model("qwen2")), left)):
+        with pytest.raises(interp.InterpError, match="float64 with left padding.*pad on the right"):
+            run()
+    interp.frequency_profile(model, [_padded(_sequences())], progress=False)  # right padding runs

@@ -94,8 +94,9 @@ def metric_items(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict,
     if name == "next_token_ce":
         ids = batch.inputs.to(out.device)
         nll = -wide(out[:, :-1]).log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
-        keep = torch.ones_like(nll) if batch.attention_mask is None else \
-            batch.attention_mask[:, 1:].to(out.device).to(nll.dtype)
+        mask = None if batch.attention_mask is None else batch.attention_mask.to(out.device).bool()
+        # a prediction counts when both its token and the one it predicts are real (left padding: not pad -> first)
+        keep = torch.ones_like(nll) if mask is None else (mask[:, 1:] & mask[:, :-1]).to(nll.dtype)
         return (nll.double() * keep).sum(1), keep.sum(1)  # float64 sums: no rounding from aggregation
     if name == "cross_entropy":
         values = F.cross_entropy(wide(out), batch.labels.to(out.device), reduction="none")

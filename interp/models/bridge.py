@@ -105,6 +105,7 @@ class InterpBridge(TransformerBridge):
             raise InputError(f"{info.name} is a language model: pass token ids, not pixel_values")
         if check:
             check_token_ids(input, info)
+        _refuse_float64_left_padding(self, kwargs.get("attention_mask"))
         return super().forward(input, *args, **kwargs)
 
     def run_with_cache(self, input: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
@@ -125,6 +126,20 @@ class PositionalDriver(TransformersDriver):
         if "pixel_values" in kwargs:
             input_ids = kwargs.pop("pixel_values")
         return super().forward(input_ids, **kwargs)
+
+
+def _refuse_float64_left_padding(model: InterpBridge, mask: Any) -> None:
+    """HF's eager attention of these families softmaxes in float32: in a float64 model the mask's float64
+    minimum becomes -inf there, so a query row with no real key to attend to (left padding in a causal
+    model) turns NaN, and 0 x NaN carries it into the real tokens of the next layer."""
+    info = model.interp
+    if mask is None or not info.spec.softmax_float32 or not info.causal or not isinstance(mask, torch.Tensor):
+        return
+    if mask.ndim == 2 and next(model.parameters()).dtype == torch.float64 and bool((mask[:, 1:] > mask[:, :-1]).any()):
+        raise InputError(f"{info.name} in float64 with left padding: HF's attention takes its softmax in float32, "
+                         "where the padding rows become NaN and reach the real tokens; pad on the right "
+                         "(tokenizer.padding_side = 'right'), or run the model in float32 (for bias_invariances: "
+                         "float64=False)")
 
 
 def _warn_if_biases_are_zero(model: InterpBridge) -> None:
