@@ -91,13 +91,18 @@ KEYS = {"record": None, "origin": ["layer", "head", "kind"], "scores": ["layer",
         "frequency": ["layer", "head"], "ablation_exact": ["kind", "layer", "head", "estimate"]}
 
 
-def test_every_analyzer_is_invariant_to_batching(lm):
-    results = {name: _analyses(lm, batches) for name, batches in splits(_sequences()).items()}
+def _assert_analyses_same(results: dict) -> None:
+    """Each analysis's frames equal across the ways the data came (the first way is the reference)."""
     for analysis, keys in KEYS.items():
-        frames = {split: r[analysis] for split, r in results.items()}
+        frames = {way: r[analysis] for way, r in results.items()}
+        first = next(iter(frames.values()))
         if keys is None:
-            keys = [c for c in frames["one_batch"].columns if not pd.api.types.is_float_dtype(frames["one_batch"][c])]
+            keys = [c for c in first.columns if not pd.api.types.is_float_dtype(first[c])]
         _assert_same(frames, keys)
+
+
+def test_every_analyzer_is_invariant_to_batching(lm):
+    _assert_analyses_same({name: _analyses(lm, batches) for name, batches in splits(_sequences()).items()})
 
 
 def test_one_pass_estimates_are_invariant_to_batching():
@@ -150,12 +155,8 @@ def test_left_padding_gives_the_numbers_of_right_padding():
     row's first real token from the padding before it (the ablation baseline moved by 5e-3)."""
     model = _model("gpt2")
     seqs = _sequences()
-    results = {name: _analyses(model, b) for name, b in (("right", [_padded(seqs)]), ("left", [_left_padded(seqs)]))}
-    for analysis, keys in KEYS.items():
-        frames = {side: r[analysis] for side, r in results.items()}
-        if keys is None:
-            keys = [c for c in frames["right"].columns if not pd.api.types.is_float_dtype(frames["right"][c])]
-        _assert_same(frames, keys)
+    _assert_analyses_same({name: _analyses(model, b) for name, b in (("right", [_padded(seqs)]),
+                                                                      ("left", [_left_padded(seqs)]))})
 
 
 def test_left_padding_in_float64_is_refused_where_hf_softmaxes_in_float32():
