@@ -99,21 +99,27 @@ class DataSource:
     max_tokens: Optional[int] = None
 
     def __iter__(self) -> Iterator[Batch]:
-        tokens, self.skipped, self.skipped_items = 0, 0, []  # counted afresh on every pass
+        tokens, self.skipped, self.skipped_items, produced = 0, 0, [], False  # counted afresh on every pass
         items = self.items()
         while True:
             chunk = list(itertools.islice(items, self.batch_size))
             if not chunk:
                 break
             batch = self.collate(chunk)
+            produced = True
             yield batch
             tokens += int(batch.attention_mask.sum()) if batch.attention_mask is not None else 0
             if self.max_tokens is not None and tokens >= self.max_tokens:
                 break
+        if self.skipped and not produced:
+            raise InputError(f"no item of the data could be read, so there is nothing to run on: "
+                             f"{self._skipped_list()}; check those files (are they images / text?)")
         if self.skipped:
-            warnings.warn(f"{self.skipped} item(s) could not be read and were skipped: "
-                          f"{', '.join(self.skipped_items)}{' ...' if self.skipped > len(self.skipped_items) else ''}",
+            warnings.warn(f"{self.skipped} item(s) could not be read and were skipped: {self._skipped_list()}",
                           UserWarning, stacklevel=2)
+
+    def _skipped_list(self) -> str:
+        return f"{', '.join(self.skipped_items)}{' ...' if self.skipped > len(self.skipped_items) else ''}"
 
     def skip(self, name: str, why: str, strict: bool) -> None:
         if strict:
@@ -224,7 +230,7 @@ def _tokenise(model: InterpBridge, texts: Iterable[str]) -> Iterator[list[int]]:
 def _text_file(path: Path) -> Iterator[str]:
     """Paragraphs (blank-line separated) of a UTF-8 text file, read as a stream."""
     paragraph: list[str] = []
-    with open(path, encoding="utf-8", errors="strict") as fh:
+    with open(path, encoding="utf-8-sig", errors="strict") as fh:
         try:
             for line in fh:
                 if line.strip():
@@ -263,7 +269,7 @@ def _parquet_rows(path: Path, column: Optional[str], what: str) -> Iterator[tupl
 
 
 def _csv_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
         if column not in (reader.fieldnames or []):
             raise _missing_column(path, column, list(reader.fieldnames or []), what)
@@ -272,7 +278,7 @@ def _csv_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[st
 
 
 def _jsonl_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue

@@ -97,6 +97,28 @@ def test_corrupt_and_truncated_images_are_skipped_counted_and_named(vit, tmp_pat
         list(resolve_data(vit, tmp_path, strict=True))
 
 
+def test_a_source_with_no_readable_item_says_which_it_skipped(vit, tmp_path):
+    """Found in issue 23's second pass: a folder (or one image path) of unreadable images ended in
+    "data is empty: no batches to process", the skipped files named only in a warning."""
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    for data in (tmp_path, tmp_path / "broken.png"):
+        with pytest.raises(InputError, match=r"no item of the data could be read.*broken\.png \(Unidentified"):
+            interp.record_qkv(vit, data, progress=False)
+
+
+@pytest.mark.parametrize("name,text", [
+    ("notes.txt", "hello there\n"), ("table.csv", "text,label\nhello there,1\n"),
+    ("rows.jsonl", '{"text": "hello there"}\n')])
+def test_a_utf8_byte_order_mark_is_not_text(lm, tmp_path, name, text):
+    """Found in issue 23's second pass: a UTF-8 file starting with a byte order mark (Notepad, Excel's
+    "CSV UTF-8") put U+FEFF into the first text (a .txt), the first column's name (a .csv: "no column
+    'text'" when it was there) or failed the first JSON line."""
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    [batch] = batches_of(resolve_data(lm, tmp_path / name))
+    expected = lm.tokenizer("hello there" + ("\n" if name.endswith(".txt") else ""))["input_ids"]
+    assert batch.inputs[0].tolist() == expected
+
+
 def test_empty_folder_and_empty_file(vit, lm, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.md").write_text("no images here")
