@@ -419,8 +419,16 @@ def check_shard(shard: Any) -> tuple[int, int]:
 def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """The ranks' ``ablate_bias`` frames as one table, in the one-process order: rows of each
     estimate in turn (the one-pass estimate first), variants by kind (q, k, v), layer, head; rows
-    that several ranks computed alike (the estimate of "auto") once."""
+    that several ranks computed alike (the estimate of "auto") once; frames of another model or other data
+    are refused."""
+    if isinstance(frames, pd.DataFrame) or not frames or not all(isinstance(f, pd.DataFrame) for f in frames):
+        raise InputError("merge_shards takes a list of the ranks' ablate_bias DataFrames (e.g. [pd.read_parquet(p) "
+                         f"for p in paths]); got {type(frames).__name__}" + (" (empty)" if not frames else ""))
     df = pd.concat(frames, ignore_index=True)
+    for column in ("model_fingerprint", "data_fingerprint"):
+        if column in df and df[column].nunique() > 1:
+            raise InputError(f"merge_shards: the frames come from different runs ({column}: "
+                             f"{', '.join(sorted(df[column].astype(str).unique()))}); merge one sweep's ranks only")
     key = ["layer", "head", "kind", "scope", "method", "estimate", "n_targets"]
     df = df.drop_duplicates(key).reset_index(drop=True)
     order = {e: i for i, e in enumerate(dict.fromkeys(frames[0].estimate))}

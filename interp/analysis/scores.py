@@ -341,6 +341,8 @@ def bias_invariances(
     """
     info = require_bridge(model, "bias_invariances").interp
     layers = check_layers(layers, info)
+    if not isinstance(float64, bool):  # a string such as "no" would be truthy
+        raise InputError(f"float64 must be True or False; got {float64!r}")
     m = clone_model(model, dtype=torch.float64) if float64 else model
     batches = list(iter_batches(m, data, max_batches))
     if not batches:

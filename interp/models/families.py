@@ -107,6 +107,9 @@ def register_family(family: Family) -> Family:
 
     A variant (``variant_of`` its base, with ``matches``) may share its base's model_types.
     """
+    if not isinstance(family, Family):
+        raise RegistryError(f"register_family takes an interp.Family (e.g. dataclasses.replace(interp.get_family("
+                            f"'llama'), name=..., model_types=...)); got {type(family).__name__}")
     if family.name in _REGISTRY:
         raise RegistryError(f"model family {family.name!r} is already registered")
     if family.variant_of and (family.variant_of not in _REGISTRY or family.matches is None):
