@@ -4,6 +4,9 @@
 
 Writes ``docs/results/<model>/sinks_high_norm.csv`` and ``docs/figures/<model>/{token_norms,key_prior_sinks}.png``
 on the same data as ``sinks_real.py`` (2 batches of 4 items). Run: ``nice python benchmarks/sink_figures.py``.
+
+``--from-csv`` runs no model: it draws findings 4b's ``{sink_mass_grid,implicit_vs_explicit,massive_activations}.png``
+from the ``sinks_{profile,implicit,massive}.csv`` that ``sinks_real.py`` wrote.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from pathlib import Path
 import pandas as pd
 
 import interp
-from interp.plots import key_prior_sink_plot, save_figure, token_norm_plot
+from interp.plots import (implicit_vs_explicit, key_prior_sink_plot, massive_activations_plot, save_figure,
+                          sink_mass_grid, token_norm_plot)
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = {"minilm-l6": "python-docs", "smollm2-135m": "python-docs", "dinov2-s14": "photos"}
 LABEL = {"python-docs": "Python documentation, 64-token windows", "photos": "built-in photos"}
+SINK_FIGURES = {"sink_mass_grid": ("profile", sink_mass_grid), "implicit_vs_explicit": ("implicit", implicit_vs_explicit),
+                "massive_activations": ("massive", massive_activations_plot)}
 
 
 def run_model(name: str, batches: int, batch_size: int, k: float) -> None:
@@ -41,15 +47,31 @@ def run_model(name: str, batches: int, batch_size: int, k: float) -> None:
           f"max ratio {frame.ratio_to_median.max():.3g}, {time.time() - t0:.0f} s", flush=True)
 
 
+def figures_from_csv(name: str) -> None:
+    """Findings 4b's three sink figures from ``docs/results/<name>/sinks_*.csv`` (no forward)."""
+    for figure, (table, draw) in SINK_FIGURES.items():
+        frame = pd.read_csv(ROOT / "docs" / "results" / name / f"sinks_{table}.csv")
+        row = frame.iloc[0]
+        note = f"{LABEL.get(row.data, row.data)}: {row.n_batches} batches of {row.batch_size}"
+        path = ROOT / "docs" / "figures" / name / f"{figure}.png"
+        save_figure(draw(frame, model_name=name, data=note), path)
+        print(f"{name}: wrote {path.relative_to(ROOT)}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(DATA))
     p.add_argument("--batches", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--k", type=float, default=5.0, help="outlier cut: k x the layer's median norm")
+    p.add_argument("--from-csv", action="store_true", help="draw the sink-mass, value-bias and massive-activation "
+                   "figures from sinks_real.py's CSVs instead (no model run)")
     args = p.parse_args()
     for name in args.models.split(","):
-        run_model(name, args.batches, args.batch_size, args.k)
+        if args.from_csv:
+            figures_from_csv(name)
+        else:
+            run_model(name, args.batches, args.batch_size, args.k)
 
 
 if __name__ == "__main__":
