@@ -84,6 +84,7 @@ def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], h
             x, kw = model_inputs(model, batch)
             store = run_until_kept(model, x, kw, hook_names, **extra)  # checked on the host above
             consume(batch, store, x, kw)
+            del store  # not held through the next batch's forward: one batch's activations alive at a time
             n_batches += 1
     return n_batches, hasher.hexdigest()
 
