@@ -183,3 +183,10 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
 def check_heads(heads: Any, info: ModelInfo) -> list[int]:
     """None (every head), one head index, or a collection of them, each below the model's query heads."""
     return _check_indices(heads, info.n_heads, "heads")
+
+
+def check_not_blank(name: str, value: Any) -> None:
+    """An empty path or name (``--out ""``, ``out=""``) is refused: it would silently mean the current folder
+    (or, for ``demo --model``, the default model)."""
+    if isinstance(value, str) and not value.strip():
+        raise InputError(f"{name} is an empty string: give a folder or name, or leave the option out for its default")

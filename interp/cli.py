@@ -371,13 +371,15 @@ COUNTS = {"batch_size": 1, "seq_len": 1, "max_items": 1, "max_tokens": 1, "top_k
 
 def check_args(args: argparse.Namespace) -> None:
     """Every option's value, before the first step runs (a bad one never waits behind a long step)."""
-    from interp.checks import check_count, check_kinds, check_max_batches
+    from interp.checks import check_count, check_kinds, check_max_batches, check_not_blank
 
     for name, least in COUNTS.items():
         value = getattr(args, name, None)
         if value is not None:
             check_count(name, value, minimum=least)
     check_max_batches(getattr(args, "max_batches", None))
+    for name in ("model", "out", "stats"):
+        check_not_blank(f"--{name}", getattr(args, name, None))
     if getattr(args, "kinds", None) is not None:
         allowed = QKV + IMPLICIT_KINDS if getattr(args, "implicit_kinds", False) else QKV
         check_kinds([k.strip() for k in args.kinds.split(",") if k.strip()], allowed)

@@ -387,6 +387,7 @@ CASES = [
     ("high_norm_tokens k zero", lambda c: interp.high_norm_tokens(c.vit, [c.x], k=0, progress=False),
      "k must be a positive"),
     ("cluster_heads of statistics", lambda c: interp.cluster_heads(c.stats), "DataFrame"),
+    ("ablate out an empty string (the current folder)", lambda c: lm_sweep(c, out=""), "out is an empty string"),
     ("merge_shards of nothing", lambda c: interp.merge_shards([]), "list of the ranks' ablate_bias DataFrames"),
     ("merge_shards of paths", lambda c: interp.merge_shards(["rank0/ablation.parquet"]), "pd.read_parquet"),
     ("merge_shards of two runs", lambda c: interp.merge_shards([lm_sweep(c, estimate="exact", shard=(0, 2)),
@@ -538,6 +539,8 @@ CLI_CASES = [
     ("sinks layers out of range", ["sinks", "--model", "digits-vit", "--layers", "7"], "layers must lie in 0..3"),
     ("origin stats not there", ["origin", "--model", "digits-vit", "--stats", "./no stats/"], "no statistics file"),
     ("inventory truncated weights", ["inventory", "--model", "TRUNCATED"], "truncated"),
+    ("demo empty model (ran the default model)", ["demo", "--model", ""], "--model is an empty string"),
+    ("origin empty stats", ["origin", "--model", "digits-vit", "--stats", " "], "--stats is an empty string"),
 ]
 
 

@@ -54,7 +54,7 @@ from interp.prefix import first_layer, output_bytes, record_block_outputs, repla
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
-from interp.checks import check_count
+from interp.checks import check_count, check_not_blank
 from interp.data import Batch, batch_to_device, iter_batches
 from interp.errors import InputError
 from interp.fingerprint import callable_identity, data_fingerprint, hooks_identity, model_fingerprint
@@ -477,6 +477,7 @@ def ablate_bias(
     zero or mean, always exact (``interp.ablation.implicit``).
     """
     model = require_bridge(model, "ablate_bias")
+    check_not_blank("out", out)
     variants = make_variants(model.interp, kinds, scope, layers, heads)
     sites = check_implicit(model, method, [t for v in variants for t in v.targets], positions, abs_threshold,
                            ratio_threshold)  # before check_method: its messages are about biases
