@@ -397,9 +397,13 @@ def _check_counts(top_k: Any, stack: Any, sample_k: Any, n_boot: Any, seed: Any,
             check_count("sample_k", sample_k, minimum=0), check_bootstrap(n_boot, seed))
 
 
-def _bind_options(run: _Run, shard: tuple[int, int], method: str, stats: Optional[QKVStats]) -> None:
+def _bind_options(run: _Run, shard: tuple[int, int], method: str, stats: Optional[QKVStats],
+                  n_projections: int) -> None:
     """What else the rows depend on, into the log's fingerprint: a rank's share (a rank's log resumes only
-    the same share) and the statistics a mean ablation patches in (other data's means give other rows)."""
+    the same share), the statistics a mean ablation patches in (other data's means give other rows) and,
+    for a distance metric, the random projections of the atp_distance estimate."""
+    if run.metric_name in metrics.DISTANCE_METRICS:
+        run.fingerprint["n_projections"] = int(n_projections)
     if shard[1] > 1:
         run.fingerprint["shard"] = f"{shard[0]}/{shard[1]}"
     if method == "mean" and stats is not None:
@@ -485,7 +489,7 @@ def ablate_bias(
     top_k, stack, sample_k, boot = _check_counts(top_k, stack, sample_k, n_boot, seed, n_projections)
     rank, world = check_shard(shard)
     run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"), boot)
-    _bind_options(run, (rank, world), method, stats)
+    _bind_options(run, (rank, world), method, stats, n_projections)
     run.implicit = sites and prepare_sites(model, sites, run.batches, [t for v in variants for t in v.targets])
     if method == "mean" and stats is None and any(explicit_targets(v.targets) for v in variants):
         stats = record_qkv(model, run.batches, progress=False)

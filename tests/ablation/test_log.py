@@ -209,3 +209,13 @@ def test_a_hook_left_on_the_model_is_part_of_the_run(tmp_path):
                                                is_permanent=True)
     with pytest.raises(StaleResultsError, match="hooks: None there"):
         ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")
+
+
+def test_atp_distance_with_other_projections_is_refused(tmp_path):
+    """Found in issue 23's second pass: n_projections was not in the fingerprint, so a rerun with 16 random
+    projections resumed the rows estimated with 2."""
+    bert = interp.load_model(tiny_hf_model("bert", seed=1), device="cpu")
+    run = dict(kinds=("q",), estimate="atp_distance", out=tmp_path, progress=False, n_boot=10)
+    ablate_bias(bert, [tiny_inputs("bert")], n_projections=2, **run)
+    with pytest.raises(StaleResultsError, match="n_projections: 2 there, 16 now"):
+        ablate_bias(bert, [tiny_inputs("bert")], n_projections=16, **run)
