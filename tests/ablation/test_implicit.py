@@ -37,10 +37,11 @@ def sequences(lengths=(9, 5, 7, 3), seed=0, first=None):
 
 
 def next_token_ce(logits, batch):
-    """The sweep's next_token_ce by hand: summed NLL of each predicted real token over their count."""
-    ids, mask = batch["input_ids"], batch["attention_mask"]
+    """The sweep's next_token_ce by hand: summed NLL of each real token predicted from a real token (left
+    padding: not the first real token from the pad before it) over their count."""
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     nll = -logits[:, :-1].double().log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
-    keep = mask[:, 1:].double()
+    keep = (mask[:, 1:] & mask[:, :-1]).double()
     return (nll * keep).sum(), keep.sum()
 
 
