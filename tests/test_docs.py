@@ -166,6 +166,51 @@ def test_findings_frequency_table_equals_the_profile_csv(label, model):
     assert agrees(numbers(cells[6])[0], int((p.sink_mass > 0.9).sum()))
 
 
+def _families(model: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    p = pd.read_csv(RESULTS / model / "frequency_profile.csv")
+    by = p.groupby("cluster").agg(n=("head", "size"), hf=("hf_ratio", "mean"), dist=("mean_attention_distance", "mean"))
+    return p, by.sort_values("hf")
+
+
+def _shift(model: str) -> tuple[pd.Series, pd.Series]:
+    s = pd.read_csv(RESULTS / model / "frequency_shift_q_bias.csv")
+    d = s.delta_mean_attention_distance
+    return d, s.loc[d.abs().idxmax()]
+
+
+def test_dinov2_frequency_families_and_q_shift_equal_their_csvs():
+    """README's and findings' DINOv2 frequency claims (families, their hf_ratio and distance, the b_q shift) are
+    read from frequency_profile.csv / frequency_shift_q_bias.csv (they said 3 families after the CSV had 2)."""
+    p, by = _families("dinov2-s14")
+    d, top = _shift("dinov2-s14")
+    local = p[p.cluster == by.index[-1]]
+    quoted = [len(by), p.silhouette_mean.iloc[0], by.n.iloc[0], by.hf.iloc[0], by.dist.iloc[0], by.n.iloc[1],
+              by.hf.iloc[1], by.dist.iloc[1], local.layer.min(), local.layer.max()]
+    families = [r for r in README.splitlines() if r.startswith("| DINOv2-S/14 |") and "families by frequency" in r]
+    nums = numbers(families[0].split("|")[2])
+    assert len(nums) == 12, nums
+    for q, v in zip(nums[:10], quoted):
+        assert agrees(q.lstrip("-"), v), (q, v)
+    layer_means = p.groupby("layer").mean_attention_distance.mean()
+    assert agrees(nums[10], layer_means.min()) and agrees(nums[11].lstrip("-"), layer_means.max())
+    shift = [r for r in README.splitlines() if r.startswith("| DINOv2-S/14 |") and "b_q out makes it" in r][0]
+    nums = numbers(shift.split("|")[2])
+    assert len(nums) == 7, nums
+    assert all(agrees(q, v) for q, v in zip(nums, [d.mean(), d.median(), d.abs().max(), top.layer, top["head"],
+                                                    top.mean_attention_distance_intact, top.mean_attention_distance]))
+    sentence = FINDINGS[FINDINGS.index("DINOv2-S/14 has frequency families"):FINDINGS.index("But ViTs trained")]
+    nums = [q.lstrip("-") for q in numbers(sentence.replace("DINOv2-S/14", ""))]
+    assert all(agrees(q, v) for q, v in zip(nums, quoted + [d.mean(), d.abs().max(), top.layer, top["head"]])), nums
+    assert len(nums) == 14, nums
+
+
+def test_minilm_q_shift_sentence_equals_its_csv():
+    d, _ = _shift("minilm-l6")
+    sentence = FINDINGS[FINDINGS.index("In MiniLM, patching each"):]
+    mean, largest = numbers(sentence)[:2]
+    assert agrees(mean, d.mean()) and agrees(largest, d.abs().max())
+
+
 SINK_MODELS = ("minilm-l6", "smollm2-135m", "dinov2-s14", "mnist-vit", "mnist-vit-nobias", "mnist-vit-qv")
 
 
