@@ -393,6 +393,10 @@ CASES = [
     ("merge_shards of two runs", lambda c: interp.merge_shards([lm_sweep(c, estimate="exact", shard=(0, 2)),
                                                                 lm_sweep(c, [c.ids + 1], estimate="exact", shard=(1, 2))]),
      "different runs \\(data_fingerprint"),
+    ("merge_shards of one rank twice", lambda c: interp.merge_shards([lm_sweep(c, estimate="exact", shard=(0, 2))] * 2),
+     "one rank's table given twice"),
+    ("merge_shards of one auto rank twice", lambda c: interp.merge_shards(
+        [lm_sweep(c, kinds=("q", "v"), shard=(1, 2), top_k=2, sample_k=0)] * 2), "one rank's table given twice"),
     ("register_family of a name", lambda c: interp.register_family("gpt2"), "takes an interp.Family"),
     ("bias_invariances float64 a string", lambda c: interp.bias_invariances(c.lm, [c.ids], float64="no"),
      "float64 must be True or False"),

@@ -420,11 +420,28 @@ def check_shard(shard: Any) -> tuple[int, int]:
     return rank, world
 
 
+def _refuse_repeated_exact_rows(frames: Sequence[pd.DataFrame], key: list[str]) -> None:
+    """Ranks run disjoint shares of the exact variants (only the one-pass estimate of "auto" is on every rank),
+    so an exact row in two frames means one rank's table given twice (the merge would silently lack the
+    missing rank's rows) or tables of two sweeps."""
+    seen: dict[tuple, int] = {}
+    for i, frame in enumerate(frames):
+        if "estimate" not in frame:
+            continue
+        for row in frame.loc[frame.estimate == "exact", [k for k in key if k in frame]].astype(str).itertuples(
+                index=False, name=None):
+            if seen.setdefault(row, i) != i:
+                where = ", ".join(f"{k}={v}" for k, v in zip(key, row))
+                raise InputError(f"merge_shards: frames {seen[row]} and {i} both hold the exact row ({where}); ranks "
+                                 "run disjoint variants, so this is one rank's table given twice or tables of "
+                                 "two sweeps: give each rank's table once (rank0 .. rank{world-1})")
+
+
 def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """The ranks' ``ablate_bias`` frames as one table, in the one-process order: rows of each
     estimate in turn (the one-pass estimate first), variants by kind (q, k, v), layer, head; rows
-    that several ranks computed alike (the estimate of "auto") once; frames of another model or other data
-    are refused."""
+    that several ranks computed alike (the estimate of "auto") once; frames of another model or other data,
+    and an exact row in two frames (one rank's table given twice), are refused."""
     if isinstance(frames, pd.DataFrame) or not frames or not all(isinstance(f, pd.DataFrame) for f in frames):
         raise InputError("merge_shards takes a list of the ranks' ablate_bias DataFrames (e.g. [pd.read_parquet(p) "
                          f"for p in paths]); got {type(frames).__name__}" + (" (empty)" if not frames else ""))
@@ -434,6 +451,7 @@ def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
             raise InputError(f"merge_shards: the frames come from different runs ({column}: "
                              f"{', '.join(sorted(df[column].astype(str).unique()))}); merge one sweep's ranks only")
     key = ["layer", "head", "kind", "scope", "method", "estimate", "n_targets"]
+    _refuse_repeated_exact_rows(frames, key)
     df = df.drop_duplicates(key).reset_index(drop=True)
     order = {e: i for i, e in enumerate(dict.fromkeys(frames[0].estimate))}
     df = df.assign(_e=df.estimate.map(order), _k=df.kind.map({"q": 0, "k": 1, "v": 2, "sink_v": 3, "massive": 4}))
