@@ -586,3 +586,13 @@ def test_analysis_commands_run_with_the_data_options_their_help_lists(ctx, tmp_p
     argv = [command, "--model", "digits-vit", "--data", str(table), "--image-column", "picture", "--batch-size", "2",
             "--max-items", "3", "--normalize", "imagenet", "--strict", "--quick", "--out", str(tmp_path / "out")]
     assert cli_main(argv) == 0
+
+
+def test_guarantees_quote_the_number_of_cases():
+    """docs/guarantees.md says how many bad inputs this file drives; it said 122 and 14 after cases were added."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guarantees.md").read_text()
+    quoted = re.search(r"\((\d+) API cases, (\d+) command lines\)", text)
+    assert quoted and (int(quoted.group(1)), int(quoted.group(2))) == (len(CASES), len(CLI_CASES)), quoted
+
