@@ -201,8 +201,9 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: s
     run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
                            data=data_fingerprint(host), batches=len(batches), max_batches=max_batches,
                            metric=identity, interp=__version__, n_boot=boot[0], seed=boot[1])
-    if hooks_identity(model):  # a hook left on the model changes every number
-        run.fingerprint["hooks"] = hooks_identity(model)
+    hooks = hooks_identity(model)
+    if hooks:  # a hook left on the model changes every number
+        run.fingerprint["hooks"] = hooks
     return run
 
 
@@ -434,7 +435,7 @@ def _refuse_repeated_exact_rows(frames: Sequence[pd.DataFrame], key: list[str]) 
                 where = ", ".join(f"{k}={v}" for k, v in zip(key, row))
                 raise InputError(f"merge_shards: frames {seen[row]} and {i} both hold the exact row ({where}); ranks "
                                  "run disjoint variants, so this is one rank's table given twice or tables of "
-                                 "two sweeps: give each rank's table once (rank0 .. rank{world-1})")
+                                 "two sweeps: give each rank's table once (rank0, rank1, ...)")
 
 
 def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
