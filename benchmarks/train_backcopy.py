@@ -1,0 +1,81 @@
+"""Issue 32's positive control: attention sinks that do form (Guo et al. 2024's Bigram-Backcopy task).
+
+    python benchmarks/train_backcopy.py                       # 4 arms x 3 seeds, 3,000 steps (resumes)
+    python benchmarks/train_backcopy.py --steps 2000          # every run to step 2,000 first
+    python benchmarks/train_backcopy.py --summarise-only      # tables, figure and findings table from the CSVs
+    python benchmarks/train_backcopy.py --seeds 0 --steps 20  # a quick look
+
+Trains the arms of ``interp.training.backcopy`` (``none``, ``kv_slot``, ``k_slot_v0`` with a start
+token ``<s>``, and ``none_no_start`` without), a 2-layer x 4-head LLaMA of width 64 on sequences of
+64 tokens, measuring every run every 250 steps on held-out sequences. Checkpoints go to
+``--work/<recipe fingerprint>/`` (git-ignored cache): a killed run resumes where it stopped, a finished
+one is read back, and since the learning rate is constant after warm-up a larger ``--steps`` extends
+finished runs. Writes into ``--out`` (``docs/results/backcopy``): runs.csv, heads.csv, gate.csv,
+summary.csv, task.json, tables.md; the figure into ``--figures`` (``docs/figures/backcopy``). Several
+processes may train disjoint parts of the plan (``--arms`` / ``--seeds`` with ``--collect-seeds``):
+each writes the tables of every checkpoint found. One thread per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from interp.io import atomic_path  # noqa: E402
+from interp.training.backcopy import ARMS, BackcopyRecipe, make_task, recipe_fingerprint  # noqa: E402
+from interp.training.backcopy_results import check_results_folder, run_all  # noqa: E402
+
+
+def arguments() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--collect-seeds", type=int, nargs="+", default=None,
+                    help="the seeds whose checkpoints go into the tables (default: --seeds)")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--steps", type=int, default=BackcopyRecipe().steps)
+    ap.add_argument("--work", default=".cache/interp/backcopy-runs", help="checkpoints (one folder per recipe)")
+    ap.add_argument("--out", default="docs/results/backcopy")
+    ap.add_argument("--figures", default="docs/figures/backcopy")
+    ap.add_argument("--overwrite", action="store_true", help="replace results of another recipe in --out")
+    ap.add_argument("--summarise-only", action="store_true", help="no training: tables and figure from the CSVs")
+    ap.add_argument("--threads", type=int, default=1)
+    return ap.parse_args()
+
+
+def write_task(out: Path, recipe: BackcopyRecipe) -> None:
+    task = make_task(recipe)
+    record = dict(recipe=recipe_fingerprint(recipe), triggers=list(task.triggers), start_id=task.start_id,
+                  n_tokens=task.n_tokens, alpha=recipe.alpha, task_seed=recipe.task_seed)
+    with atomic_path(out / "task.json") as tmp:
+        tmp.write_text(json.dumps(record, indent=1))
+
+
+def main() -> None:
+    args = arguments()
+    torch.set_num_threads(args.threads)
+    out, start = Path(args.out), time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    recipe = replace(BackcopyRecipe(), steps=args.steps)
+    if not args.summarise_only:
+        check_results_folder(out, recipe, args.overwrite)
+        write_task(out, recipe)
+        plan = [(arm, seed) for seed in args.seeds for arm in args.arms]
+        run_all(plan, recipe, Path(args.work), out, seeds=args.collect_seeds or args.seeds)
+    runs = pd.read_csv(out / "runs.csv")
+    train = runs.groupby(["arm", "seed"]).train_seconds.max().sum()
+    print(f"wall time of this invocation {time.perf_counter() - start:.0f} s; training time in the checkpoints "
+          f"(all runs, all invocations) {train:.0f} s; load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The Bigram-Backcopy control's tables (``interp.training.backcopy``), all long-form and read back
+from the runs' checkpoints, so processes training different parts of the plan add up:
+
+* ``runs.csv``: one row per run (arm x seed) and measured step: loss (all / copy / bigram
+  positions), accuracies, the bigram floor, shares of heads sinking on ``<s>`` and on the slot;
+* ``heads.csv``: one row per run, step, layer and head: masses on ``<s>`` and on the slot (all
+  queries, copy queries ``_active``, the rest ``_dormant``), value and output norms;
+* ``gate.csv``: the causal check on every run's last checkpoint: the slot arms with the slot's gate
+  at 0 and at -inf (the slot removed exactly), every arm at 0 for reference.
+
+Each row carries ``recipe`` (the recipe's fingerprint) and ``fingerprint`` (of recipe, arm and seed).
+``summarise``: per arm x metric at a step, over seeds s = 1..n, the mean, its 95% t-interval
+(mean +- t_{0.975, n-1} sd / sqrt(n)) and the per-seed values, in seed order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import pandas as pd
+import torch
+
+from interp.errors import StaleResultsError
+from interp.io import atomic_path
+from interp.training.backcopy import (
+    ARMS, BackcopyRecipe, BackcopyRun, build_model, gate_check, recipe_fingerprint, run_fingerprint, train_run,
+    verify_checkpoint,
+)
+from interp.training.sink_results import t_interval
+
+TABLES = ("runs", "heads", "gate")
+METRICS = ["loss", "copy_loss", "bigram_loss", "bigram_floor", "copy_accuracy", "sink_share_start",
+           "sink_heads_start", "mean_mass_start", "max_mass_start", "sink_share_slot", "sink_heads_slot",
+           "mean_mass_slot", "max_mass_slot"]
+
+
+def _retag(rows: list[dict], recipe_fp: str) -> list[dict]:
+    """run_arm tags each row ``recipe`` with the run's fingerprint: name it so, and add the recipe's."""
+    return [{**{k: v for k, v in r.items() if k != "recipe"}, "recipe": recipe_fp, "fingerprint": r["recipe"]}
+            for r in rows]
+
+
+def collect(recipe: BackcopyRecipe, work: Path, arms: Iterable[str] = ARMS,
+            seeds: Iterable[int] = (0, 1, 2)) -> dict[str, pd.DataFrame]:
+    """The three tables from every checkpoint of ``recipe`` in ``work`` (each verified: another run's
+    or a damaged file is refused), with the gate check on each run's last checkpoint."""
+    recipe_fp, folder = recipe_fingerprint(recipe), Path(work) / recipe_fingerprint(recipe)
+    runs, heads, gate = [], [], []
+    for seed in seeds:
+        for arm in arms:
+            run = BackcopyRun(arm, seed, recipe)
+            path = folder / f"{run.domain}-{arm}-seed{seed}.pt"
+            if not path.exists():
+                continue
+            fp = run_fingerprint(recipe, arm, seed)
+            verify_checkpoint(path, fp)
+            state = torch.load(path, weights_only=True)
+            runs += _retag(state["runs"], recipe_fp)
+            heads += _retag(state["heads"], recipe_fp)
+            model = build_model(arm, seed, recipe)
+            model.load_state_dict(state["model"])
+            gate += [dict(r, step=state["step"], recipe=recipe_fp, fingerprint=fp) for r in gate_check(model, run)]
+    return dict(runs=pd.DataFrame(runs), heads=pd.DataFrame(heads), gate=pd.DataFrame(gate))
+
+
+def check_results_folder(out: Path, recipe: BackcopyRecipe, overwrite: bool = False) -> None:
+    """Refuse ``out`` if its runs.csv holds rows of another recipe (``overwrite``: replaced)."""
+    path = Path(out) / "runs.csv"
+    if overwrite or not path.exists():
+        return
+    found = sorted(set(pd.read_csv(path, usecols=["recipe"]).recipe.astype(str)) - {recipe_fingerprint(recipe)})
+    if found:
+        raise StaleResultsError(f"{path} holds runs of recipe {', '.join(found)}, not this run's "
+                                f"{recipe_fingerprint(recipe)}: choose another --out, or pass --overwrite")
+
+
+def write_tables(out: Path, frames: dict[str, pd.DataFrame]) -> None:
+    for name in TABLES:
+        with atomic_path(Path(out) / f"{name}.csv") as tmp:
+            frames[name].to_csv(tmp, index=False)
+
+
+def run_all(plan: list[tuple[str, int]], recipe: BackcopyRecipe, work: Path, out: Path,
+            seeds: Iterable[int] = (0, 1, 2), log: Callable[[str], None] = print) -> dict[str, pd.DataFrame]:
+    """Every (arm, seed) of ``plan``, trained to ``recipe.steps`` (or resumed, or read back); after each,
+    the tables of every checkpoint of the recipe and ``seeds`` in ``work`` (by any process) into ``out``."""
+    frames = {}
+    for arm, seed in plan:
+        _, state, _ = train_run(arm, seed, recipe, work)
+        last = state["runs"][-1]
+        log(f"{arm:13s} seed {seed}: step {last['step']}, loss {last['loss']:.3f}, copy accuracy "
+            f"{last['copy_accuracy']:.3f}, heads sinking on <s> {last['sink_heads_start']:.0f}, on the slot "
+            f"{last['sink_heads_slot']:.0f}, train {state['seconds']:.0f} s")
+        frames = collect(recipe, work, seeds=seeds)
+        write_tables(out, frames)
+    return frames
+
+
+def common_step(runs: pd.DataFrame) -> int:
+    """The last step every run in ``runs`` has reached."""
+    return int(runs.groupby(["arm", "seed"]).step.max().min())
+
+
+def summarise(runs: pd.DataFrame, step: Optional[int] = None) -> pd.DataFrame:
+    """Long form: arm, metric, step, n_seeds, mean, ci95_low, ci95_high, per_seed ("a / b / c" in
+    seed order), at ``step`` (default: ``common_step``)."""
+    step = common_step(runs) if step is None else step
+    at = runs[runs.step == step].sort_values("seed")
+    rows = []
+    for arm in [a for a in ARMS if a in set(at.arm)]:
+        part = at[at.arm == arm]
+        for metric in METRICS:
+            values = part[metric].astype(float)
+            mean, lo, hi = t_interval(values)
+            rows.append(dict(arm=arm, metric=metric, step=step, n_seeds=int(values.notna().sum()), mean=mean,
+                             ci95_low=lo, ci95_high=hi, seeds=" / ".join(str(int(s)) for s in part.seed),
+                             per_seed=" / ".join(f"{v:.4g}" for v in values)))
+    return pd.DataFrame(rows)
