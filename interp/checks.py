@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextvars
-import operator
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -120,28 +120,85 @@ def check_kinds(kinds: Any, allowed: tuple[str, ...] = QKV) -> list[str]:
     return kinds
 
 
-def _check_indices(value: Any, n: int, what: str) -> list[int]:
-    """None (all of 0..n-1), one index, or a non-empty collection of them, each in range; sorted, unique."""
+def _describe_selection(value: Any) -> str:
+    """A short description of a selection for an error message (a tensor's dtype and shape, not its values)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        what = "a tensor" if isinstance(value, torch.Tensor) else "an array"
+        return f"{what} of dtype {value.dtype} and shape {tuple(value.shape)}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def as_index(item: Any) -> Optional[int]:
+    """``item`` as a Python int when it is an integer (a Python int, a numpy integer scalar, a 0-d integer
+    array or tensor); None for everything else: bools (True is not index 1), floats, strings, masks."""
+    if isinstance(item, bool) or isinstance(item, np.bool_):
+        return None
+    if isinstance(item, (int, np.integer)):
+        return int(item)
+    if isinstance(item, (torch.Tensor, np.ndarray)) and item.ndim == 0:
+        return int(item.item()) if _integer_dtype(item) else None
+    return None
+
+
+def _integer_dtype(array: Any) -> bool:
+    """Whether a tensor or array holds integers (torch.uint8, torch's old mask dtype, does not count)."""
+    if isinstance(array, torch.Tensor):
+        return array.dtype in (torch.int8, torch.int16, torch.int32, torch.int64)
+    return array.dtype.kind in "iu"
+
+
+def _mask_hint(value: Any) -> str:
+    """What to do instead, when ``value`` looks like a boolean mask."""
+    if isinstance(value, (bool, np.bool_)):
+        return ": True/False are not indices (a list of them is a mask); pass the indices it selects"
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.bool, torch.uint8):
+        return ": a mask is not a list of indices; pass the indices it selects, mask.nonzero().flatten().tolist()"
+    if isinstance(value, np.ndarray) and value.dtype.kind == "b":
+        return ": a mask is not a list of indices; pass the indices it selects, np.flatnonzero(mask).tolist()"
+    return ""
+
+
+def index_selection(value: Any, n: int, what: str) -> list[int]:
+    """The one parser of a selection (``layers=``, ``heads=`` of every analyzer, ``ablate_bias``,
+    ``single_input``): None (all of 0..n-1), one index, or a non-empty sequence of indices, each in
+    0..n-1; returned sorted, each once. An index is a Python int (a numpy integer scalar, a 0-d integer
+    array or tensor count as one); a sequence is a list, tuple, range, set, a 1-d integer numpy array or
+    tensor, or what numpy reads as one (a pandas Series or Index of ints). A bool, a boolean mask (a mask
+    for heads [3, 7, 9] is not the indices 0 and 1; torch.uint8, torch's old mask dtype, counts as one), a
+    float, a string, a generator or a tensor of more dimensions is refused with one ``InputError``."""
     if value is None:
         return list(range(n))
-    bad = InputError(f"{what} must be None (all), an index or a list of them in 0..{n - 1}; got {value!r}")
-    if isinstance(value, (str, bytes, bool, float)):
-        raise bad
-    try:
-        items = [value] if not isinstance(value, Iterable) else list(value)
-        if not items or any(isinstance(item, bool) for item in items):
-            raise TypeError
-        indices = sorted({operator.index(item) for item in items})
-    except TypeError:
-        raise bad from None
-    if any(not 0 <= i < n for i in indices):
-        raise InputError(f"{what} must lie in 0..{n - 1}; got {indices}")
-    return indices
+    fix = (f"{what} must be None (all), an index or a list of indices in 0..{n - 1} (Python ints; numpy or "
+           "torch integers also do)")
+    one = as_index(value)
+    if one is not None:
+        items = [one]
+    else:
+        if not isinstance(value, (torch.Tensor, np.ndarray, str, bytes, dict)) and hasattr(value, "__array__"):
+            value = np.asarray(value)  # a pandas Series or Index
+        if isinstance(value, (torch.Tensor, np.ndarray)):
+            if not _integer_dtype(value) or value.ndim != 1:
+                raise InputError(f"{fix}; got {_describe_selection(value)}{_mask_hint(value)}")
+            items = [int(i) for i in value.tolist()]
+        elif isinstance(value, (list, tuple, range, set, frozenset)):
+            items = [as_index(item) for item in value]
+            if any(item is None for item in items):
+                bad = next(item for item in value if as_index(item) is None)
+                raise InputError(f"{fix}; got {_describe_selection(value)}, which holds {_describe_selection(bad)}"
+                                 f"{_mask_hint(bad)}")
+        else:
+            raise InputError(f"{fix}; got {_describe_selection(value)}")
+    if not items:
+        raise InputError(f"{fix}; got an empty {type(value).__name__}: leave {what} out (None) for all of them")
+    if any(not 0 <= i < n for i in items):
+        raise InputError(f"{what} must lie in 0..{n - 1}; got {sorted(items) if len(items) > 1 else items[0]}")
+    return sorted(set(items))
 
 
 def check_layers(layers: Any, info: ModelInfo) -> list[int]:
     """None (every layer), one layer index, or a collection of them, each in range."""
-    return _check_indices(layers, info.n_layers, "layers")
+    return index_selection(layers, info.n_layers, "layers")
 
 
 def check_kind(kind: str) -> None:
@@ -182,7 +239,7 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
 
 def check_heads(heads: Any, info: ModelInfo) -> list[int]:
     """None (every head), one head index, or a collection of them, each below the model's query heads."""
-    return _check_indices(heads, info.n_heads, "heads")
+    return index_selection(heads, info.n_heads, "heads")
 
 
 def check_not_blank(name: str, value: Any) -> None:

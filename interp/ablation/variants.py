@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Union
 
-from interp.checks import check_heads, check_kinds, check_layers
+from interp.checks import as_index, check_heads, check_kinds, check_layers
 from interp.errors import InputError
 from interp.models.info import ModelInfo
 from interp.patching import Target
@@ -48,7 +48,7 @@ class Variant:
 
 def _custom(info: ModelInfo, scope: Iterable[Target]) -> list[Variant]:
     try:
-        targets = tuple(sorted({(int(l), int(h), str(k)) for l, h, k in scope}))
+        targets = tuple(sorted({(_target_index(l), _target_index(h), str(k)) for l, h, k in scope}))
     except (TypeError, ValueError):
         raise InputError(
             f"scope must be 'head', 'layer', 'all' or a list of (layer, head, kind); got {scope!r}"
@@ -60,6 +60,15 @@ def _custom(info: ModelInfo, scope: Iterable[Target]) -> list[Variant]:
             raise InputError(f"target {(layer, head, kind)} out of range for {info.name} (kinds q, k, v, sink_v, "
                              f"massive; a massive target names the whole residual stream: head {NO_HEAD})")
     return [Variant(targets, "custom", "+".join(sorted({k for _, _, k in targets})))]
+
+
+def _target_index(value: object) -> int:
+    """A target's layer or head: an integer (``interp.checks.as_index``), never a bool or a float (int() would
+    read True as 1 and 2.7 as 2)."""
+    index = as_index(value)
+    if index is None:
+        raise TypeError(f"not an integer index: {value!r}")
+    return index
 
 
 def _head_ok(info: ModelInfo, head: int, kind: str) -> bool:
