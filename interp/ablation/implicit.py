@@ -32,8 +32,8 @@ from torch import Tensor
 
 from interp.ablation.metrics import run_forward
 from interp.ablation.variants import IMPLICIT_KINDS, Variant
-from interp.analysis.sink_parts import AbsHistogram, check_positions, check_positive, class_masks, \
-    default_sink_positions, evaluating, keeper
+from interp.analysis.sink_parts import AbsHistogram, check_positions, class_masks, default_sink_positions, \
+    evaluating, keeper
 from interp.data import Batch
 from interp.errors import InputError
 from interp.hooks import block_hook, hook_name
@@ -78,8 +78,9 @@ class ImplicitSites:
 
 
 def check_implicit(model: InterpBridge, method: str, targets: Sequence[Target], positions: Any,
-                   abs_threshold: Any, ratio_threshold: Any) -> Optional[ImplicitSites]:
-    """The settings of the implicit targets among ``targets`` (None when there are none)."""
+                   abs_threshold: float, ratio_threshold: float) -> Optional[ImplicitSites]:
+    """The settings of the implicit targets among ``targets`` (None when there are none); the thresholds come
+    checked (``SweepOptions``), the positions are resolved against the model here."""
     if not is_implicit(targets):
         return None
     if method not in IMPLICIT_METHODS:
@@ -89,8 +90,7 @@ def check_implicit(model: InterpBridge, method: str, targets: Sequence[Target], 
     if "top_content" in names:
         raise InputError("positions='top_content' differs per head and per sequence (the most-attended token), "
                          "so sink values cannot be patched there: name fixed classes, e.g. 'first' or 'cls'")
-    return ImplicitSites(names, check_positive(abs_threshold, "abs_threshold"),
-                         check_positive(ratio_threshold, "ratio_threshold"))
+    return ImplicitSites(names, abs_threshold, ratio_threshold)
 
 
 def _masks(model: InterpBridge, sites: ImplicitSites, batch: Batch, n_pos: int, device: Any) -> None:

@@ -31,12 +31,13 @@ table is written as ``out/ablation.csv`` / ``.parquet`` (one name: a later call 
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterable, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -52,6 +53,7 @@ from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_ta
 from interp.ablation.log import ResultLog
 from interp.prefix import first_layer, output_bytes, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
+from interp.analysis.sink_parts import check_positive
 from interp._version import __version__
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_count, check_not_blank
@@ -64,14 +66,83 @@ from interp.models.bridge import InterpBridge, require_bridge
 from interp.patching import Target, check_method, repeat_batch, stacked_patch_hooks
 from interp.record import record_qkv
 from interp.stats import QKVStats
-from interp.types import ESTIMATES, Estimate, Method
+from interp.types import ESTIMATES, METHODS, Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
            "delta_se", "delta_lo", "delta_hi", "kl", "n_targets", "identity", "exact_because", "below_rounding",
-           "model_fingerprint", "data_fingerprint"]
+           "model_fingerprint", "data_fingerprint", "options"]
 PREFIX_BUDGET = 2 * 2**30  # bytes of intact block outputs prefix reuse may keep (all batches together)
 NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "delta_lo": float,
            "delta_hi": float, "kl": float, "n_targets": int, "below_rounding": bool}
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """Every option of one ``ablate_bias`` call besides the model, data, metric, statistics, output folder and
+    the selection of variants (kinds, scope, layers, heads): typed, checked once here, read by every step.
+
+    How each option reaches the results (``BINDS``; ``tests/ablation/test_sweep.py`` holds every field to one):
+
+    * ``"fingerprint"``: the rows' values depend on it, so it is in the log's fingerprint and in each row's
+      ``options`` column: a resume or a ``merge_shards`` under another value is refused (``n_projections`` only
+      with a distance metric, whose atp_distance rows it changes; ``shard`` only in the log: ranks differ by it);
+    * ``"key"``: in each row's key and columns (method, estimate; positions and thresholds for the implicit
+      kinds, in ``options`` too): a resume under another value runs its own rows, never reuses these;
+    * ``"none"``: how the same rows are computed or which of them run (stacking, prefix reuse, the progress
+      bar, which variants "auto" runs exactly): no row's value depends on it.
+    """
+
+    method: Method = "zero"
+    estimate: Estimate = "auto"
+    max_batches: Optional[int] = None
+    stack: int = 8
+    force_exact: bool = False
+    reuse_prefix: bool = True
+    top_k: int = 5
+    sample_k: int = 5
+    n_projections: int = 8
+    n_boot: int = 1000
+    seed: int = 0
+    shard: tuple[int, int] = (0, 1)
+    progress: bool = True
+    overwrite: bool = False
+    positions: Any = None  # sink_v's position classes, resolved against the model by ``check_implicit``
+    abs_threshold: float = 100.0
+    ratio_threshold: float = 1000.0
+
+    BINDS: ClassVar[dict[str, str]] = {
+        "method": "key", "estimate": "key", "max_batches": "fingerprint", "stack": "none", "force_exact": "none",
+        "reuse_prefix": "none", "top_k": "none", "sample_k": "none", "n_projections": "fingerprint",
+        "n_boot": "fingerprint", "seed": "fingerprint", "shard": "fingerprint", "progress": "none",
+        "overwrite": "none", "positions": "key", "abs_threshold": "key", "ratio_threshold": "key"}
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InputError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        if self.estimate not in ESTIMATES:
+            raise InputError(f"estimate must be one of {', '.join(ESTIMATES)}; got {self.estimate!r}")
+        if isinstance(self.n_projections, bool) or not isinstance(self.n_projections, int) or self.n_projections < 1:
+            raise InputError(f"n_projections must be >= 1 (random projections of the features); got "
+                             f"{self.n_projections!r}")
+        n_boot, seed = check_bootstrap(self.n_boot, self.seed)
+        checked = dict(top_k=check_count("top_k", self.top_k, minimum=0), stack=check_count("stack", self.stack),
+                       sample_k=check_count("sample_k", self.sample_k, minimum=0), n_boot=n_boot, seed=seed,
+                       n_projections=int(self.n_projections), shard=check_shard(self.shard),
+                       abs_threshold=check_positive(self.abs_threshold, "abs_threshold"),
+                       ratio_threshold=check_positive(self.ratio_threshold, "ratio_threshold"),
+                       force_exact=bool(self.force_exact), reuse_prefix=bool(self.reuse_prefix),
+                       progress=bool(self.progress), overwrite=bool(self.overwrite))
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    def fingerprint(self, distance: bool) -> dict:
+        """The options bound into the log's fingerprint ("fingerprint" in ``BINDS``)."""
+        bound = dict(max_batches=self.max_batches, n_boot=self.n_boot, seed=self.seed)
+        if distance:
+            bound["n_projections"] = self.n_projections
+        if self.shard[1] > 1:
+            bound["shard"] = f"{self.shard[0]}/{self.shard[1]}"
+        return bound
 
 
 @dataclass
@@ -94,6 +165,18 @@ class _Run:
     weights_per_item: list[float] = field(default_factory=list)  # and each item's count (tokens or 1)
     implicit: Optional[ImplicitSites] = None  # what sink_v / massive variants patch (interp.ablation.implicit)
     resampler: Optional[Resampler] = None  # bootstrap resamples of the items (delta_lo / delta_hi)
+
+    def options(self, var: Variant) -> str:
+        """The ``options`` column of ``var``'s row: what its value depends on besides the model, the data and the
+        variant (the log's fingerprint without them and the rank; a sink_v row's positions, a massive row's
+        thresholds), as sorted JSON, so that ``merge_shards`` can refuse frames run under other options."""
+        bound = {k: v for k, v in self.fingerprint.items() if k not in ("model", "model_name", "data", "shard")}
+        kinds = {kind for _, _, kind in var.targets}
+        if "sink_v" in kinds:
+            bound["positions"] = self.implicit.positions
+        if "massive" in kinds:
+            bound.update(abs_threshold=self.implicit.abs_threshold, ratio_threshold=self.implicit.ratio_threshold)
+        return json.dumps(bound, sort_keys=True, default=str)
 
     def items(self, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> tuple[Tensor, Tensor]:
         """(per-item sums, per-item counts) of the metric on one batch's output."""
@@ -178,29 +261,26 @@ def rounding_level(model: InterpBridge, baseline: float) -> float:
     return torch.finfo(dtype).eps * abs(baseline) if dtype in (torch.float16, torch.bfloat16) else 0.0
 
 
-def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, estimate: str,
-             max_batches: Optional[int], reuse_prefix: bool = False, boot: tuple[int, int] = (0, 0)) -> _Run:
-    if estimate not in ESTIMATES:
-        raise InputError(f"estimate must be one of {', '.join(ESTIMATES)}; got {estimate!r}")
-    host = list(iter_batches(model, data, max_batches))
+def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, opts: SweepOptions) -> _Run:
+    host = list(iter_batches(model, data, opts.max_batches))
     for b in host:
         b.check(model.interp)  # on the host, once: the forwards below skip their own checks
     device = next(model.parameters()).device
     batches = [batch_to_device(b, device) for b in host]  # moved once, not per variant
     name = metrics.metric_name(model, metric, batches[0])
-    _check_estimate(estimate, name, batches)
+    _check_estimate(opts.estimate, name, batches)
     metrics.check_labels(model, name, host)  # on the host, once
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], 0.0, [], 0.0)
-    _run_intact(run, reuse_prefix)
+    _run_intact(run, opts.reuse_prefix and opts.estimate in ("exact", "auto"))
     keys = [item_keys(b) for b in host]
     units = [k for ks in keys for k in ks]
     if len(units) != len(run.base_sums):  # a callable metric that returns one scalar per batch: resample batches
         units = ["+".join(ks) for ks in keys]
-    run.resampler = Resampler(units, *boot)
+    run.resampler = Resampler(units, opts.n_boot, opts.seed)
     identity = callable_identity(metric) if callable(metric) and not isinstance(metric, str) else name
     run.fingerprint = dict(model=model_fingerprint(model), model_name=model.interp.name,
-                           data=data_fingerprint(host), batches=len(batches), max_batches=max_batches,
-                           metric=identity, interp=__version__, n_boot=boot[0], seed=boot[1])
+                           data=data_fingerprint(host), batches=len(batches), metric=identity, interp=__version__,
+                           **opts.fingerprint(name in metrics.DISTANCE_METRICS))
     hooks = hooks_identity(model)
     if hooks:  # a hook left on the model changes every number
         run.fingerprint["hooks"] = hooks
@@ -264,14 +344,15 @@ def _patched_forward(run: _Run, index: int, n: int, start: int, hooks: list) -> 
         return metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden)
 
 
-def _exact(run: _Run, todo: list[Variant], keys: dict, method: Method, stats: Optional[QKVStats],
-           stack: int, log: ResultLog, progress: bool) -> None:
-    bar = tqdm(total=len(todo), desc=f"ablate {method} (exact)", disable=not progress, unit="variant")
+def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats], log: ResultLog,
+           opts: SweepOptions) -> None:
+    method = opts.method
+    bar = tqdm(total=len(todo), desc=f"ablate {method} (exact)", disable=not opts.progress, unit="variant")
     with torch.no_grad():
-        for start, group in _groups(todo, stack, bool(run.block_outputs)):
+        for start, group in _groups(todo, opts.stack, bool(run.block_outputs)):
             n = len(group)
             plain = [explicit_targets(v.targets) for v in group]  # sink_v / massive hooks are added below
-            hooks = stacked_patch_hooks(run.model, plain, method, stats, run.fingerprint["seed"]) if any(plain) else []
+            hooks = stacked_patch_hooks(run.model, plain, method, stats, opts.seed) if any(plain) else []
             hooks += stacked_implicit_hooks(run.implicit, [v.targets for v in group], method)
             vals: list[list[Tensor]] = [[] for _ in group]  # per variant: per-item sums of each batch
             kls: list[list[Optional[Tensor]]] = [[] for _ in group]
@@ -299,21 +380,22 @@ def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, method: Meth
     return [v for v in todo if not reasons[v]]
 
 
-def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: str, stats: Optional[QKVStats],
-                  log: ResultLog, opts: dict) -> pd.DataFrame:
+def _run_estimate(run: _Run, variants: list[Variant], estimate: str, stats: Optional[QKVStats],
+                  log: ResultLog, opts: SweepOptions) -> pd.DataFrame:
     """Rows of ``variants`` under one concrete estimate: resumed from the log, answered by an
     identity, or computed now (and logged at once)."""
+    method = opts.method
     keys = {v: variant_key(v, method, estimate, run.metric_name, run.implicit) for v in variants}
-    force = opts["force_exact"]
+    force = opts.force_exact
     todo = [v for v in variants if keys[v] not in log.rows or (force and log.rows[keys[v]].get("identity"))]
     todo = todo if force else _answer_by_identity(run, todo, keys, method, estimate, log)
     if estimate == "exact":
-        _exact(run, todo, keys, method, stats, opts["stack"], log, opts["progress"])
+        _exact(run, todo, keys, stats, log, opts)
     elif todo:
         job = EstimateInputs(run.model, run.batches, run.weights, todo, method, stats, run.refs, run.need_hidden,
-                             bias_seed=opts["seed"])
+                             bias_seed=opts.seed)
         if estimate == "atp_distance":
-            deltas = distance_deltas(job, run.metric_name, opts["n_projections"])
+            deltas = distance_deltas(job, run.metric_name, opts.n_projections)
         else:
             deltas = (atp_star_deltas if estimate == "atp" else attribution_deltas)(job, run.value)
         for var, d in zip(todo, deltas):
@@ -321,6 +403,7 @@ def _run_estimate(run: _Run, variants: list[Variant], method: Method, estimate: 
     missing = {c: False if NUMERIC.get(c) is bool else float("nan") if c in NUMERIC else "" for c in COLUMNS}
     df = pd.DataFrame([{c: log.rows[keys[v]].get(c, missing[c]) for c in COLUMNS}
                        for v in variants], columns=COLUMNS)
+    df["options"] = [run.options(v) for v in variants]  # from this run: resumed rows match it (fingerprint, keys)
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     # typed even when empty (an "auto" sweep with nothing left to run exactly), so frames concatenate as numbers
     return df.astype(NUMERIC)
@@ -357,58 +440,36 @@ def sample_variants(estimated: pd.DataFrame, variants: list[Variant], top: list[
     return [variants[i] for i in sorted(chosen)]
 
 
-def _sweep(run: _Run, variants: list[Variant], method: Method, estimate: str, stats: Optional[QKVStats],
-           log: ResultLog, opts: dict, shard: tuple[int, int], top_k: int) -> pd.DataFrame:
+def _sweep(run: _Run, variants: list[Variant], stats: Optional[QKVStats], log: ResultLog,
+           opts: SweepOptions) -> pd.DataFrame:
     """This rank's rows: its share of the variants, or, for "auto", the one-pass estimate of every
     variant (identical on every rank) and its share of the top_k per kind (``exact_because`` "top") and
     of ``sample_k`` random others per kind ("sample") run exactly."""
-    rank, world = shard
-    if estimate != "auto":
-        df = _run_estimate(run, variants[rank::world], method, estimate, stats, log, opts)
-        return df.assign(exact_because="requested" if estimate == "exact" else "")
-    estimated = _run_estimate(run, variants, method, one_pass_estimate(run.model, run.metric_name), stats, log, opts)
-    top = top_variants(estimated, variants, top_k)
-    sample = sample_variants(estimated, variants, top, opts["sample_k"], opts["seed"])
+    rank, world = opts.shard
+    if opts.estimate != "auto":
+        df = _run_estimate(run, variants[rank::world], opts.estimate, stats, log, opts)
+        return df.assign(exact_because="requested" if opts.estimate == "exact" else "")
+    estimated = _run_estimate(run, variants, one_pass_estimate(run.model, run.metric_name), stats, log, opts)
+    top = top_variants(estimated, variants, opts.top_k)
+    sample = sample_variants(estimated, variants, top, opts.sample_k, opts.seed)
     why = {v: "top" for v in top} | {v: "sample" for v in sample}
     chosen = [v for v in variants if v in why][rank::world]
-    exact = _run_estimate(run, chosen, method, "exact", stats, log, opts).assign(exact_because=[why[v] for v in chosen])
+    exact = _run_estimate(run, chosen, "exact", stats, log, opts).assign(exact_because=[why[v] for v in chosen])
     return pd.concat([estimated.assign(exact_because=""), exact], ignore_index=True)
 
 
-def _sweep_all(run: _Run, variants: list[Variant], method: Method, estimate: str, stats: Optional[QKVStats],
-               log: ResultLog, opts: dict, shard: tuple[int, int], top_k: int) -> pd.DataFrame:
+def _sweep_all(run: _Run, variants: list[Variant], stats: Optional[QKVStats], log: ResultLog,
+               opts: SweepOptions) -> pd.DataFrame:
     """``_sweep`` of the bias variants, then the implicit ones (sink_v, massive) exactly whatever the
     estimate (no one-pass estimate of them exists; ``exact_because`` says so): one table."""
     plain = [v for v in variants if not is_implicit(v.targets)]
     implicit = [v for v in variants if is_implicit(v.targets)]
-    frames = [_sweep(run, plain, method, estimate, stats, log, opts, shard, top_k)] if plain else []
+    frames = [_sweep(run, plain, stats, log, opts)] if plain else []
     if implicit:
-        rank, world = shard
-        exact = _run_estimate(run, implicit[rank::world], method, "exact", stats, log, opts)
-        frames.append(exact.assign(exact_because="requested" if estimate == "exact" else "exact only"))
+        rank, world = opts.shard
+        exact = _run_estimate(run, implicit[rank::world], "exact", stats, log, opts)
+        frames.append(exact.assign(exact_because="requested" if opts.estimate == "exact" else "exact only"))
     return pd.concat(frames, ignore_index=True)
-
-
-def _check_counts(top_k: Any, stack: Any, sample_k: Any, n_boot: Any, seed: Any,
-                  n_projections: Any) -> tuple[int, int, int, tuple[int, int]]:
-    """(top_k, stack, sample_k, (n_boot, seed)) checked; n_projections too."""
-    if isinstance(n_projections, bool) or not isinstance(n_projections, int) or n_projections < 1:
-        raise InputError(f"n_projections must be >= 1 (random projections of the features); got {n_projections!r}")
-    return (check_count("top_k", top_k, minimum=0), check_count("stack", stack),
-            check_count("sample_k", sample_k, minimum=0), check_bootstrap(n_boot, seed))
-
-
-def _bind_options(run: _Run, shard: tuple[int, int], method: str, stats: Optional[QKVStats],
-                  n_projections: int) -> None:
-    """What else the rows depend on, into the log's fingerprint: a rank's share (a rank's log resumes only
-    the same share), the statistics a mean ablation patches in (other data's means give other rows) and,
-    for a distance metric, the random projections of the atp_distance estimate."""
-    if run.metric_name in metrics.DISTANCE_METRICS:
-        run.fingerprint["n_projections"] = int(n_projections)
-    if shard[1] > 1:
-        run.fingerprint["shard"] = f"{shard[0]}/{shard[1]}"
-    if method == "mean" and stats is not None:
-        run.fingerprint["stats"] = f"{stats.model_fingerprint}/{stats.data_fingerprint}"
 
 
 def check_shard(shard: Any) -> tuple[int, int]:
@@ -501,21 +562,29 @@ def ablate_bias(
     """
     model = require_bridge(model, "ablate_bias")
     check_not_blank("out", out)
-    variants = make_variants(model.interp, kinds, scope, layers, heads)
-    sites = check_implicit(model, method, [t for v in variants for t in v.targets], positions, abs_threshold,
-                           ratio_threshold)  # before check_method: its messages are about biases
-    check_method(method, [t for v in variants for t in v.targets], stats, need_stats=False)  # recorded below
-    top_k, stack, sample_k, boot = _check_counts(top_k, stack, sample_k, n_boot, seed, n_projections)
-    rank, world = check_shard(shard)
-    run = _prepare(model, data, metric, estimate, max_batches, reuse_prefix and estimate in ("exact", "auto"), boot)
-    _bind_options(run, (rank, world), method, stats, n_projections)
-    run.implicit = sites and prepare_sites(model, sites, run.batches, [t for v in variants for t in v.targets])
-    if method == "mean" and stats is None and any(explicit_targets(v.targets) for v in variants):
+    opts = SweepOptions(method=method, estimate=estimate, max_batches=max_batches, stack=stack,
+                        force_exact=force_exact, reuse_prefix=reuse_prefix, top_k=top_k, sample_k=sample_k,
+                        n_projections=n_projections, n_boot=n_boot, seed=seed, shard=shard, progress=progress,
+                        overwrite=overwrite, positions=positions, abs_threshold=abs_threshold,
+                        ratio_threshold=ratio_threshold)
+    return _ablate(model, data, make_variants(model.interp, kinds, scope, layers, heads), metric, stats, out, opts)
+
+
+def _ablate(model: InterpBridge, data: Any, variants: list[Variant], metric: metrics.Metric,
+            stats: Optional[QKVStats], out: Optional[Union[str, Path]], opts: SweepOptions) -> pd.DataFrame:
+    """``ablate_bias`` once its options are checked: the intact run, the sweep, the table."""
+    targets = [t for v in variants for t in v.targets]
+    sites = check_implicit(model, opts.method, targets, opts.positions, opts.abs_threshold,
+                           opts.ratio_threshold)  # before check_method: its messages are about biases
+    check_method(opts.method, targets, stats, need_stats=False)  # recorded below
+    run = _prepare(model, data, metric, opts)
+    if opts.method == "mean" and stats is not None:  # other data's means give other rows
+        run.fingerprint["stats"] = f"{stats.model_fingerprint}/{stats.data_fingerprint}"
+    run.implicit = sites and prepare_sites(model, sites, run.batches, targets)
+    if opts.method == "mean" and stats is None and any(explicit_targets(v.targets) for v in variants):
         stats = record_qkv(model, run.batches, progress=False)
-    log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, overwrite)
-    opts = dict(force_exact=force_exact, stack=stack, progress=progress, n_projections=int(n_projections),
-                sample_k=sample_k, seed=boot[1])
-    df = _sweep_all(run, variants, method, estimate, stats, log, opts, (rank, world), int(top_k))
+    log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, opts.overwrite)
+    df = _sweep_all(run, variants, stats, log, opts)
     if out is not None:
         write_table(df, Path(out) / "ablation")
     return df

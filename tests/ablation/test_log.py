@@ -219,3 +219,60 @@ def test_atp_distance_with_other_projections_is_refused(tmp_path):
     ablate_bias(bert, [tiny_inputs("bert")], n_projections=2, **run)
     with pytest.raises(StaleResultsError, match="n_projections: 2 there, 16 now"):
         ablate_bias(bert, [tiny_inputs("bert")], n_projections=16, **run)
+
+
+# Every option of ablate_bias is one field of SweepOptions, and each says how it reaches the results (issue 31):
+# "fingerprint" options are refused on resume, "key" options run their own rows, "none" options resume the same rows.
+SELECTION = {"model", "data", "kinds", "scope", "metric", "stats", "out", "layers", "heads"}
+CHANGED = {  # a fingerprint-bound option -> (keywords of the first run, the changed value, what the refusal names)
+    "max_batches": (dict(), 1, "max_batches: None there, 1 now"),
+    "n_boot": (dict(), 10, "n_boot: 1000 there, 10 now"),
+    "seed": (dict(), 3, "seed: 0 there, 3 now"),
+    "shard": (dict(), (1, 2), "shard: None there, '1/2' now"),
+    "n_projections": (dict(metric=lambda out, batch: out.sum()), None, None),  # bound only for a distance metric
+}
+
+
+def test_every_keyword_of_ablate_bias_is_one_checked_option_that_says_how_it_binds():
+    import dataclasses
+    import inspect
+
+    from interp.ablation.sweep import SweepOptions
+
+    params = inspect.signature(ablate_bias).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(SweepOptions)}
+    assert set(params) - SELECTION == set(fields) == set(SweepOptions.BINDS)
+    assert {name: params[name].default for name in fields} == fields  # one default, not two
+    assert set(SweepOptions.BINDS.values()) == {"fingerprint", "key", "none"}
+    assert {n for n, how in SweepOptions.BINDS.items() if how == "fingerprint"} == set(CHANGED)
+    options = SweepOptions(stack=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.stack = 3
+
+
+@pytest.mark.parametrize("name", sorted(CHANGED))
+def test_a_changed_fingerprint_option_is_refused_on_resume(models, name, tmp_path):
+    a, _ = models
+    first, value, words = CHANGED[name]
+    kw = dict(kinds=("q",), layers=[0], out=tmp_path, progress=False, estimate="exact", **first)
+    ablate_bias(a, data(), **kw)
+    if words is None:  # n_projections: a task metric's rows do not depend on it, so they resume
+        lines = (tmp_path / "ablation.jsonl").read_text()
+        ablate_bias(a, data(), n_projections=3, **kw)
+        assert (tmp_path / "ablation.jsonl").read_text() == lines
+        return  # with a distance metric it is refused: test_atp_distance_with_other_projections_is_refused
+    with pytest.raises(StaleResultsError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        ablate_bias(a, data(), **{name: value}, **kw)
+
+
+def test_options_that_bind_no_row_resume_the_same_rows(models, tmp_path):
+    a, _ = models
+    kw = dict(kinds=("q", "v"), layers=[1], out=tmp_path, estimate="auto", top_k=1, sample_k=1, progress=False)
+    first = ablate_bias(a, data(), **kw)
+    lines = (tmp_path / "ablation.jsonl").read_text()
+    kw.update(stack=1, reuse_prefix=False, force_exact=True, progress=True, top_k=2, sample_k=0)
+    again = ablate_bias(a, data(), **kw)
+    assert (tmp_path / "ablation.jsonl").read_text().startswith(lines)  # nothing recomputed (top_k=2: one more)
+    assert set(again.options) == set(first.options)
+    shared = first.merge(again, on=["layer", "head", "kind", "estimate"], suffixes=("", "_again"))
+    assert len(shared) >= 4 and (shared.delta == shared.delta_again).all()
