@@ -33,7 +33,9 @@ import torch  # noqa: E402
 
 from interp.io import atomic_path  # noqa: E402
 from interp.training.backcopy import ARMS, BackcopyRecipe, make_task, recipe_fingerprint  # noqa: E402
-from interp.training.backcopy_results import check_results_folder, run_all  # noqa: E402
+from interp.plots import save_figure  # noqa: E402
+from interp.training.backcopy_report import findings_tables, sink_share_figure  # noqa: E402
+from interp.training.backcopy_results import check_results_folder, run_all, summarise  # noqa: E402
 
 
 def arguments() -> argparse.Namespace:
@@ -60,6 +62,19 @@ def write_task(out: Path, recipe: BackcopyRecipe) -> None:
         tmp.write_text(json.dumps(record, indent=1))
 
 
+def outputs(out: Path, figures: Path) -> str:
+    """summary.csv, tables.md and the figure from runs.csv, heads.csv and gate.csv."""
+    runs, heads = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "heads.csv")
+    gate = pd.read_csv(out / "gate.csv", dtype={"gate": str})
+    with atomic_path(out / "summary.csv") as tmp:
+        summarise(runs).to_csv(tmp, index=False)
+    tables = findings_tables(runs, heads, gate)
+    with atomic_path(out / "tables.md") as tmp:
+        tmp.write_text(tables + "\n")
+    save_figure(sink_share_figure(runs), figures / "sink_share.png")
+    return tables
+
+
 def main() -> None:
     args = arguments()
     torch.set_num_threads(args.threads)
@@ -71,6 +86,7 @@ def main() -> None:
         write_task(out, recipe)
         plan = [(arm, seed) for seed in args.seeds for arm in args.arms]
         run_all(plan, recipe, Path(args.work), out, seeds=args.collect_seeds or args.seeds)
+    print(outputs(out, Path(args.figures)))
     runs = pd.read_csv(out / "runs.csv")
     train = runs.groupby(["arm", "seed"]).train_seconds.max().sum()
     print(f"wall time of this invocation {time.perf_counter() - start:.0f} s; training time in the checkpoints "
