@@ -499,11 +499,29 @@ def _refuse_repeated_exact_rows(frames: Sequence[pd.DataFrame], key: list[str]) 
                                  "two sweeps: give each rank's table once (rank0, rank1, ...)")
 
 
+def _refuse_mixed_options(df: pd.DataFrame) -> None:
+    """Every option in the rows' ``options`` column takes one value over all frames (a sink_v row's positions
+    are compared with other sink_v rows', since only those rows hold them); frames written before the column
+    existed hold none to compare."""
+    if "options" not in df:
+        return
+    values: dict[str, dict[str, None]] = {}
+    for text in df.options.dropna().unique():
+        for name, value in (json.loads(text) if text else {}).items():
+            values.setdefault(name, {})[json.dumps(value, sort_keys=True)] = None
+    differ = {name: list(seen) for name, seen in values.items() if len(seen) > 1}
+    if differ:
+        details = "; ".join(f"{name}: {' vs '.join(seen)}" for name, seen in sorted(differ.items()))
+        raise InputError(f"merge_shards: the frames were run with different options ({details}); merge the ranks "
+                         "of one sweep only (the same options on every rank)")
+
+
 def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """The ranks' ``ablate_bias`` frames as one table, in the one-process order: rows of each
     estimate in turn (the one-pass estimate first), variants by kind (q, k, v), layer, head; rows
-    that several ranks computed alike (the estimate of "auto") once; frames of another model or other data,
-    and an exact row in two frames (one rank's table given twice), are refused."""
+    that several ranks computed alike (the estimate of "auto") once; frames of another model, other data or other
+    options (the ``options`` column: e.g. sink_v positions, n_boot, seed), and an exact row in two frames (one
+    rank's table given twice), are refused."""
     if isinstance(frames, pd.DataFrame) or not frames or not all(isinstance(f, pd.DataFrame) for f in frames):
         raise InputError("merge_shards takes a list of the ranks' ablate_bias DataFrames (e.g. [pd.read_parquet(p) "
                          f"for p in paths]); got {type(frames).__name__}" + (" (empty)" if not frames else ""))
@@ -512,6 +530,7 @@ def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
         if column in df and df[column].nunique() > 1:
             raise InputError(f"merge_shards: the frames come from different runs ({column}: "
                              f"{', '.join(sorted(df[column].astype(str).unique()))}); merge one sweep's ranks only")
+    _refuse_mixed_options(df)
     key = ["layer", "head", "kind", "scope", "method", "estimate", "n_targets"]
     _refuse_repeated_exact_rows(frames, key)
     df = df.drop_duplicates(key).reset_index(drop=True)

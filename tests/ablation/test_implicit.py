@@ -6,7 +6,10 @@ how the same sequences are batched; resume and fingerprints work as for bias row
 """
 
 import copy
+import io
+import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -245,3 +248,27 @@ def test_bad_implicit_options_raise_one_clear_error(kw, words):
     model = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
     with pytest.raises(InputError, match=words):
         interp.ablate_bias(model, [padded(sequences())], progress=False, **kw)
+
+
+def test_merge_shards_refuses_sink_v_ranks_run_at_other_positions():
+    """Issue 31: no column recorded sink_v's positions, so ranks run at different sink positions merged into
+    one table silently. Each row's ``options`` now holds them, and a merge of such frames is refused (also
+    after a round trip through CSV); the ranks of one sweep merge to the one-process table."""
+    from interp.ablation.sweep import merge_shards
+    from interp.models import tiny_inputs
+
+    deit = interp.load_model(tiny_hf_model("deit"), device="cpu")  # prefix classes: cls, distillation
+    data = [tiny_inputs("deit")]
+    kw = dict(kinds=("sink_v",), estimate="exact", progress=False, n_boot=10)
+    cls = [interp.ablate_bias(deit, data, positions="cls", shard=(r, 2), **kw) for r in range(2)]
+    dist = interp.ablate_bias(deit, data, positions="distillation", shard=(1, 2), **kw)
+    assert [json.loads(o)["positions"] for o in cls[0].options] == [["cls"]] * len(cls[0])
+    assert [json.loads(o)["positions"] for o in dist.options] == [["distillation"]] * len(dist)
+    whole = interp.ablate_bias(deit, data, positions="cls", **kw)
+    merged = merge_shards(cls)
+    assert merged.drop(columns="options").equals(whole.drop(columns="options"))
+    assert set(merged.options) == set(whole.options)  # one value: the rank is not among the options
+    with pytest.raises(InputError, match=r'positions: \["cls"\] vs \["distillation"\]'):
+        merge_shards([cls[0], dist])
+    with pytest.raises(InputError, match="different options"):
+        merge_shards([pd.read_csv(io.StringIO(f.to_csv(index=False))) for f in (cls[0], dist)])
