@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -47,7 +47,9 @@ from interp.analysis.scores import _key_mask, score_terms
 from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names, run_until_kept
 from interp.data.batch import Batch, image_norm, normalise, square_resize
 from interp.checks import check_count, check_heads, check_layers
-from interp.data import model_inputs
+from interp.data import iter_batches, model_inputs, open_data
+from interp.data.iterate import to_batch
+from interp.data.sources import data_kind
 from interp.errors import InputError
 from interp.fingerprint import data_fingerprint, model_fingerprint
 from interp.heads import attention_weights, kv_group
@@ -55,7 +57,6 @@ from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
 from interp.patching import stacked_patch_hooks
-from interp.data.sources import BUILTIN
 
 CONDITIONS = ("intact", "no_b_q", "no_b_k", "no_b_v", "no_key_prior")
 QUERIES = ("cls", "first", "last", "mean", "all")
@@ -98,79 +99,86 @@ def _image_batch(model: InterpBridge, pixels: np.ndarray) -> Batch:
     return Batch((x if mean is None else normalise(x, mean, std))[None])
 
 
-def _string_batch(model: InterpBridge, item: Union[str, os.PathLike]) -> Batch:
-    """A prompt (language model) or an image file (ViT); a built-in data set name or a folder is refused."""
-    info, text = model.interp, str(item)
-    if text in BUILTIN:
-        raise _more_than_one(f"the built-in data set {text!r}")
-    if os.path.isdir(text):
-        raise _more_than_one(f"the folder {text!r}")
-    if info.modality == "vision":
-        if not os.path.isfile(text):
-            raise InputError(f"{info.name} is a vision model, so a string must name an image file; {text[:60]!r} "
-                             "is not one: pass a path to an image, a PIL image, an [H, W, 3] array or a [3, H, W] "
-                             "tensor of pixel values")
-        from PIL import Image
+def _literal(model: InterpBridge, item: Any) -> Any:
+    """The forms only one input can take, made a batch of one: an image (PIL image, [H, W(, C)] array) for
+    a ViT, token ids [pos] (a list of ints, a 1-d tensor or array) or pixel values [C, H, W]; anything else
+    is returned as it is, for ``open_data`` to decide."""
+    from PIL import Image
 
-        try:
-            with Image.open(text) as img:
-                pixels = np.asarray(img.convert("RGB"))
-        except (OSError, ValueError) as exc:  # PIL: unidentified or truncated file, decompression bomb
-            raise InputError(f"could not read the image {text!r} ({type(exc).__name__}: {exc}): pass a PNG or JPEG "
-                             "file, or the image as an array") from exc
-        return _image_batch(model, pixels)
-    if isinstance(item, os.PathLike) or os.path.isfile(text):
-        raise InputError(f"{text!r} is a file: single_input takes one prompt as a string; read the file and pass "
-                         "the prompt you want to look at")
-    if model.tokenizer is None:
-        raise InputError(f"{info.name} has no tokenizer, so a prompt cannot be tokenised: pass token ids [pos], or "
-                         "load it with interp.load_model(model, tokenizer=...)")
-    return Batch(model.tokenizer([text], return_tensors="pt")["input_ids"])
-
-
-def _tensor_batch(model: InterpBridge, x: Tensor, mask: Optional[Tensor]) -> Batch:
-    """Pixel values [3, H, W] / [1, 3, H, W], or token ids [pos] / [1, pos] (padding stripped)."""
-    vision = model.interp.modality == "vision"
-    if x.ndim == (3 if vision else 1):
-        x = x[None]
-        mask = None if mask is None else mask.reshape(1, -1)
-    if x.ndim == (4 if vision else 2) and x.shape[0] != 1:
-        raise _more_than_one(f"a batch of {x.shape[0]} {'images' if vision else 'sequences'} {tuple(x.shape)}")
-    if mask is not None and not vision and mask.shape == x.shape:
-        x, mask = x[:, mask[0].bool()], None  # one sequence: its real tokens
-    return Batch(x, mask)
+    info = model.interp
+    if isinstance(item, Image.Image) or (isinstance(item, np.ndarray) and info.modality == "vision"
+                                         and item.dtype.kind in "uif" and item.ndim in (2, 3)):
+        if info.modality != "vision":
+            raise InputError(f"{info.name} is a language model, so an image cannot be its input: pass a prompt "
+                             "(str) or token ids [pos]")
+        return _image_batch(model, np.asarray(item.convert("RGB") if isinstance(item, Image.Image) else item))
+    if isinstance(item, (list, tuple)) and item and all(isinstance(i, int) and not isinstance(i, bool) for i in item):
+        item = torch.tensor(item)  # token ids as a list
+    if isinstance(item, np.ndarray) and item.dtype.kind in "iu":
+        item = torch.from_numpy(item)  # token ids as an array
+    one = 3 if info.modality == "vision" else 1  # the dimensions of one image's pixels, one sequence's ids
+    if isinstance(item, Tensor) and item.ndim == one:
+        return item[None]
+    if isinstance(item, dict) or (isinstance(item, tuple) and len(item) == 2 and all(isinstance(t, Tensor)
+                                                                                     for t in item)):
+        item = to_batch(model, item)  # open_data's reading of a dict or an (ids, mask) / (pixels, labels) pair
+    if isinstance(item, Batch) and isinstance(item.inputs, Tensor) and item.inputs.ndim == one:
+        mask = item.attention_mask
+        return Batch(item.inputs[None], None if mask is None or info.modality == "vision"
+                     else torch.as_tensor(mask).reshape(1, -1))
+    return item
 
 
 def one_input_batch(model: InterpBridge, item: Any) -> Batch:
     """``item`` as a Batch of one: a prompt, an image (path, PIL image, array, pixel tensor) or token ids,
-    a dict / Batch / (ids, mask) pair holding one; more than one, or the other modality, is refused."""
-    from PIL import Image
+    a dict / Batch / (ids, mask) pair holding one; more than one, or the other modality, is refused.
 
+    What a data argument is, is decided by ``open_data`` (a path that does not exist is never a prompt);
+    the forms only one input takes (``_literal``) are made a batch first. The data must then hold exactly
+    one item (image or sequence); a sequence's padding is stripped."""
     info = model.interp
-    if isinstance(item, (list, tuple)) and len(item) == 1 and not isinstance(item[0], (int, float)):
+    if isinstance(item, (list, tuple)) and len(item) == 1 and not isinstance(item[0], (int, float, str)):
         item = item[0]
-    if isinstance(item, (list, tuple)) and item and all(isinstance(i, int) and not isinstance(i, bool) for i in item):
-        item = torch.tensor(item)  # token ids as a list
     if isinstance(item, (str, os.PathLike)):
-        batch = _string_batch(model, item)
-    elif isinstance(item, Image.Image) or (isinstance(item, np.ndarray) and info.modality == "vision"):
-        batch = _image_batch(model, np.asarray(item.convert("RGB") if isinstance(item, Image.Image) else item))
-    elif isinstance(item, (Tensor, np.ndarray)):  # pixel values, or token ids (a text model's array)
-        batch = _tensor_batch(model, torch.as_tensor(item), None)
-    elif isinstance(item, Batch):
-        batch = _tensor_batch(model, item.inputs, item.attention_mask)
-    elif isinstance(item, dict) and ("pixel_values" in item or "input_ids" in item):
-        key = "pixel_values" if "pixel_values" in item else "input_ids"
-        batch = _tensor_batch(model, item[key], item.get("attention_mask"))
-    elif isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(t, Tensor) for t in item):
-        batch = _tensor_batch(model, item[0], None if info.modality == "vision" else item[1])
-    elif isinstance(item, (list, tuple)):
-        raise _more_than_one(f"a {type(item).__name__} of {len(item)} items")
-    else:
-        raise InputError(f"cannot read one input from {type(item).__name__}: pass a prompt (str) or token ids for a "
-                         "language model, an image (path, PIL image, [H, W, 3] array, [3, H, W] tensor) for a ViT")
+        try:
+            kind = data_kind(item, text_ok=info.modality == "text")  # the one decision (open_data's)
+        except InputError as exc:
+            if info.modality != "vision":
+                raise
+            raise InputError(f"{info.name} is a vision model, so a string must name an image file: {exc}; or pass "
+                             "a PIL image, an [H, W, 3] array or [3, H, W] pixel values") from None
+        if kind == "builtin" or os.path.isdir(item):
+            what = f"the built-in data set {str(item)!r}" if kind == "builtin" else f"the folder {str(item)!r}"
+            raise _more_than_one(what)
+        if kind == "text" and model.tokenizer is None:
+            raise InputError(f"{info.name} has no tokenizer, so a prompt cannot be tokenised: pass token ids "
+                             "[pos], or load it with interp.load_model(model, tokenizer=...)")
+    if isinstance(item, (list, tuple)) and len(item) > 1 and all(isinstance(i, str) for i in item):
+        raise _more_than_one(f"a {type(item).__name__} of {len(item)} prompts")
+    item = _literal(model, item)
+    batch = _exactly_one(model, iter_batches(model, open_data(model, item)))
     batch.check(info)
+    if batch.attention_mask is not None and info.modality == "text" and batch.attention_mask.shape == \
+            batch.inputs.shape:
+        batch = Batch(batch.inputs[:, batch.attention_mask[0].bool()])  # one sequence: its real tokens
+    elif info.modality == "vision":
+        batch = Batch(batch.inputs)  # labels are not an input
     return batch
+
+
+def _exactly_one(model: InterpBridge, batches: Any) -> Batch:
+    """The one batch of one item ``batches`` hold; a second item (in the same batch or a later one) is refused
+    without reading further."""
+    first = _literal(model, next(batches))  # iter_batches: an empty source is one clear error; one item un-batched
+    vision = model.interp.modality == "vision"
+    if not isinstance(first.inputs, Tensor) or first.inputs.ndim < 1:
+        return first  # not a batch of tensors: Batch.check says what is wrong
+    n = first.inputs.shape[0]
+    if n != 1:
+        raise _more_than_one(f"{n} {'images' if vision else 'sequences'} {tuple(first.inputs.shape)}")
+    if next(batches, None) is not None:
+        raise _more_than_one(f"more than one batch of {'images' if vision else 'sequences'}")
+    return first
 
 
 def positions_table(model: InterpBridge, batch: Batch) -> pd.DataFrame:

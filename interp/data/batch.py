@@ -17,6 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.checks import check_model_input
+from interp.errors import InputError
 from interp.models.bridge import InterpBridge
 from interp.models.info import ModelInfo
 
@@ -47,8 +48,12 @@ def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:
 
     Grayscale becomes 3 channels; a 4th (alpha) channel is dropped.
     """
-    if img.ndim == 2:
-        img = np.stack([img] * 3, axis=-1)
+    if img.ndim not in (2, 3) or img.dtype.kind not in "uifb" or 0 in img.shape[:2] or \
+            (img.ndim == 3 and img.shape[-1] not in (1, 3, 4)):
+        raise InputError(f"an image must be an [H, W] or [H, W, C] array of numbers (C 1, 3 or 4; H, W >= 1); "
+                         f"got {img.dtype} {img.shape}")
+    if img.ndim == 2 or img.shape[-1] == 1:
+        img = np.concatenate([img.reshape(*img.shape[:2], 1)] * 3, axis=-1)
     img = img[..., :3]
     if img.dtype == np.uint8:
         img = img.astype(np.float32) / 255.0

@@ -22,7 +22,7 @@ from interp.data.sources import DataSource, data_kind, is_dataset, resolve_data
 from interp.errors import InputError
 from interp.models.bridge import InterpBridge, require_bridge
 
-__all__ = ["batch_to_device", "check_data_name", "iter_batches", "model_inputs", "open_data", "to_device"]
+__all__ = ["batch_to_device", "check_data_name", "iter_batches", "model_inputs", "open_data", "to_batch", "to_device"]
 
 
 def model_inputs(model: InterpBridge, batch: Batch) -> tuple[Tensor, dict]:
@@ -50,7 +50,9 @@ def to_device(t: Tensor, device: torch.device) -> Tensor:
     return t.to(device)
 
 
-def _to_batch(model: InterpBridge, item: Any) -> Batch:
+def to_batch(model: InterpBridge, item: Any) -> Batch:
+    """One item of a data iterable as a ``Batch``: a Batch, a dict with input_ids/pixel_values, an (ids, mask)
+    or (pixels, labels) pair, a tensor, or text (tokenised)."""
     info = model.interp
     if isinstance(item, Batch):
         return item
@@ -141,7 +143,7 @@ def _batches(model: InterpBridge, items: Iterable[Any], max_batches: Optional[in
     for item in items:
         if max_batches is not None and count >= max_batches:
             return
-        yield _to_batch(model, item)
+        yield to_batch(model, item)
         count += 1
     if count == 0:
         raise InputError("data is empty: no batches to process")

@@ -83,7 +83,8 @@ def data_kind(data: Any, text_ok: bool) -> str:
                          "check the path; to pass text that looks like one, wrap it in a list: [text]")
     if text_ok and any(c.isspace() for c in text.strip()):
         return "text"
-    raise InputError(f"unknown dataset or path {text!r}: {KNOWN_DATA}")
+    one_word = "; text without a space is read as a name: pass it in a list, [text]" if text_ok else ""
+    raise InputError(f"unknown dataset or path {text!r}: {KNOWN_DATA}{one_word}")
 
 
 @dataclass

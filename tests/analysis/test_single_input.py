@@ -254,7 +254,7 @@ def test_vit_queries_from_cls_with_patch_coordinates_and_the_image_it_saw(tmp_pa
     from_file = interp.single_input(model, str(tmp_path / "photo.png"))
     assert from_file.patterns.weight.equals(result.patterns.weight)
     (tmp_path / "broken.png").write_bytes(b"not an image")
-    with pytest.raises(InputError, match="could not read the image .*broken.png.*PNG or JPEG"):
+    with pytest.raises(InputError, match="could be read.*broken.png"):
         interp.single_input(model, str(tmp_path / "broken.png"))
 
 
@@ -300,7 +300,17 @@ BAD = [
     ("cls on a model without one", "gpt2", lambda: ids(), dict(query="cls"), "no class token.*query='mean'"),
     ("top_k of zero", "gpt2", lambda: ids(), dict(top_k=0), "top_k must be an integer >= 1"),
     ("float64 not a bool", "gpt2", lambda: ids(), dict(float64="yes"), "float64 must be True or False"),
-    ("an unreadable object", "gpt2", lambda: object(), {}, "cannot read one input from object"),
+    ("an unreadable object", "gpt2", lambda: object(), {}, "data must be .*got object"),
+    # open_data decides what a string is (issue 31): a path that does not exist is never a prompt
+    ("a missing path to a language model", "gpt2", lambda: "prompts/today.txt", {}, "no such file or folder"),
+    ("a missing folder to a language model", "gpt2", lambda: "my data/prompts", {}, "no such file or folder"),
+    ("one word is a name, not a prompt", "gpt2", lambda: "Hello", {}, "pass it in a list"),
+    ("a 0 x 0 image", "vit", lambda: np.zeros((0, 0, 3), np.uint8), {}, "image must be .*H, W >= 1.*\\(0, 0, 3\\)"),
+    ("a 5 x 0 image", "vit", lambda: np.zeros((5, 0), np.float32), {}, "image must be .*H, W >= 1"),
+    ("a PIL image to a language model", "gpt2", lambda: __import__("PIL.Image").Image.new("RGB", (8, 8)), {},
+     "language model, so an image cannot be its input"),
+    ("two batches of one", "gpt2", lambda: [ids(), ids()], {}, "one input.*more than one batch"),
+    ("an empty list", "gpt2", lambda: [], {}, "data is empty"),
 ]
 
 
@@ -310,6 +320,17 @@ def test_bad_input_raises_one_clear_error(case):
     with pytest.raises(InterpError, match=words) as info:
         interp.single_input(tiny(family), make(), **kw)
     assert not isinstance(info.value, InternalError) and isinstance(info.value, InputError), info.value
+
+
+def test_a_string_means_the_same_to_single_input_and_to_the_streaming_analyzers():
+    """One decision (open_data): a missing path is refused by both with the same words."""
+    model = tiny("gpt2")
+    for text in ("prompts/today.txt", "Hello"):
+        with pytest.raises(InputError) as streamed:
+            interp.sink_profile(model, text, progress=False)
+        with pytest.raises(InputError) as single:
+            interp.single_input(model, text)
+        assert str(streamed.value) in str(single.value)
 
 
 def test_a_table_too_large_is_refused_naming_the_way_out(monkeypatch):
@@ -323,8 +344,13 @@ def test_a_table_too_large_is_refused_naming_the_way_out(monkeypatch):
     assert result.meta["query"] == "last"
 
 
-def test_measured_diffs_are_reported():
-    print("\n".join(f"{k}: {v:.3g}" for k, v in MEASURED.items()))
+@pytest.fixture(scope="module", autouse=True)
+def report_measured_diffs():
+    """The max abs diffs the tests above measure, printed after the module (-s). A fixture, not a test: a
+    test that only prints cannot fail (issue 31); each diff is asserted where it is measured."""
+    yield
+    if MEASURED:
+        print("\n" + "\n".join(f"{k}: {v:.3g}" for k, v in MEASURED.items()))
 
 
 # ----- figures -----------------------------------------------------------------------------------------
