@@ -3,6 +3,15 @@
     python benchmarks/train_sinks.py                      # every arm x 3 seeds, text and vision (resumes)
     python benchmarks/train_sinks.py --summarise-only     # tables, figures and card from the CSVs
     python benchmarks/train_sinks.py --domains text --seeds 0 --text-steps 20   # a quick look
+    python benchmarks/train_sinks.py --recipe fresh --domains text --arms none k_slot_v0 sink_token \
+        --seeds 0 --out docs/results/sinks_text --figures docs/figures/sinks_text --no-ship   # issue 32
+
+``--recipe fresh`` (issue 32): constant rate after warm-up, the installed packages' sources read
+without repeating a window (``interp.training.sinks.fresh_text_recipe``), and the count-model
+baseline (``interp.training.ngram``: Kneser-Ney byte models, the discount tuned on the last tenth of
+the training split) on the same split and validation windows, written once to ``baseline.csv``;
+``rule.csv`` then says, per run, whether the stopping rule (validation loss at least ``RULE_MARGIN``
+nats/byte below the best count model) was met and from which step.
 
 Trains the text arms (none, qkv, kv_slot, k_slot_v0, sink_token: a 4-layer LLaMA on the standard
 library's bytes) and the vision arms (none, qkv, kv_slot, registers: the MNIST ViT recipe, cut
@@ -32,11 +41,13 @@ import torch  # noqa: E402
 from interp.io import atomic_path  # noqa: E402
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
-from interp.training.corpus import stdlib_corpus  # noqa: E402
 from interp.training.sink_report import findings_tables, massive_figure, model_card, sink_share_figure, \
     table_figure  # noqa: E402
 from interp.training.sink_results import check_results_folder, run_all, summarise  # noqa: E402
-from interp.training.sinks import TextRecipe, VisionRecipe, recipe_fingerprint  # noqa: E402
+from interp.training.ngram import count_baseline  # noqa: E402
+from interp.training.sink_results import stopping_rule  # noqa: E402
+from interp.training.sinks import TextRecipe, VisionRecipe, fresh_text_recipe, recipe_fingerprint, text_corpus, \
+    val_windows  # noqa: E402
 
 
 def arguments() -> argparse.Namespace:
@@ -44,7 +55,11 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--domains", nargs="+", default=["text", "vision"], choices=["text", "vision"])
     ap.add_argument("--arms", nargs="+", default=None, help="a subset of the arms (default: all)")
+    ap.add_argument("--recipe", default="first", choices=["first", "fresh"],
+                    help="text recipe: the first release's (cosine, stdlib, uniform windows) or issue 32's")
     ap.add_argument("--text-steps", type=int, default=TextRecipe().steps)
+    ap.add_argument("--text-every", type=int, default=None, help="measure every this many steps")
+    ap.add_argument("--corpus-budget", type=int, default=None, help="corpus bytes (default: the recipe's)")
     ap.add_argument("--vision-steps", type=int, default=VisionRecipe().steps)
     ap.add_argument("--work", default=".cache/interp/sinks-runs", help="checkpoints (one folder per recipe)")
     ap.add_argument("--out", default="docs/results/sinks")
@@ -56,6 +71,8 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--collect", nargs="+", default=["text", "vision"], choices=["text", "vision"],
                     help="the domains whose finished runs (of this recipe, by any process) go into the tables")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--baseline", action="store_true",
+                    help="(re)compute the count-model baseline of the text recipe's split into --out/baseline.csv")
     return ap.parse_args()
 
 
@@ -73,19 +90,39 @@ def outputs(out: Path, figures: Path, scale: str, context: int) -> pd.DataFrame:
     return summary
 
 
+def baseline_csv(out: Path, text: TextRecipe, corpus) -> pd.DataFrame:
+    """``baseline.csv``: the count models on the recipe's split and validation windows (computed once
+    per corpus and validation set; a file of another corpus is recomputed)."""
+    path = out / "baseline.csv"
+    ident = f"{corpus.sha256[:16]}-{text.val_windows}x{text.shape.context}"
+    if path.exists():
+        found = pd.read_csv(path)
+        if "data" in found and set(found.data) == {ident}:
+            return found
+    val = val_windows(corpus.val, text.val_windows, text.shape.context).numpy()
+    frame = count_baseline(corpus.train.numpy(), val, text.shape.context)
+    frame.insert(0, "data", ident)
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return frame
+
+
 def main() -> None:
     args = arguments()
     torch.set_num_threads(args.threads)
     out, figures, start = Path(args.out), Path(args.figures), time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    text, vision = TextRecipe(steps=args.text_steps), VisionRecipe(steps=args.vision_steps)
+    changes = dict(steps=args.text_steps, **({"every": args.text_every} if args.text_every else {}),
+                   **({"corpus_budget": args.corpus_budget} if args.corpus_budget else {}))
+    text = fresh_text_recipe(**changes) if args.recipe == "fresh" else TextRecipe(**changes)
+    vision = VisionRecipe(steps=args.vision_steps)
     s = text.shape
     scale = "; ".join(
         ([f"text: {s.n_layers} layers x {s.n_heads} heads, width {s.d_model}, context {s.context}, "
           f"{text.steps} steps of {text.batch}"] if "text" in args.domains else [])
         + ([f"vision: {vision.steps} steps of {vision.batch}"] if "vision" in args.domains else []))
     if not args.summarise_only:
-        corpus = stdlib_corpus(text.corpus_budget)
+        corpus = text_corpus(text)
         fingerprints = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))
         check_results_folder(out, fingerprints, args.overwrite)
         with atomic_path(out / "corpus.json") as tmp:
@@ -98,7 +135,14 @@ def main() -> None:
         if not args.no_ship and "text" in args.domains and 0 in args.seeds:
             with atomic_path(Path(args.ship) / "MODEL_CARD.md") as tmp:
                 tmp.write_text(model_card(frames["runs"], text, fingerprints["text"], corpus.sha256))
+    if args.baseline:
+        baseline_csv(out, text, text_corpus(text))
     summary = outputs(out, figures, scale, s.context)
+    if (out / "baseline.csv").exists():
+        rule = stopping_rule(pd.read_csv(out / "runs.csv"), pd.read_csv(out / "baseline.csv"))
+        with atomic_path(out / "rule.csv") as tmp:
+            rule.to_csv(tmp, index=False)
+        print(rule.to_string(index=False))
     wall = time.perf_counter() - start
     runs = pd.read_csv(out / "runs.csv")
     train = runs.groupby(["domain", "arm", "seed"]).train_seconds.max().groupby("domain").sum()

@@ -43,6 +43,11 @@ class StaleResultsError(InterpError, ValueError):
     """A results folder holds results of another model, data or settings than this run's."""
 
 
+class CheckpointError(InterpError, ValueError):
+    """A training checkpoint cannot be read (truncated, empty, not a checkpoint) or belongs to another
+    recipe, arm or seed than the run resuming from it."""
+
+
 class StepFailedError(InterpError, RuntimeError):
     """A pipeline step failed; the earlier steps' results and a report saying so were written."""
 

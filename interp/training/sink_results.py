@@ -18,14 +18,15 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 import pandas as pd
-import torch
 from scipy import stats
 
 from interp.errors import StaleResultsError
 from interp.io import atomic_path
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS, save_lm_arm
 from interp.training.corpus import Corpus
-from interp.training.sinks import TextRecipe, TextTask, VisionRecipe, VisionTask, recipe_fingerprint, run_arm
+from interp.training.sinks import (
+    TextRecipe, TextTask, VisionRecipe, VisionTask, read_checkpoint, recipe_fingerprint, run_arm,
+)
 
 TABLES = ("runs", "heads", "layers")
 ARMS = {"text": TEXT_ARMS, "vision": VISION_ARMS}
@@ -58,7 +59,7 @@ def finished_states(folders: dict[str, tuple[Path, str]]) -> list[dict]:
     states = []
     for work, fingerprint in folders.values():
         for path in sorted(Path(work).glob("*.pt")):
-            state = torch.load(path, weights_only=True)
+            state = read_checkpoint(path)
             if state.get("recipe") == fingerprint and state["step"] == state["final_step"]:
                 states.append({name: state[name] for name in TABLES})
     return states
@@ -138,4 +139,27 @@ def summarise(runs: pd.DataFrame, heads: Optional[pd.DataFrame] = None, referenc
                 rows.append(dict(domain=domain, arm=arm, metric=metric, step=int(last.step.iloc[0]),
                                  n_seeds=int(wide[arm].notna().sum()), mean=mean, ci95_low=lo, ci95_high=hi,
                                  paired_diff=d[0], paired_ci95_low=d[1], paired_ci95_high=d[2]))
+    return pd.DataFrame(rows)
+
+
+RULE_MARGIN = 0.3  # nats/byte below the best count model (issue 32)
+
+
+def stopping_rule(runs: pd.DataFrame, baseline: pd.DataFrame, margin: float = RULE_MARGIN) -> pd.DataFrame:
+    """Per text run: the last step, its validation loss, the best count model's (``baseline.csv`` of
+    ``interp.training.ngram.count_baseline``: order and nats/byte), the target = best - ``margin``,
+    ``met`` (the last validation loss at or below the target) and ``first_step_met`` (the first
+    measured step at or below it; NaN if none). A claim about the trained arms may be made only
+    where every run met the rule."""
+    best = baseline.loc[baseline.val_nats_per_byte.idxmin()]
+    target = float(best.val_nats_per_byte) - margin
+    rows = []
+    for (arm, seed), part in runs[runs.domain == "text"].groupby(["arm", "seed"], sort=False):
+        part = part.sort_values("step")
+        below = part[part.val_loss <= target]
+        last = part.iloc[-1]
+        rows.append(dict(arm=arm, seed=int(seed), step=int(last.step), val_loss=float(last.val_loss),
+                         count_model_order=int(best.n), count_model_val=float(best.val_nats_per_byte),
+                         margin=margin, target=target, met=bool(last.val_loss <= target),
+                         first_step_met=float(below.step.iloc[0]) if len(below) else np.nan))
     return pd.DataFrame(rows)

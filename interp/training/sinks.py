@@ -6,15 +6,23 @@ share and the same data in the same order. Every ``every`` steps (and at step 0)
 measured on held-out data (``interp.training.sink_metrics.measure``) and checkpointed atomically
 (model, optimiser, schedule, measurements so far); a killed run resumes from its last checkpoint
 and ends bit for bit where an uninterrupted one does. A checkpoint or results table of another
-recipe is refused (``StaleResultsError``), never mixed.
+recipe is refused (``StaleResultsError``), never mixed; a checkpoint is keyed by recipe, domain, arm
+and seed (all stored in it and checked on load) and one that cannot be read (truncated, empty, not a
+checkpoint) or does not fit the arm's model is a ``CheckpointError``.
 
 Text: windows of ``context`` bytes of the standard-library corpus (``interp.training.corpus``)
 at offsets drawn uniformly from the training split by a generator seeded with the seed; loss =
 mean cross-entropy (nats per byte) of bytes 2..context given the bytes before them, the same
 predictions in every arm (a sink token's own prediction is not scored). AdamW (betas 0.9 / 0.95,
 weight decay on matrices only: not norms, biases, slots), learning rate lr * f(s) with linear
-warm-up f(s) = (s + 1) / warmup, then cosine to ``final_lr_ratio``; gradient norm clipped at 1.
-Validation: ``val_windows`` windows spread evenly over the validation files.
+warm-up f(s) = (s + 1) / warmup, then cosine to ``final_lr_ratio`` (``schedule="cosine"``, the
+first release's recipe) or constant 1 (``schedule="constant"``: Gu et al. 2024 find that annealing
+the rate shrinks the sink); gradient norm clipped at 1. Validation: ``val_windows`` windows spread
+evenly over the validation files. ``sampling="disjoint"`` (issue 32) cuts the training split into
+consecutive non-overlapping windows and draws ``steps x batch`` of them without replacement (the
+seed's permutation): no training byte is read twice, and a split too small for that is refused;
+``corpus="packages"`` reads the installed packages' sources (``interp.training.corpus``), which are
+large enough for that.
 
 Vision: the MNIST ViT recipe (``interp.training.mnist_vit``: AdamW lr 2e-3 one-cycle, weight decay
 0.05 on every parameter, the seed's permutation of the 60,000 training images) cut to ``steps``
@@ -38,12 +46,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from interp.data import mnist
-from interp.errors import InputError, StaleResultsError
+from interp.errors import CheckpointError, InputError, StaleResultsError
 from interp.io import atomic_path
 from interp.models.sink_arms import (
     MNIST_IMAGE, SINK_ID, TEXT_ARMS, VISION_ARMS, LMShape, build_lm_arm, build_vit_arm, n_prefix,
 )
-from interp.training.corpus import DEFAULT_BUDGET, Corpus
+from interp.training.corpus import DEFAULT_BUDGET, Corpus, packages_corpus, stdlib_corpus
 from interp.training.sink_metrics import measure
 
 RECIPE_VERSION = 1
@@ -63,6 +71,33 @@ class TextRecipe:
     val_windows: int = 128
     probe_windows: int = 32
     corpus_budget: int = DEFAULT_BUDGET
+    schedule: str = "cosine"    # | "constant" after warm-up
+    sampling: str = "uniform"   # | "disjoint": non-overlapping windows, none read twice
+    corpus: str = "stdlib"      # | "packages"
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("schedule", SCHEDULES), ("sampling", SAMPLINGS), ("corpus", CORPORA)):
+            if getattr(self, name) not in allowed:
+                raise InputError(f"TextRecipe {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+
+
+SCHEDULES, SAMPLINGS, CORPORA = ("cosine", "constant"), ("uniform", "disjoint"), ("stdlib", "packages")
+# fields added after the first release: at these values a recipe keeps its first-release fingerprint
+_LEGACY = dict(schedule="cosine", sampling="uniform", corpus="stdlib")
+
+
+def fresh_text_recipe(**changes: Any) -> TextRecipe:
+    """Issue 32's text recipe: constant rate after warm-up, the packages' sources, no window read twice,
+    512 validation windows (the first release's other settings unless ``changes`` says otherwise)."""
+    base = dict(schedule="constant", sampling="disjoint", corpus="packages", val_windows=512, warmup=50)
+    return TextRecipe(**{**base, **changes})
+
+
+def text_corpus(recipe: TextRecipe, cache: Optional[Path] = None) -> Corpus:
+    """The corpus ``recipe.corpus`` names, of ``recipe.corpus_budget`` bytes."""
+    if recipe.corpus == "packages":
+        return packages_corpus(recipe.corpus_budget, cache=cache)
+    return stdlib_corpus(recipe.corpus_budget, cache=cache)
 
 
 @dataclass(frozen=True)
@@ -79,7 +114,8 @@ class VisionRecipe:
 def recipe_fingerprint(recipe: Union[TextRecipe, VisionRecipe], corpus_sha256: str = "") -> str:
     """sha256 (16 hex) of one domain's recipe, its data (the corpus, for text) and ``RECIPE_VERSION``:
     what a run of that domain is bound to."""
-    ident = json.dumps(dict(kind=type(recipe).__name__, recipe=asdict(recipe), corpus=corpus_sha256,
+    fields = {k: v for k, v in asdict(recipe).items() if k not in _LEGACY or v != _LEGACY[k]}
+    ident = json.dumps(dict(kind=type(recipe).__name__, recipe=fields, corpus=corpus_sha256,
                             version=RECIPE_VERSION), sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
@@ -88,9 +124,19 @@ def recipe_fingerprint(recipe: Union[TextRecipe, VisionRecipe], corpus_sha256: s
 
 
 def train_offsets(n_tokens: int, recipe: TextRecipe, seed: int) -> Tensor:
-    """[steps, batch] window starts, uniform over the training split; the seed's data order."""
+    """[steps, batch] window starts, the seed's data order: uniform over the training split, or
+    (``sampling="disjoint"``) distinct starts of the consecutive non-overlapping windows, drawn
+    without replacement."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, n_tokens - recipe.shape.context, (recipe.steps, recipe.batch), generator=gen)
+    context, need = recipe.shape.context, recipe.steps * recipe.batch
+    if recipe.sampling == "uniform":
+        return torch.randint(0, n_tokens - context, (recipe.steps, recipe.batch), generator=gen)
+    available = n_tokens // context
+    if available < need:
+        raise InputError(f"{recipe.steps} steps x {recipe.batch} windows of {context} bytes need {need * context} "
+                         f"training bytes read once; the split has {n_tokens} ({available} windows): raise "
+                         "corpus_budget or train fewer steps")
+    return (torch.randperm(available, generator=gen)[:need] * context).view(recipe.steps, recipe.batch)
 
 
 def windows(tokens: Tensor, starts: Tensor, context: int) -> Tensor:
@@ -125,6 +171,8 @@ def _text_schedule(recipe: TextRecipe):
     def factor(step: int) -> float:
         if step < recipe.warmup:
             return (step + 1) / recipe.warmup
+        if recipe.schedule == "constant":
+            return 1.0
         progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
         return recipe.final_lr_ratio + (1 - recipe.final_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return factor
@@ -228,13 +276,38 @@ def checkpoint_path(work: Path, task: Task) -> Path:
     return Path(work) / f"{task.domain}-{task.arm}-seed{task.seed}.pt"
 
 
-def _load_checkpoint(path: Path, fingerprint: str) -> Optional[dict]:
+KEYS = ("domain", "arm", "seed")  # with the recipe: what a checkpoint is keyed by
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint's state, read with ``weights_only``; a file that is not a whole checkpoint
+    (truncated, empty, another kind of file, a state without its keys) is a ``CheckpointError``."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a bad file
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__}: {str(err)[:120]}): "
+                              "it is truncated, empty or another kind of file; delete it to train that run "
+                              "afresh") from err
+    missing = [k for k in ("recipe", "step", "final_step", "model", *KEYS) if not isinstance(state, dict)
+               or k not in state]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}: not a checkpoint of this library's sink runs "
+                              "(or one written before checkpoints were keyed by arm); delete it to train afresh")
+    return state
+
+
+def _load_checkpoint(path: Path, fingerprint: str, task: Optional["Task"] = None) -> Optional[dict]:
     if not path.exists():
         return None
-    state = torch.load(path, weights_only=True)
+    state = read_checkpoint(path)
     if state.get("recipe") != fingerprint:
         raise StaleResultsError(f"{path} is a checkpoint of recipe {state.get('recipe')}, not of this run's "
                                 f"{fingerprint}: pass another work folder, or --overwrite to start afresh")
+    if task is not None:
+        found, wanted = {k: state[k] for k in KEYS}, {k: getattr(task, k) for k in KEYS}
+        if found != wanted:
+            raise CheckpointError(f"{path} is the checkpoint of {found}, not of this run's {wanted} (a renamed or "
+                                  "copied file): delete it, or put it back under its own name")
     return state
 
 
@@ -265,15 +338,20 @@ def run_arm(task: Task, work: Path, fingerprint: str, stop_after: Optional[int] 
     recipe, path = task.recipe, checkpoint_path(work, task)
     model = task.build()
     opt, sched = task.optimiser(model)
-    state = _load_checkpoint(path, fingerprint)
+    state = _load_checkpoint(path, fingerprint, task)
     if state is None:
-        state = dict(recipe=fingerprint, final_step=recipe.steps, runs=[], heads=[], layers=[])
+        state = dict(recipe=fingerprint, final_step=recipe.steps, runs=[], heads=[], layers=[],
+                     **{k: getattr(task, k) for k in KEYS})
         _record(task, model, 0, fingerprint, state, 0.0)
         _save(path, state, model, opt, sched, 0, 0.0)
     else:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
+        try:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"{path} does not fit the {task.domain} arm {task.arm!r}'s model or optimiser "
+                                  f"({str(err)[:160]}): delete it to train that run afresh") from err
     step, seconds, done = state["step"], state["seconds"], 0
     while step < recipe.steps and (stop_after is None or done < stop_after):
         start = time.perf_counter()

@@ -9,14 +9,18 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
-from interp.errors import StaleResultsError
+from interp.errors import CheckpointError, InputError, StaleResultsError
 from interp.models.sink_arms import LMShape
-from interp.training.corpus import Corpus, CorpusError, gather, stdlib_corpus
+from interp.training.corpus import Corpus, CorpusError, gather, packages_corpus, stdlib_corpus
 from interp.training.sink_results import check_results_folder, finished_states, write_tables
-from interp.training.sinks import TextRecipe, TextTask, VisionRecipe, checkpoint_path, recipe_fingerprint, run_arm
+from interp.training.sinks import (
+    TextRecipe, TextTask, VisionRecipe, _text_schedule, checkpoint_path, fresh_text_recipe, recipe_fingerprint, run_arm,
+    train_offsets,
+)
 
 SMALL = LMShape(n_layers=2, d_model=32, n_heads=4, d_ff=64, context=24)
 RECIPE = TextRecipe(shape=SMALL, steps=20, batch=4, warmup=4, every=10, val_windows=8, probe_windows=4)
@@ -108,7 +112,7 @@ def test_the_training_resumes_after_sigkill(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     task = TextTask("k_slot_v0", 2, RECIPE, CORPUS)
     assert torch.load(checkpoint_path(tmp_path / "killed", task), weights_only=True)["step"] == 10
-    assert not list((tmp_path / "killed").glob(".*.tmp")) or True  # a stray temporary is swept at the next write
+    assert not list((tmp_path / "killed").glob(".*.tmp"))  # killed after the save returned: nothing half-written
     resumed, state = run_arm(task, tmp_path / "killed", "k" * 16)
     whole, _ = run_arm(TextTask("k_slot_v0", 2, RECIPE, CORPUS), tmp_path / "whole", "k" * 16)
     assert [r["step"] for r in state["runs"]] == [0, 10, 20]
@@ -144,3 +148,71 @@ def test_the_corpus_is_deterministic_split_by_file_cached_and_checked(tmp_path, 
         gather(100, root)
     with pytest.raises(CorpusError, match="does not exist"):
         gather(10_000, tmp_path / "nowhere")
+
+
+def test_a_bad_checkpoint_is_one_clear_error_and_checkpoints_are_keyed_by_arm_and_seed(tmp_path):
+    slot = TextTask("kv_slot", 1, RECIPE, CORPUS)
+    run_arm(slot, tmp_path, "c" * 16, stop_after=10)  # checkpointed at step 10
+    good = checkpoint_path(tmp_path, slot).read_bytes()
+    other = TextTask("k_slot_v0", 1, RECIPE, CORPUS)  # another arm, same recipe and seed
+    path = checkpoint_path(tmp_path, other)
+    path.write_bytes(good)  # a copied or renamed file
+    with pytest.raises(CheckpointError, match="renamed or copied"):
+        run_arm(other, tmp_path, "c" * 16)
+    seed2 = TextTask("kv_slot", 2, RECIPE, CORPUS)  # another seed, same recipe and arm
+    checkpoint_path(tmp_path, seed2).write_bytes(good)
+    with pytest.raises(CheckpointError, match="renamed or copied"):
+        run_arm(seed2, tmp_path, "c" * 16)
+    checkpoint_path(tmp_path, seed2).unlink()
+    for damaged in (good[: len(good) // 2], b"", b"not a checkpoint"):
+        path.write_bytes(damaged)
+        with pytest.raises(CheckpointError, match="truncated, empty"):
+            run_arm(other, tmp_path, "c" * 16)
+        with pytest.raises(CheckpointError, match="truncated, empty"):
+            finished_states({"text": (tmp_path, "c" * 16)})
+    state = torch.load(checkpoint_path(tmp_path, slot), weights_only=True)
+    torch.save({k: v for k, v in state.items() if k != "arm"}, path)  # written before checkpoints had keys
+    with pytest.raises(CheckpointError, match="lacks arm"):
+        run_arm(other, tmp_path, "c" * 16)
+    torch.save(dict(state, arm="k_slot_v0"), path)  # keys edited: the weights still do not fit
+    with pytest.raises(CheckpointError, match="does not fit"):
+        run_arm(other, tmp_path, "c" * 16)
+    assert run_arm(slot, tmp_path, "c" * 16, stop_after=0)[1]["step"] == 10  # the good one still resumes
+
+
+def test_the_fresh_recipe_reads_no_window_twice_at_a_constant_rate():
+    fresh = fresh_text_recipe(shape=SMALL, steps=20, batch=4, warmup=4)
+    starts = train_offsets(20 * 4 * 24 + 23, fresh, 0).flatten()
+    assert len(set(starts.tolist())) == 80 and (starts % 24 == 0).all() and int(starts.max()) + 24 <= 20 * 4 * 24 + 23
+    assert not torch.equal(starts, train_offsets(20 * 4 * 24 + 23, fresh, 1).flatten())
+    with pytest.raises(InputError, match="raise corpus_budget"):
+        train_offsets(20 * 4 * 24 - 1, fresh, 0)
+    constant, cosine = _text_schedule(fresh), _text_schedule(RECIPE)
+    assert [constant(s) for s in (0, 3, 4, 19)] == [0.25, 1.0, 1.0, 1.0]
+    assert cosine(4) == 1.0 and cosine(19) < 0.2
+    with pytest.raises(InputError, match="schedule must be one of"):
+        TextRecipe(schedule="linear")
+    # the first release's recipe keeps its fingerprint: it is the one its shipped results carry
+    old = Path(__file__).resolve().parents[2] / "docs" / "results" / "sinks"
+    sha = json.loads((old / "corpus.json").read_text())["sha256"]
+    runs = pd.read_csv(old / "runs.csv")
+    assert set(runs[runs.domain == "text"].recipe) == {recipe_fingerprint(TextRecipe(), sha)}
+    assert recipe_fingerprint(fresh_text_recipe(), sha) != recipe_fingerprint(TextRecipe(), sha)
+
+
+def test_the_packages_corpus_keeps_each_text_once_and_names_a_missing_package(tmp_path):
+    root = tmp_path / "site"
+    for rel, text in [("alpha/a.py", "a = 1\n"), ("alpha/copy.py", "a = 1\n"), ("alpha/tests/t.py", "t\n"),
+                      ("beta/b.py", "b = 2\n"), *[(f"beta/m{i}.py", f"m = {i}\n") for i in range(30)]]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    corpus = packages_corpus(10_000, ("alpha", "beta"), root, cache=tmp_path / "cache")
+    paths = [f["path"] for f in corpus.record["files"]]
+    assert len(paths) == 32 and "alpha/tests/t.py" not in paths  # one of a.py / copy.py: the same bytes
+    assert len({f["sha256"] for f in corpus.record["files"]}) == len(paths)
+    assert all(p.split("/")[0] in ("alpha", "beta") for p in paths)
+    assert set(corpus.record["packages"]) == {"alpha", "beta"}
+    again = packages_corpus(10_000, ("alpha", "beta"), root, cache=tmp_path / "cache")
+    assert again.sha256 == corpus.sha256
+    with pytest.raises(CorpusError, match="gamma are not installed"):
+        packages_corpus(10_000, ("alpha", "gamma"), root, cache=tmp_path / "cache")
