@@ -514,7 +514,9 @@ def test_a_sentence_is_still_text(ctx):
 
 def test_dinov2_takes_any_multiple_of_its_patch():
     dino = interp.load_model(tiny_hf_model("dinov2"), device="cpu")
-    interp.record_qkv(dino, [torch.randn(1, 3, 64, 64)], progress=False)
+    stats = interp.record_qkv(dino, [torch.randn(1, 3, 64, 64)], progress=False)
+    patch = dino.hf_model.config.patch_size  # 8; the config's image_size is 32
+    assert stats.count(0) == (64 // patch) ** 2 + 1  # every patch of the 64 x 64 image and the CLS token
 
 
 # ---- the command line ----------------------------------------------------------------------------------------

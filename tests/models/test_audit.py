@@ -158,7 +158,11 @@ def test_sliding_window_key_mask_is_hfs(name, config):
     mine, hf, patterns, masks = _decomposition_against_hf(name, config)
     for layer, (pattern, mask) in enumerate(zip(patterns, masks)):
         assert torch.equal(pattern > 0, mask.expand_as(pattern)), f"layer {layer}: key mask is not HF's"
-    assert any(not m.tril().all() for m in masks) or True
+    q, k = torch.arange(12)[:, None], torch.arange(12)[None, :]
+    causal, band = k <= q, (k <= q) & (q - k < config["sliding_window"])  # the window, independently of HF
+    kinds = ["window" if torch.equal(m[0, 0], band) else "causal" if torch.equal(m[0, 0], causal) else "?"
+             for m in masks]
+    assert "window" in kinds and "?" not in kinds, kinds  # the probe exercises the window (it bites at pos 12)
     assert torch.allclose(mine, hf, rtol=1e-5, atol=1e-9), (mine, hf)
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
 
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
 from interp.training.sink_report import findings_tables, massive_figure, sink_share_figure, table_figure
@@ -52,8 +51,11 @@ def test_runs_cover_every_arm_seed_and_checkpoint_of_one_recipe(runs):
 def test_intervals_and_paired_differences():
     x = [1.0, 2.0, 4.0]
     mean, lo, hi = t_interval(x)
-    half = stats.t.ppf(0.975, 2) * np.std(x, ddof=1) / np.sqrt(3)
-    assert (mean, lo, hi) == pytest.approx((7 / 3, 7 / 3 - half, 7 / 3 + half))
+    half = 4.303 * (7 / 3) ** 0.5 / 3 ** 0.5  # a printed t table's t(0.975, 2 df) x s / sqrt(n); s^2 = 7/3 by hand
+    assert (mean, lo, hi) == pytest.approx((7 / 3, 7 / 3 - half, 7 / 3 + half), abs=1e-3)
+    rng = np.random.default_rng(0)  # the property: 95% coverage of the true mean at n = 3 (a z-interval: ~80%)
+    covered = [lo <= 1.0 <= hi for _, lo, hi in (t_interval(rng.normal(1.0, 2.0, 3)) for _ in range(2000))]
+    assert abs(np.mean(covered) - 0.95) < 0.02  # binomial sd 0.005
     assert np.isnan(t_interval([1.0])[1]) and np.isnan(t_interval([])[0])
     runs = pd.DataFrame([dict(domain="text", arm=a, seed=s, step=9, val_loss=v + s)
                          for a, v in (("none", 2.0), ("qkv", 1.5)) for s in range(3)])
