@@ -41,8 +41,8 @@ import torch  # noqa: E402
 from interp.io import atomic_path  # noqa: E402
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
-from interp.training.sink_report import findings_tables, massive_figure, model_card, sink_share_figure, \
-    table_figure  # noqa: E402
+from interp.training.sink_report import findings_tables, loss_figure, massive_figure, model_card, rerun_tables, \
+    sink_share_figure, table_figure  # noqa: E402
 from interp.training.sink_results import check_results_folder, run_all, summarise  # noqa: E402
 from interp.training.ngram import count_baseline  # noqa: E402
 from interp.training.sink_results import stopping_rule  # noqa: E402
@@ -94,7 +94,7 @@ def baseline_csv(out: Path, text: TextRecipe, corpus) -> pd.DataFrame:
     """``baseline.csv``: the count models on the recipe's split and validation windows (computed once
     per corpus and validation set; a file of another corpus is recomputed)."""
     path = out / "baseline.csv"
-    ident = f"{corpus.sha256[:16]}-{text.val_windows}x{text.shape.context}"
+    ident = f"{corpus.sha256[:16]}-{text.val_windows}x{text.shape.context}-orders1to7"
     if path.exists():
         found = pd.read_csv(path)
         if "data" in found and set(found.data) == {ident}:
@@ -139,9 +139,13 @@ def main() -> None:
         baseline_csv(out, text, text_corpus(text))
     summary = outputs(out, figures, scale, s.context)
     if (out / "baseline.csv").exists():
-        rule = stopping_rule(pd.read_csv(out / "runs.csv"), pd.read_csv(out / "baseline.csv"))
+        runs, baseline = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "baseline.csv")
+        rule = stopping_rule(runs, baseline)
         with atomic_path(out / "rule.csv") as tmp:
             rule.to_csv(tmp, index=False)
+        with atomic_path(out / "rerun.md") as tmp:
+            tmp.write_text(rerun_tables(runs, pd.read_csv(out / "heads.csv"), baseline, rule) + "\n")
+        save_figure(loss_figure(runs, baseline, rule, scale), figures / "loss.png")
         print(rule.to_string(index=False))
     wall = time.perf_counter() - start
     runs = pd.read_csv(out / "runs.csv")

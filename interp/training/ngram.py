@@ -120,7 +120,7 @@ class KneserNey:
 DISCOUNTS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
 
-def count_baseline(train: np.ndarray, val_windows: np.ndarray, context: int, orders=(1, 2, 3, 4, 5, 6),
+def count_baseline(train: np.ndarray, val_windows: np.ndarray, context: int, orders=(1, 2, 3, 4, 5, 6, 7),
                    discounts=DISCOUNTS, held_out: float = 0.1) -> pd.DataFrame:
     """One row per order n: the discount tuned on the last ``held_out`` of ``train`` (counted on the
     rest; windows of ``context`` bytes, disjoint), then the model counted on all of ``train`` and

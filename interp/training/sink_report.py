@@ -17,6 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
+from interp.training.sink_results import t_interval
 
 ADDS = {
     ("text", "none"): "nothing (no q, k, v, o bias)",
@@ -263,3 +264,128 @@ def model_card(runs: pd.DataFrame, recipe: Any, fingerprint: str, corpus_sha256:
               "0.05 nats (`tests/training/test_sink_shipped.py`, slow). Intended use: studying attention sinks "
               "in a controlled setting; they are far too small to be useful language models."]
     return "\n".join(lines) + "\n"
+
+
+# ----- issue 32's text rerun: the count baseline, the stopping rule, every seed ----------------------------
+
+
+def _range(values: pd.Series, digits: int) -> str:
+    """``min-max`` over seeds: for quantities that cannot be negative (counts, masses, ratios), where a
+    t-interval over 2-3 seeds could reach below 0."""
+    lo, hi = float(values.min()), float(values.max())
+    return f"{lo:.{digits}f}" if lo == hi else f"{lo:.{digits}f}-{hi:.{digits}f}"
+
+
+def baseline_table(baseline: pd.DataFrame) -> str:
+    """The count models (``baseline.csv``): one row per order, the best in bold."""
+    lines = ["| count model: order n (bytes of context + 1) | Kneser-Ney discount (tuned on the last tenth of "
+             "the training split) | that tenth (nats/byte) | validation windows (nats/byte) |",
+             "| --- | --- | --- | --- |"]
+    for _, r in baseline.iterrows():
+        val = f"**{r.val_nats_per_byte:.3f}** (best)" if r.best else f"{r.val_nats_per_byte:.3f}"
+        lines.append(f"| {int(r.n)} | {r.discount:.2f} | {r.tune_nats_per_byte:.3f} | {val} |")
+    return "\n".join(lines)
+
+
+def seed_rows(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
+    """Long form, per text arm, seed and measured step: ``n_heads``, the heads sinking (mean mass
+    > 0.3) on the first byte and on the arm's own target (slot or sink token; NaN where none), the
+    largest head's mass on each, the validation loss and the largest max/median activation ratio."""
+    keys = ["arm", "seed", "step"]
+    h = heads[heads.domain == "text"].copy()
+    h["target"] = np.nan
+    for arm, cls in TARGET.items():
+        h.loc[h.arm == arm, "target"] = h.loc[h.arm == arm, f"mass_{cls}"]
+    g = h.groupby(keys)
+    frame = pd.DataFrame({
+        "n_heads": g.size(),
+        "sinks_first_byte": g.mass_first_text.apply(lambda m: int((m > 0.3).sum())),
+        "sinks_target": g.target.apply(lambda m: float((m > 0.3).sum()) if m.notna().all() else np.nan),
+        "largest_first_byte": g.mass_first_text.max(),
+        "largest_target": g.target.max(),
+    }).reset_index()
+    r = runs[runs.domain == "text"][keys + ["val_loss", "max_over_median"]]
+    return frame.merge(r, on=keys, how="left")
+
+
+def rerun_tables(runs: pd.DataFrame, heads: pd.DataFrame, baseline: pd.DataFrame, rule: pd.DataFrame) -> str:
+    """Issue 32's text rerun as markdown, from its CSVs: the count models, every seed at the last step
+    (stopping rule, sink-head counts, largest heads, activation ratio at step 0 and at the end), the
+    means over seeds (validation loss: t-intervals; counts and masses, which cannot be negative:
+    the range over seeds) and the verdict line the rule allows."""
+    rows = seed_rows(runs, heads)
+    last_step, arms = int(rows.step.max()), [a for a in TEXT_ARMS if a in set(rows.arm)]
+    last, first = rows[rows.step == last_step], rows[rows.step == 0].set_index(["arm", "seed"])
+    rule = rule.set_index(["arm", "seed"])
+    n_heads = int(rows.n_heads.max())
+    target = float(rule.target.iloc[0])
+    out = [baseline_table(baseline), "",
+           f"Every run at step {last_step} (stopping rule: validation loss at or below the best count model "
+           f"- {float(rule.margin.iloc[0]):.1f} = {target:.3f} nats/byte):", "",
+           f"| arm | seed | validation loss (nats/byte) | rule met | heads sinking on the first byte (of {n_heads}) "
+           f"| on the slot / sink token (of {n_heads}) | largest head on the first byte | on the slot / sink token "
+           "| max / median activation: step 0 -> last |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm in arms:
+        for _, r in last[last.arm == arm].sort_values("seed").iterrows():
+            met = rule.loc[(arm, r.seed)]
+            tgt = "-" if np.isnan(r.sinks_target) else str(int(r.sinks_target))
+            out.append(f"| `{arm}` | {int(r.seed)} | {r.val_loss:.3f} | {'yes' if met.met else 'no'} | "
+                       f"{int(r.sinks_first_byte)} | {tgt} | {r.largest_first_byte:.3f} | {_num(r.largest_target)} | "
+                       f"{first.loc[(arm, r.seed)].max_over_median:.1f} -> {r.max_over_median:.1f} |")
+    out += ["", f"Over seeds at step {last_step} (validation loss: mean [95% t-interval]; counts and masses: "
+            "range over seeds, since a t-interval over so few seeds would reach below 0):", "",
+            "| arm | seeds | validation loss | paired difference to `none` | heads sinking on the first byte "
+            "| on the slot / sink token | largest head on the first byte | on the slot / sink token |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    wide = last.pivot_table(index="seed", columns="arm", values="val_loss")
+    for arm in arms:
+        part = last[last.arm == arm]
+        m, lo, hi = _t(wide[arm])
+        d = "(reference)" if arm == "none" else (
+            "{:+.3f} [{:+.3f}, {:+.3f}]".format(*_t((wide[arm] - wide["none"]).dropna())) if "none" in wide else "-")
+        tgt = "-" if part.sinks_target.isna().all() else _range(part.sinks_target, 0)
+        big = "-" if part.largest_target.isna().all() else _range(part.largest_target, 3)
+        out.append(f"| `{arm}` | {len(part)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {d} | {_range(part.sinks_first_byte, 0)} "
+                   f"| {tgt} | {_range(part.largest_first_byte, 3)} | {big} |")
+    init = rows[rows.step == 0].max_over_median
+    out += ["", verdict_line(rule.reset_index(), baseline) + f" Max / median activation at initialisation: "
+            f"{_range(init, 1)} over every run (the noise floor of that ratio for this model and probe)."]
+    return "\n".join(out)
+
+
+def _t(values: pd.Series) -> tuple[float, float, float]:
+    return t_interval(values.dropna())
+
+
+def verdict_line(rule: pd.DataFrame, baseline: pd.DataFrame) -> str:
+    """What the stopping rule allows: a verdict only where every run met it."""
+    best = baseline.loc[baseline.val_nats_per_byte.idxmin()]
+    met = int(rule.met.sum())
+    head = (f"Best count model: order {int(best.n)}, {best.val_nats_per_byte:.3f} nats/byte; the rule's target "
+            f"{float(rule.target.iloc[0]):.3f}; met by {met} of {len(rule)} runs (lowest validation loss "
+            f"{rule.val_loss.min():.3f}).")
+    if met == len(rule):
+        return head + " Every run met the rule: the sink counts above may be read as a verdict at this scale."
+    return head + " No verdict: the networks did not get far enough past the count model for an absent sink " \
+                  "to mean anything."
+
+
+def loss_figure(runs: pd.DataFrame, baseline: pd.DataFrame, rule: pd.DataFrame, scale: str) -> plt.Figure:
+    """Validation loss vs step per text arm and seed, with the best count model and the stopping
+    rule's target (``baseline.csv``, ``rule.csv``) as horizontal lines."""
+    text = runs[runs.domain == "text"]
+    best = baseline.loc[baseline.val_nats_per_byte.idxmin()]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    sns.lineplot(data=text, x="step", y="val_loss", hue="arm", units="seed", estimator=None, marker="o",
+                 hue_order=[a for a in TEXT_ARMS if a in set(text.arm)], ax=ax)
+    ax.axhline(float(best.val_nats_per_byte), color="0.3", ls="--", lw=1,
+               label=f"best count model (order {int(best.n)}, Kneser-Ney)")
+    ax.axhline(float(rule.target.iloc[0]), color="firebrick", ls=":", lw=1.2,
+               label=f"stopping rule: {float(rule.margin.iloc[0]):.1f} below it")
+    ax.set_ylim(max(0.0, float(rule.target.iloc[0]) - 0.2), min(float(text.val_loss.max()), 3.5) + 0.1)
+    ax.set_xlabel("training step (optimiser updates)")
+    ax.set_ylabel("validation loss (nats per byte)")
+    ax.set_title(f"Text arms against the count-model baseline ({scale}); one line per seed", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
