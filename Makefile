@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_VERBOSITY = error
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup models demo notebooks notebooks-docs lint install-check test test-fast clean-cache
+.PHONY: setup models demo notebooks notebooks-docs lint install-check test test-fast test-integration clean-cache
 
 setup: $(STAMP)
 
@@ -40,11 +40,16 @@ lint: setup
 install-check: setup
 	bash .ci/install_check.sh
 
+# Every tier (unit, integration, slow; tests/conftest.py) and every notebook, on two workers.
 test: models lint install-check
-	$(PY) -m pytest -q -ra --nbmake tests notebooks
+	$(PY) -m pytest -q -ra -n 2 --dist worksteal --tier all --nbmake tests notebooks
 
+# The unit tier alone (a bare `pytest` runs the same); test-integration adds processes, notebooks, training.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist worksteal --tier unit
+
+test-integration: setup
+	$(PY) -m pytest -q -n 2 --dist worksteal --tier integration --nbmake tests notebooks
 
 clean-cache:
 	rm -rf .cache/interp

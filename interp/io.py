@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
+import signal
 import tempfile
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 import pandas as pd
 from safetensors import SafetensorError
@@ -20,6 +22,18 @@ PathLike = Union[str, os.PathLike]
 
 class OutputError(InterpError, OSError):
     """An output file or folder could not be written (read-only path, full disk, ...)."""
+
+
+FAULT_ENV = "INTERP_FAULT"
+
+
+def fault_point(name: str) -> None:
+    """Crash tests' hook: when ``$INTERP_FAULT`` equals ``name``, this process kills itself (SIGKILL)
+    here, so a test hits the worst moment every time instead of racing a timer. Names in use:
+    ``before-replace:<file name>`` (a whole temporary written, not yet renamed over the file) and
+    ``after-row:<n>`` (the n-th result row appended to an ablation log)."""
+    if os.environ.get(FAULT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _why(exc: BaseException) -> str:
@@ -62,6 +76,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode
+            fault_point(f"before-replace:{path.name}")
             os.replace(tmp_path, path)
         except (OSError, SafetensorError) as exc:
             raise OutputError(f"writing {path} failed ({_why(exc)}); nothing was written: {_fix(path, exc)}") from None
@@ -106,22 +121,79 @@ def write_table(df: pd.DataFrame, stem: PathLike) -> tuple[Path, Path]:
 
 STARTED = ".interp-started"  # touched when a command begins writing: its mtime bounds what the command wrote
 MANIFEST = "manifest.json"
-_begun: set[Path] = set()  # folders this process has begun (the demo begins twice: the first start counts)
+_begun: dict[Path, str] = {}  # folders this process has begun, with the command writing there (the first start counts)
 
 
-def begin_outputs(out: PathLike) -> None:
-    """Remove ``out``'s manifest before writing (until the new one lands, the folder is incomplete) and
-    mark the start, so that the manifest lists only files this command wrote, not earlier commands' files."""
+def manifest_entries(out: PathLike) -> list[dict]:
+    """Every command's entry in ``out``'s manifest (``command``, ``meta``, ``files``), oldest first; a manifest
+    of one command (the format before ``commands``) is one entry; none, or one interp did not write: []."""
+    path = Path(out) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return []
+    if not isinstance(manifest, dict):
+        return []
+    entries = manifest.get("commands")
+    if entries is None and isinstance(manifest.get("meta"), dict):
+        entries = [dict(command=manifest["meta"].get("command"), meta=manifest["meta"],
+                        files=manifest.get("files") or {})]
+    return [e for e in entries or [] if isinstance(e, dict) and isinstance(e.get("files", {}), dict)]
+
+
+def write_manifest_entries(out: PathLike, entries: list[dict]) -> Optional[Path]:
+    """``out``'s manifest holding ``entries`` (the last one's ``meta`` and ``files`` also at the top, where
+    readers of one command's manifest look), written atomically; removed when there are none."""
+    path = Path(out) / MANIFEST
+    if not entries:
+        path.unlink(missing_ok=True)
+        return None
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(dict(meta=entries[-1]["meta"], files=entries[-1]["files"], commands=entries),
+                                  indent=2))
+    return path
+
+
+def begin_outputs(out: PathLike, command: Optional[str] = None) -> None:
+    """Start ``command`` writing into ``out``: its entry in the folder's manifest is removed (until its new
+    one lands, its part of the folder is incomplete; other commands' entries stay), and the start is marked,
+    so that its entry lists only files it wrote, not earlier commands' files. A second begin of the same
+    command in one process (the demo begins twice) keeps the first start."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        if out.resolve() not in _begun:
+        begun = _begun.get(out.resolve())
+        if begun is None or (command and begun and command != begun):  # a new command (another one: anew)
             (out / STARTED).unlink(missing_ok=True)
             (out / STARTED).touch()
-            _begun.add(out.resolve())
-        (out / MANIFEST).unlink(missing_ok=True)
+            _begun[out.resolve()] = command or ""
+        mine = _begun[out.resolve()] = _begun[out.resolve()] or command or ""
+        entries = manifest_entries(out)
+        kept = [e for e in entries if e.get("command") != mine and e.get("command")]
+        if len(kept) != len(entries) or (not entries and (out / MANIFEST).exists()):  # {}: not ours, stale
+            write_manifest_entries(out, kept)
     except OSError as exc:
         raise OutputError(f"cannot write to output folder {out}: {exc.strerror or exc}") from None
+
+
+def command_of(out: PathLike) -> str:
+    """The command this process began in ``out`` ("" when none was named or none began)."""
+    return _begun.get(Path(out).resolve(), "")
+
+
+def refuse_overwriting(out: PathLike, names: list[str], command: str) -> None:
+    """Refuse to write files ``names`` into ``out`` where another command's manifest entry lists one: its
+    results would be replaced and then blamed on this command's data. Nothing is written."""
+    for entry in manifest_entries(out):
+        if entry.get("command") and entry.get("command") != command:
+            taken = sorted(set(names) & set(entry.get("files", {})))
+            if taken:
+                more = f", with {len(taken) - 1} more of its files" if len(taken) > 1 else ""
+                raise OutputError(
+                    f"{Path(out) / taken[0]} holds the results of 'interp {entry['command']}' (listed in "
+                    f"{Path(out) / MANIFEST}{more}); "
+                    f"'{command or 'this command'}' would replace them: choose another --out folder, or remove "
+                    "that command's files and its entry first")
 
 
 def written_since_begin(out: PathLike) -> list[Path]:
@@ -135,4 +207,4 @@ def written_since_begin(out: PathLike) -> list[Path]:
 
 def forget_outputs(out: PathLike) -> None:
     """This command is done with ``out``: the next ``begin_outputs`` starts a new command there."""
-    _begun.discard(Path(out).resolve())
+    _begun.pop(Path(out).resolve(), None)

@@ -1,17 +1,16 @@
 """Faults: killed sweeps resume to identical results; unwritable outputs fail cleanly."""
 
 import errno
-import random
+import os
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
 
 import interp
-from interp.io import OutputError, write_table
+from interp.io import FAULT_ENV, OutputError, write_table
 from interp.models import tiny_hf_model, tiny_inputs
 from interp.record import record_qkv
 from interp.stats import QKVStats
@@ -20,53 +19,42 @@ CMD = [sys.executable, "-m", "interp.cli", "ablate", "--model", "digits-vit", "-
        "--kinds", "q,k,v", "--max-batches", "2"]
 
 
+def _killed_at(cmd: list, fault: str) -> None:
+    """Run ``cmd`` with the fault point ``fault`` armed (interp.io.fault_point): it must die by SIGKILL there."""
+    proc = subprocess.run(cmd, capture_output=True, timeout=600, env={**os.environ, FAULT_ENV: fault})
+    assert proc.returncode == -signal.SIGKILL, f"{fault} was never reached: the kill tested nothing"
+
+
 def test_sweep_killed_with_sigkill_resumes_to_identical_results(tmp_path):
+    """SIGKILL after the 2nd, 5th and 9th result rows (three runs), then a run to the end: the table
+    equals an uninterrupted run's."""
     straight = tmp_path / "straight"
     subprocess.run(CMD + ["--out", str(straight)], check=True, capture_output=True, timeout=600)
     resumed = tmp_path / "resumed"
     log = resumed / "ablation.jsonl"
-    rng = random.Random(0)
-    kills = 0
-    for _ in range(3):
-        done_before = len(log.read_text().splitlines()) if log.exists() else 0
-        proc = subprocess.Popen(CMD + ["--out", str(resumed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # kill at a random moment once this run has finished some variants (mid-sweep)
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < deadline:
-            if log.exists() and len(log.read_text().splitlines()) > done_before:
-                time.sleep(rng.uniform(0.0, 0.5))
-                break
-            time.sleep(0.05)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait()
+    for rows in (2, 5, 9):
+        _killed_at(CMD + ["--out", str(resumed)], f"after-row:{rows}")
+        assert len(log.read_text().splitlines()) == 1 + rows  # the header and every row before the kill
     subprocess.run(CMD + ["--out", str(resumed)], check=True, capture_output=True, timeout=600)
-    assert kills >= 1
     a = pd.read_csv(straight / "ablation.csv")
     b = pd.read_csv(resumed / "ablation.csv")
+    assert len(a) > 9
     pd.testing.assert_frame_equal(a, b)
     assert not [p for p in resumed.rglob("*.tmp")]
 
 
 def test_recording_killed_leaves_no_partial_file_and_rerun_is_identical(tmp_path):
+    """SIGKILL at the worst moment: the statistics fully written to a temporary, not yet renamed."""
     cmd = [sys.executable, "-m", "interp.cli", "record", "--model", "digits-vit", "--data", "digits"]
     ref = tmp_path / "ref"
-    start = time.monotonic()
     subprocess.run(cmd + ["--out", str(ref)], check=True, capture_output=True, timeout=600)
-    took = time.monotonic() - start
     out = tmp_path / "killed"
-    proc = subprocess.Popen(cmd + ["--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.6 * took)  # most of the way through a run like the reference one
-    assert proc.poll() is None, "record had already exited: the kill tested nothing"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
     stats_file = out / "qkv_stats.safetensors"
-    a = QKVStats.load(ref / "qkv_stats.safetensors")
-    if stats_file.exists():  # written before the kill: then whole, and equal to the reference
-        _assert_same(a, QKVStats.load(stats_file))
+    _killed_at(cmd + ["--out", str(out)], f"before-replace:{stats_file.name}")
+    assert not stats_file.exists() and list(out.glob(f".{stats_file.name}.*.tmp"))  # only the temporary
     subprocess.run(cmd + ["--out", str(out)], check=True, capture_output=True, timeout=600)
-    _assert_same(a, QKVStats.load(stats_file))
+    _assert_same(QKVStats.load(ref / "qkv_stats.safetensors"), QKVStats.load(stats_file))
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
 
 
 def _assert_same(a: QKVStats, b: QKVStats) -> None:

@@ -201,7 +201,7 @@ def test_interp_record_under_torchrun_equals_one_process(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     base = [sys.executable, "-m", "interp.cli", "record", "--model", "digits-vit", "--data", "digits", "--max-batches", "6"]
     subprocess.run(base + ["--out", str(tmp_path / "one")], check=True, capture_output=True, timeout=600)
-    r = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "interp.cli", "record", "--model", "digits-vit",
+    r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "interp.cli", "record", "--model", "digits-vit",
                         "--data", "digits", "--max-batches", "6", "--out", str(tmp_path / "two")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -235,7 +235,7 @@ def test_interp_record_on_an_image_folder_under_torchrun_equals_one_process(tmp_
                         timeout=600)
     assert r1.returncode == 0, r1.stderr[-2000:]
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    r2 = subprocess.run([torchrun, "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
+    r2 = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
                         capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stderr[-2000:]
     assert "skipped 1 unreadable item(s)" in r1.stdout and "skipped 1 unreadable item(s)" in r2.stdout

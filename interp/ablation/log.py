@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from interp.errors import StaleResultsError
-from interp.io import append_line, atomic_path
+from interp.io import append_line, atomic_path, fault_point
 
 HEADER = "_fingerprint"
 
@@ -77,3 +77,4 @@ class ResultLog:
         if self.path is None:
             return
         append_line(self.path, json.dumps(row))
+        fault_point(f"after-row:{len(self.rows)}")

@@ -261,7 +261,7 @@ def test_interp_ablate_under_torchrun_equals_one_process(tmp_path):
                         timeout=600, env=env)
     assert r1.returncode == 0, r1.stderr[-2000:]
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    r2 = subprocess.run([torchrun, "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
+    r2 = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
                         capture_output=True, text=True, timeout=600, env=env)
     assert r2.returncode == 0, r2.stderr[-2000:]
     one = pd.read_parquet(tmp_path / "one" / "ablation.parquet")
