@@ -82,7 +82,7 @@ def test_another_recipe_is_refused_never_mixed(tmp_path):
 
 
 KILLED = textwrap.dedent("""
-    import sys, time, torch
+    import sys, torch
     torch.set_num_threads(1)
     import interp.training.sinks as sinks
     sys.path.insert(0, {tests!r})
@@ -91,7 +91,7 @@ KILLED = textwrap.dedent("""
     def slow_save(path, state, model, opt, sched, step, seconds):
         save(path, state, model, opt, sched, step, seconds)
         print("saved", step, flush=True)
-        time.sleep(0.3)
+        sys.stdin.readline()  # held here until the test says go on (or kills it): no race with a timer
     sinks._save = slow_save
     sinks.run_arm(sinks.TextTask("k_slot_v0", 2, RECIPE, CORPUS), {work!r}, "k" * 16)
 """)
@@ -102,12 +102,14 @@ def test_the_training_resumes_after_sigkill(tmp_path):
     """A real SIGKILL of the training process after its step-10 checkpoint; the rerun ends where an
     uninterrupted run ends, bit for bit."""
     code = KILLED.format(tests=str(Path(__file__).parent), work=str(tmp_path / "killed"))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     for line in proc.stdout:
-        if line.strip() == "saved 10":
+        if line.strip() == "saved 10":  # the child waits right after this checkpoint: kill it there
             os.kill(proc.pid, signal.SIGKILL)
             break
+        proc.stdin.write("\n")
+        proc.stdin.flush()
     proc.wait(timeout=120)
     assert proc.returncode == -signal.SIGKILL
     task = TextTask("k_slot_v0", 2, RECIPE, CORPUS)
