@@ -43,9 +43,9 @@ class StaleResultsError(InterpError, ValueError):
     """A results folder holds results of another model, data or settings than this run's."""
 
 
-class CheckpointError(InterpError, ValueError):
+class CheckpointError(StaleResultsError):
     """A training checkpoint cannot be read (truncated, empty, not a checkpoint) or belongs to another
-    recipe, arm or seed than the run resuming from it."""
+    arm or seed than the run resuming from it (a ``StaleResultsError``, so one ``except`` catches both)."""
 
 
 class StepFailedError(InterpError, RuntimeError):
