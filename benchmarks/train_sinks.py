@@ -42,7 +42,7 @@ from interp.io import atomic_path  # noqa: E402
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
 from interp.training.sink_report import findings_tables, loss_figure, massive_figure, model_card, rerun_tables, \
-    sink_share_figure, table_figure  # noqa: E402
+    seed_table, sink_share_figure, table_figure  # noqa: E402
 from interp.training.sink_results import check_results_folder, run_all, summarise  # noqa: E402
 from interp.training.ngram import count_baseline  # noqa: E402
 from interp.training.sink_results import stopping_rule  # noqa: E402
@@ -84,6 +84,9 @@ def outputs(out: Path, figures: Path, scale: str, context: int) -> pd.DataFrame:
         summary.to_csv(tmp, index=False)
     with atomic_path(out / "tables.md") as tmp:
         tmp.write_text(findings_tables(summary) + "\n")
+    if (runs.domain == "text").any():
+        with atomic_path(out / "seeds.md") as tmp:
+            tmp.write_text(seed_table(runs, heads) + "\n")
     save_figure(sink_share_figure(runs, heads, scale, context), figures / "sink_share.png")
     save_figure(massive_figure(layers, scale), figures / "massive_activations.png")
     save_figure(table_figure(summary), figures / "table.png")

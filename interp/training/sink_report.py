@@ -308,35 +308,48 @@ def seed_rows(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
     return frame.merge(r, on=keys, how="left")
 
 
+def seed_table(runs: pd.DataFrame, heads: pd.DataFrame, rule: Optional[pd.DataFrame] = None) -> str:
+    """Every text run at the last step (markdown): validation loss, whether it met the stopping rule
+    (with ``rule``), the heads sinking (mean mass > 0.3) on the first byte and on the slot or sink
+    token, the largest head's mass on each, and the max / median activation ratio at step 0 and at
+    the end (step 0 is that ratio's noise floor: an untrained model's)."""
+    rows = seed_rows(runs, heads)
+    last_step = int(rows.step.max())
+    last, first = rows[rows.step == last_step], rows[rows.step == 0].set_index(["arm", "seed"])
+    n_heads = int(rows.n_heads.max())
+    met = ["rule met | "] if rule is not None else [""]
+    out = [f"| arm | seed | validation loss (nats/byte) | {met[0]}heads sinking on the first byte (of {n_heads}) "
+           f"| on the slot / sink token (of {n_heads}) | largest head on the first byte | on the slot / sink token "
+           "| max / median activation: step 0 -> last |",
+           "| --- | --- | --- | " + ("--- | " if rule is not None else "") + "--- | --- | --- | --- | --- |"]
+    rule = rule.set_index(["arm", "seed"]) if rule is not None else None
+    for arm in [a for a in TEXT_ARMS if a in set(last.arm)]:
+        for _, r in last[last.arm == arm].sort_values("seed").iterrows():
+            cell = "" if rule is None else ("yes | " if rule.loc[(arm, r.seed)].met else "no | ")
+            tgt = "-" if np.isnan(r.sinks_target) else str(int(r.sinks_target))
+            out.append(f"| `{arm}` | {int(r.seed)} | {r.val_loss:.3f} | {cell}{int(r.sinks_first_byte)} | {tgt} | "
+                       f"{r.largest_first_byte:.3f} | {_num(r.largest_target)} | "
+                       f"{first.loc[(arm, r.seed)].max_over_median:.1f} -> {r.max_over_median:.1f} |")
+    return "\n".join(out)
+
+
 def rerun_tables(runs: pd.DataFrame, heads: pd.DataFrame, baseline: pd.DataFrame, rule: pd.DataFrame) -> str:
     """Issue 32's text rerun as markdown, from its CSVs: the count models, every seed at the last step
-    (stopping rule, sink-head counts, largest heads, activation ratio at step 0 and at the end), the
-    means over seeds (validation loss: t-intervals; counts and masses, which cannot be negative:
-    the range over seeds) and the verdict line the rule allows."""
+    (``seed_table`` with the stopping rule), the means over seeds (validation loss: t-intervals;
+    counts and masses, which cannot be negative: the range over seeds) and the verdict line the rule
+    allows."""
     rows = seed_rows(runs, heads)
     last_step, arms = int(rows.step.max()), [a for a in TEXT_ARMS if a in set(rows.arm)]
-    last, first = rows[rows.step == last_step], rows[rows.step == 0].set_index(["arm", "seed"])
-    rule = rule.set_index(["arm", "seed"])
-    n_heads = int(rows.n_heads.max())
+    last = rows[rows.step == last_step]
     target = float(rule.target.iloc[0])
     out = [baseline_table(baseline), "",
            f"Every run at step {last_step} (stopping rule: validation loss at or below the best count model "
-           f"- {float(rule.margin.iloc[0]):.1f} = {target:.3f} nats/byte):", "",
-           f"| arm | seed | validation loss (nats/byte) | rule met | heads sinking on the first byte (of {n_heads}) "
-           f"| on the slot / sink token (of {n_heads}) | largest head on the first byte | on the slot / sink token "
-           "| max / median activation: step 0 -> last |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for arm in arms:
-        for _, r in last[last.arm == arm].sort_values("seed").iterrows():
-            met = rule.loc[(arm, r.seed)]
-            tgt = "-" if np.isnan(r.sinks_target) else str(int(r.sinks_target))
-            out.append(f"| `{arm}` | {int(r.seed)} | {r.val_loss:.3f} | {'yes' if met.met else 'no'} | "
-                       f"{int(r.sinks_first_byte)} | {tgt} | {r.largest_first_byte:.3f} | {_num(r.largest_target)} | "
-                       f"{first.loc[(arm, r.seed)].max_over_median:.1f} -> {r.max_over_median:.1f} |")
-    out += ["", f"Over seeds at step {last_step} (validation loss: mean [95% t-interval]; counts and masses: "
-            "range over seeds, since a t-interval over so few seeds would reach below 0):", "",
-            "| arm | seeds | validation loss | paired difference to `none` | heads sinking on the first byte "
-            "| on the slot / sink token | largest head on the first byte | on the slot / sink token |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           f"- {float(rule.margin.iloc[0]):.1f} = {target:.3f} nats/byte):", "", seed_table(runs, heads, rule),
+           "", f"Over seeds at step {last_step} (validation loss: mean [95% t-interval]; counts and masses: "
+           "range over seeds, since a t-interval over so few seeds would reach below 0):", "",
+           "| arm | seeds | validation loss | paired difference to `none` | heads sinking on the first byte "
+           "| on the slot / sink token | largest head on the first byte | on the slot / sink token |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     wide = last.pivot_table(index="seed", columns="arm", values="val_loss")
     for arm in arms:
         part = last[last.arm == arm]
@@ -348,7 +361,7 @@ def rerun_tables(runs: pd.DataFrame, heads: pd.DataFrame, baseline: pd.DataFrame
         out.append(f"| `{arm}` | {len(part)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {d} | {_range(part.sinks_first_byte, 0)} "
                    f"| {tgt} | {_range(part.largest_first_byte, 3)} | {big} |")
     init = rows[rows.step == 0].max_over_median
-    out += ["", verdict_line(rule.reset_index(), baseline) + f" Max / median activation at initialisation: "
+    out += ["", verdict_line(rule, baseline) + f" Max / median activation at initialisation: "
             f"{_range(init, 1)} over every run (the noise floor of that ratio for this model and probe)."]
     return "\n".join(out)
 
