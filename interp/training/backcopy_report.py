@@ -99,6 +99,28 @@ def gate_table(gate: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def dormancy_table(heads: pd.DataFrame, step: int) -> str:
+    """Per arm at ``step``, the heads sinking on the arm's sink (``TARGET``) and the others, over all
+    seeds: their mean mass on the sink from the trigger queries (where the copy has work) and from
+    the other queries, and on the previous token from the trigger queries (the token to copy)."""
+    head = ["arm", "heads (all seeds)", "n", "mass on its sink: after a trigger / elsewhere",
+            "mass on the previous token after a trigger"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    at = heads[heads.step == step]
+    for arm in [a for a in ARMS if a in set(at.arm)]:
+        part, target = at[at.arm == arm], TARGET[arm]
+        sinking = part[f"mass_{target}"] > SINK_THRESHOLD
+        for name, group in (("sinking", part[sinking]), ("the others", part[~sinking])):
+            cells = [f"`{arm}`", name, str(len(group))]
+            if len(group):
+                cells += [f"{group[f'mass_{target}_active'].mean():.3f} / {group[f'mass_{target}_dormant'].mean():.3f}",
+                          f"{group.mass_prev_active.mean():.3f}"]
+            else:
+                cells += ["-", "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def findings_tables(runs: pd.DataFrame, heads: pd.DataFrame, gate: pd.DataFrame) -> str:
     """The three tables ``docs/findings.md`` section 4d quotes, at the step every run has reached."""
     step = common_step(runs)
@@ -107,6 +129,7 @@ def findings_tables(runs: pd.DataFrame, heads: pd.DataFrame, gate: pd.DataFrame)
     return (f"At step {step} ({n} seeds; a head sinks when its mean attention there exceeds {SINK_THRESHOLD}; "
             "8 heads per model, 4 per layer):\n\n" + main_table(runs, heads, step)
             + "\n\nHeads sinking, per seed, during training:\n\n" + trajectory_table(runs, steps)
+            + f"\n\nWhere the heads look at step {step} (means over heads):\n\n" + dormancy_table(heads, step)
             + "\n\nThe causal check: the slot's gate at -inf (the slot removed exactly), same held-out sequences:\n\n"
             + gate_table(gate))
 
