@@ -299,3 +299,55 @@ def test_findings_implicit_table_equals_its_csvs(model):
     else:
         top = _largest(massive[massive.identity.fillna("") == ""])
         assert [agrees(q, v) for q, v in zip(numbers(cells[6]), (abs(top.delta), top.layer))] == [True] * 2
+
+
+def test_findings_smollm2_high_norm_sentence_equals_its_csv():
+    """Findings 4b's prose on SmolLM2's high-norm tokens (issue 31: it said "40 to 177 times from layer 12 on",
+    but layer 29's is 15x, and "0.54 of a head's attention", which is over every high-norm token, not the first
+    token's from layer 12): every number is read from sinks_high_norm.csv."""
+    hn = pd.read_csv(RESULTS / "smollm2-135m" / "sinks_high_norm.csv")
+    rows = hn.dropna(subset=["norm"])
+    text = " ".join(FINDINGS[FINDINGS.index("SmolLM2's high-norm tokens are its sink"):].split()[:90])
+    said = re.search(r"from layer (\d+) on, the first token of every window .* has a norm (\d+) to (\d+) times the "
+                     r"layer's median \(the layer's largest: (\d+) at layer (\d+), falling layer by layer to (\d+) at "
+                     r"layer (\d+) and (\d+) at layer (\d+)\) and receives on average ([\d.]+) of a head's attention, "
+                     r"(\d+) times an average token's share \(([\d.]+) over all high-norm tokens, the table's cell\); "
+                     r"layers (\d+) to (\d+) also carry (\d+) to (\d+) milder ones \((\d+)-(\d+)x\)", text)
+    assert said, text
+    (start, lo, hi, top, top_layer, late, late_layer, last, last_layer, mass, times, mass_all, mild_a, mild_b,
+     n_lo, n_hi, r_lo, r_hi) = said.groups()
+    first = rows[rows.layer >= int(start)]
+    n_windows = rows.sequence.nunique()  # 2 batches of 4 windows; every window has high-norm tokens somewhere
+    per_layer = first.groupby("layer")
+    assert (first.position == 0).all() and (per_layer.sequence.nunique() == n_windows).all()  # every window's first
+    assert agrees(lo, first.ratio_to_median.min()) and agrees(hi, first.ratio_to_median.max())
+    largest = per_layer.ratio_to_median.max()
+    assert largest.is_monotonic_decreasing and largest.index[0] == int(start)
+    for q, layer in ((top, top_layer), (late, late_layer), (last, last_layer)):
+        assert agrees(q, largest[int(layer)]), (q, layer, largest[int(layer)])
+    assert int(last_layer) == largest.index[-1] == hn.layer.max()
+    assert agrees(mass, first.mass.mean()) and agrees(times, first.mass.mean() / hn.mass_mean.iloc[0])
+    assert agrees(mass_all, rows.mass.mean())
+    mild = rows[rows.layer.between(int(mild_a), int(mild_b))]
+    counts = mild.groupby("layer").size()
+    assert list(counts.index) == list(range(int(mild_a), int(mild_b) + 1)) and counts.index.max() < int(start)
+    assert agrees(n_lo, counts.min()) and agrees(n_hi, counts.max())
+    assert agrees(r_lo, mild.ratio_to_median.min()) and agrees(r_hi, mild.ratio_to_median.max())
+
+
+def test_readme_key_prior_cls_sentence_equals_origin_shift_csv():
+    """README's DINOv2 key-prior row (issue 31: it said "median 0.16" where the CSV's median is 0.150): the
+    largest cos(u, CLS) and its head, the count above 0.5, the median, and MiniLM's largest |cos(u, position)|."""
+    said = re.search(r"cos\(u, CLS\) ([\d.]+) at layer (\d+) head (\d+), above 0\.5 in (\d+) of (\d+) heads \(median "
+                     r"([\d.]+)\); MiniLM's u reaches cos ([\d.]+) with a position embedding \(layer (\d+) head (\d+)\)",
+                     README)
+    assert said
+    top, layer, head, above, total, median, mini, mini_layer, mini_head = said.groups()
+    cos = pd.read_csv(RESULTS / "dinov2-s14" / "origin_shift.csv").dropna(subset=["cos_key_prior_cls"])
+    best = cos.loc[cos.cos_key_prior_cls.idxmax()]
+    assert agrees(top, best.cos_key_prior_cls) and (int(layer), int(head)) == (best.layer, best["head"])
+    assert int(above) == (cos.cos_key_prior_cls > 0.5).sum() and int(total) == len(cos)
+    assert agrees(median, cos.cos_key_prior_cls.median())
+    pos = pd.read_csv(RESULTS / "minilm-l6" / "origin_shift.csv").dropna(subset=["max_abs_cos_key_prior_pos"])
+    best = pos.loc[pos.max_abs_cos_key_prior_pos.idxmax()]
+    assert agrees(mini, best.max_abs_cos_key_prior_pos) and (int(mini_layer), int(mini_head)) == (best.layer, best["head"])
