@@ -13,12 +13,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from einops import rearrange
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from interp.checks import check_kinds, check_layers, inputs_checked_on_host
-from interp.data import iter_batches, model_inputs, to_device
+from interp.capture import stream_batches
+from interp.checks import check_kinds, check_layers
+from interp.data import Batch, to_device
 from interp.errors import InputError, InterpError
-from interp.fingerprint import DataHasher, model_fingerprint
+from interp.fingerprint import model_fingerprint
 from interp.heads import attention_weights
 from interp.hooks import attn_hook, hook_name
 from interp.models.bridge import InterpBridge, require_bridge
@@ -103,25 +103,19 @@ def record_qkv(
     state: dict[str, Any] = {"weight": None, "captured_bytes": 0}
     hooks = _hooks(stats, state, capture_limit_mb)
     device = next(model.parameters()).device
-    hasher = DataHasher()
-    n_batches = 0
-    with torch.no_grad():
-        for batch in tqdm(iter_batches(model, data, max_batches=max_batches), desc=f"record {info.name}",
-                          disable=not progress, unit="batch"):
-            batch.check(info)
-            hasher.update(batch)
-            mask = batch.attention_mask
-            state["weight"] = None if mask is None else _flat(to_device(mask, device))
-            x, kw = model_inputs(model, batch)
-            with inputs_checked_on_host():  # batch.check ran above; a check on the GPU would sync per batch
-                model.run_with_hooks(x, fwd_hooks=hooks, **kw)
-            n_batches += 1
-    if n_batches == 0:
-        raise InputError("data is empty: no batches to record")
+
+    def batch_hooks(batch: Batch) -> list[tuple[str, Callable]]:
+        """The statistics' hooks, weighting this batch's rows by its mask (set before its forward)."""
+        mask = batch.attention_mask
+        state["weight"] = None if mask is None else _flat(to_device(mask, device))
+        return hooks
+
+    _, data_fp = stream_batches(model, data, max_batches, [], hooks=batch_hooks, desc=f"record {info.name}",
+                                progress=progress)
     if stats.count(stats.layers[0]) == 0:
         raise InputError("no real tokens to record: every position of every batch is masked out (attention_mask all 0)")
     stats.check_finite()
-    stats.data_fingerprint = hasher.hexdigest()
+    stats.data_fingerprint = data_fp
     if stats.captured is not None:
         stats.captured = {k: [torch.cat(v)] if v else [] for k, v in stats.captured.items()}
     return stats

@@ -27,7 +27,7 @@ LAYERS = [
     ["interp.data.sources"], ["interp.data.builtin"], ["interp.data.iterate"],
     ["interp.data", "interp.fetch"],
     ["interp.stats_format"], ["interp.stats_dist"], ["interp.stats"],
-    ["interp.patching", "interp.record", "interp.prefix", "interp.analysis.origin_intervals"],
+    ["interp.patching", "interp.prefix"], ["interp.capture"], ["interp.record", "interp.analysis.origin_intervals"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log"],
     ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"], ["interp.analysis.high_norm"],

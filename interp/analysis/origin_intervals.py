@@ -6,8 +6,8 @@ image), per layer, kind and head: the sum of the content vectors XW over its rea
 sum of their squared norms, and the token count. A resample's shift ratio is ||b|| / sqrt(sum ||XW||^2
 / sum n) and its bias share ||b|| / (||b|| + ||sum XW / sum n||) over the resampled items: the same
 token-weighted statistics as the point estimate, resampled over items (``interp.bootstrap``). Memory:
-items x layers x kinds x (d_model + heads) float64 numbers. The pass is checked against the statistics
-(token count and mean squared norm per layer and kind): data other than what they were recorded on is
+items x layers x kinds x (d_model + heads) float64 numbers. The pass (``interp.capture.stream_batches``)
+hashes the batches it reads; data whose fingerprint is not the statistics' ``data_fingerprint`` is
 refused, never mixed.
 """
 
@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from interp.bootstrap import Resampler, item_keys
-from interp.checks import inputs_checked_on_host
-from interp.data import iter_batches, model_inputs
+from interp.capture import stream_batches
+from interp.data import Batch
 from interp.errors import InputError
 from interp.heads import attention_weights
 from interp.hooks import hook_name
@@ -44,46 +44,48 @@ def _hook(sums: Sums, key: tuple[int, str], bias: Tensor, state: dict) -> Callab
 
 
 def item_sums(model: InterpBridge, data: Any, layers: Sequence[int], kinds: Sequence[str],
-              max_batches: Optional[int] = None) -> tuple[list[str], dict[tuple[int, str], dict[str, np.ndarray]]]:
-    """(item keys, per (layer, kind): s [items, h, d], q [items, h], n [items]) over ``data``."""
+              max_batches: Optional[int] = None) -> tuple[list[str], dict[tuple[int, str], dict[str, np.ndarray]], str]:
+    """(item keys, per (layer, kind): s [items, h, d], q [items, h], n [items], data fingerprint) over ``data``."""
     sums: Sums = {}
     state: dict[str, Any] = {"mask": None}
     hooks = [(hook_name(layer, kind), _hook(sums, (layer, kind),
                                             attention_weights(model, layer, dtype=torch.float64).bias(kind), state))
              for layer in layers for kind in kinds]
+    device = next(model.parameters()).device
     keys: list[str] = []
-    with torch.no_grad():
-        for batch in iter_batches(model, data, max_batches):
-            batch.check(model.interp)
-            keys += item_keys(batch)
-            x, kw = model_inputs(model, batch)
-            mask = batch.attention_mask
-            state["mask"] = None if mask is None else mask.to(x.device).double()
-            with inputs_checked_on_host():
-                model.run_with_hooks(x, fwd_hooks=hooks, **kw)
-    return keys, {key: {name: torch.cat(v).cpu().numpy() for name, v in parts.items()} for key, parts in sums.items()}
+
+    def batch_hooks(batch: Batch) -> list:
+        mask = batch.attention_mask
+        state["mask"] = None if mask is None else mask.to(device).double()
+        keys.extend(item_keys(batch))
+        return hooks
+
+    _, data_fp = stream_batches(model, data, max_batches, [], hooks=batch_hooks, desc="origin intervals",
+                                progress=False)
+    return keys, {key: {name: torch.cat(v).cpu().numpy() for name, v in parts.items()}
+                  for key, parts in sums.items()}, data_fp
 
 
-def _check_same_data(stats: QKVStats, layer: int, kind: str, parts: dict[str, np.ndarray]) -> None:
-    count, want = float(parts["n"].sum()), float(stats.count(layer))
-    msq = parts["q"].sum(0) / max(count, 1.0)
-    recorded = stats.mean_sq_norm(layer, kind, "content").cpu().double().numpy()
-    if count != want or not np.allclose(msq, recorded, rtol=1e-6, atol=1e-12):
-        raise InputError(f"origin_shift: the data given for the intervals ({count:.0f} tokens at layer {layer}) is not "
-                         f"the data the statistics were recorded on ({want:.0f} tokens): pass the same data (and "
-                         "max_batches) as to record_qkv, or leave data out (no intervals)")
+def _check_same_data(stats: QKVStats, data_fp: str) -> None:
+    """The intervals' pass must read the batches the statistics were recorded on: decided by the data
+    fingerprint (a hash of the exact batches, ``interp.fingerprint.DataHasher``), never by summaries."""
+    if stats.data_fingerprint is None or data_fp != stats.data_fingerprint:
+        recorded = "no data fingerprint" if stats.data_fingerprint is None else \
+            f"data fingerprint {stats.data_fingerprint}"
+        raise InputError(f"origin_shift: the data given for the intervals (data fingerprint {data_fp}) is not the "
+                         f"data the statistics were recorded on ({recorded}): pass the same data (and max_batches) "
+                         "as to record_qkv, or leave data out (no intervals). Statistics merged from shards carry "
+                         "a combined fingerprint that no single pass reproduces: intervals need one recording")
 
 
 def origin_intervals(model: InterpBridge, stats: QKVStats, data: Any, layers: Sequence[int], resample: tuple[int, int],
                      max_batches: Optional[int] = None) -> dict[tuple[int, str], dict[str, np.ndarray]]:
     """Per (layer, kind): shift_ratio_lo/hi and bias_share_lo/hi, arrays over heads (see the module doc)."""
-    keys, sums = item_sums(model, data, layers, stats.kinds, max_batches)
-    if not keys:
-        raise InputError("origin_shift: data is empty: no items to resample for the intervals")
+    keys, sums, data_fp = item_sums(model, data, layers, stats.kinds, max_batches)
+    _check_same_data(stats, data_fp)
     resampler = Resampler(keys, *resample)
     out = {}
     for (layer, kind), parts in sums.items():
-        _check_same_data(stats, layer, kind, parts)
         bias_norm = attention_weights(model, layer, dtype=torch.float64).bias(kind).norm(dim=-1).cpu().numpy()
         n = resampler.sums(parts["n"])[:, None]  # [B, 1]
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_heads, check_layers
+from interp.capture import stream_batches
 from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError, UnsupportedModelError
 from interp.heads import attention_weights, kv_group
@@ -164,13 +165,23 @@ def score_decomposition(
     boot = check_bootstrap(n_boot, seed)
     acc: dict[tuple[int, str], Tensor] = {}
     kl_acc: dict[int, Tensor] = {}
-    rows_acc, keys = 0.0, []
-    with torch.no_grad():
-        for batch in tqdm(iter_batches(model, data, max_batches), desc="score decomposition",
-                          disable=not progress, unit="batch"):
-            batch.check(info)
-            keys += item_keys(batch)
-            rows_acc += _decompose_batch(model, batch, acc, kl_acc, layers)
+    n_rows, keys = [0.0], []  # real query rows over the batches; item keys
+    fired: list[Tensor] = []  # each pattern hook's real query rows in the current batch
+
+    def hooks(batch: Batch) -> list:
+        keys.extend(item_keys(batch))
+        fired.clear()
+        return _decompose_hooks(model, batch, acc, kl_acc, layers, fired)
+
+    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+        if len(fired) != info.n_layers:
+            raise UnsupportedModelError(f"{info.name}: hook_pattern fired for {len(fired)} of {info.n_layers} "
+                                        "layers; the decomposition needs every layer's pattern")
+        n_rows[0] += float(fired[layers[0]])
+
+    stream_batches(model, data, max_batches, [], consume, hooks=hooks, desc="score decomposition",
+                   progress=progress)
+    rows_acc = n_rows[0]
     if rows_acc == 0:
         raise InputError("data is empty: no query rows to decompose")
     table = _share_intervals(_decomposition_table(info, acc, kl_acc, rows_acc, layers), acc, Resampler(keys, *boot))
@@ -193,12 +204,12 @@ _KEPT = {"attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "at
          "attn.hook_sin": "attn.hook_sin"}
 
 
-def _decompose_batch(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict, layers: list[int]) -> float:
-    """One forward; each layer's terms are accumulated in its pattern hook (q, k, cos and sin of that
-    layer have been kept by then) and checked against the model's own pattern. Returns the query rows."""
-    x, kw = model_inputs(model, batch)
+def _decompose_hooks(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict, layers: list[int],
+                     rows: list) -> list:
+    """The hooks of one batch's forward: each layer's terms are accumulated in its pattern hook (q, k, cos
+    and sin of that layer have been kept by then) and checked against the model's own pattern; each
+    pattern hook appends that layer's query rows to ``rows``."""
     store: dict[str, Tensor] = {}
-    rows: list[Tensor] = []
 
     def keep(t: Tensor, hook: Any) -> None:
         head, _, tail = hook.name.partition(".attn.")
@@ -221,11 +232,7 @@ def _decompose_batch(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict,
 
     kept = lambda n: is_block_hook(n) and n.split(".", 2)[-1] in _KEPT  # noqa: E731
     patterns = lambda n: is_block_hook(n) and n.endswith(".attn.hook_pattern")  # noqa: E731
-    model.run_with_hooks(x, fwd_hooks=[(kept, keep), (patterns, at_pattern)], **kw)
-    if len(rows) != model.interp.n_layers:
-        raise UnsupportedModelError(f"{model.interp.name}: hook_pattern fired for {len(rows)} of "
-                                    f"{model.interp.n_layers} layers; the decomposition needs every layer's pattern")
-    return float(rows[layers[0]])
+    return [(kept, keep), (patterns, at_pattern)]
 
 
 def _kl_without_key_prior(total: Tensor, key_prior: Tensor, allowed: Tensor, valid_rows: Tensor) -> Tensor:

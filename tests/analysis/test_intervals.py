@@ -74,6 +74,19 @@ def test_intervals_shrink_with_more_items_and_follow_the_seed(gpt2):
     assert np.median((kp[1].share_hi - kp[1].share_lo).to_numpy() / (kp[0].share_hi - kp[0].share_lo).to_numpy()) < 0.6
 
 
+def test_same_data_is_decided_by_the_data_fingerprint(gpt2):
+    """The same items in another order hold the same token count and squared norms (the summaries the old
+    check compared, np.allclose), but they are not the batches the statistics were recorded on."""
+    items = _items(4)
+    stats = interp.record_qkv(gpt2, [torch.stack(items)], progress=False)
+    with pytest.raises(InputError, match=f"data fingerprint [0-9a-f]{{16}}.*not the data.*{stats.data_fingerprint}"):
+        interp.origin_shift(gpt2, stats, data=[torch.stack(items[::-1])])
+    assert not interp.origin_shift(gpt2, stats, data=[torch.stack(items)], n_boot=20).shift_ratio_lo.isna().any()
+    stats.data_fingerprint = None  # statistics of unknown data (a file without one)
+    with pytest.raises(InputError, match="no data fingerprint"):
+        interp.origin_shift(gpt2, stats, data=[torch.stack(items)])
+
+
 def test_origin_intervals_refuse_data_other_than_the_recorded(gpt2):
     stats = interp.record_qkv(gpt2, [torch.stack(_items(4))], progress=False)
     with pytest.raises(InputError, match="not the data the statistics were recorded on"):

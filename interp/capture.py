@@ -1,0 +1,76 @@
+"""The one capture loop: every streaming pass over data (``record_qkv``, ``origin_shift``'s intervals,
+``score_decomposition``, ``frequency_profile``, the sink and high-norm analyzers) runs its batches through
+``stream_batches``, so every pass does the same things in the same order:
+
+1. the batch is read (``iter_batches``: ``open_data``'s decision of what the data are);
+2. it is checked on the host (``Batch.check``: shape, dtype, vocabulary, finiteness, mask), once, and
+   hashed into the data fingerprint (``interp.fingerprint.DataHasher``);
+3. one forward in eval mode without gradients, with the pass's hooks, keeping the activations it names
+   and ending as soon as they are kept (``run_until_kept``; the bridge skips its own checks, which would
+   synchronise a GPU: the batch was checked in step 2);
+4. the kept activations are handed to the pass's consumer and dropped before the next batch.
+
+Returns (batches run, data fingerprint): the fingerprint is what decides "the same data" elsewhere
+(``origin_shift`` intervals against the statistics they explain).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.data import Batch, iter_batches, model_inputs
+from interp.fingerprint import DataHasher
+from interp.models.bridge import InterpBridge
+from interp.patching import run_until_kept
+
+Consumer = Callable[[Batch, dict[str, Tensor], Tensor, dict], None]
+Hooks = Union[Sequence[tuple[Any, Callable]], Callable[[Batch], Sequence[tuple[Any, Callable]]]]
+
+
+@contextmanager
+def evaluating(model: InterpBridge) -> Iterator[None]:
+    """Eval mode (no dropout) and no gradients inside; the model's own mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _no_consumer(batch: Batch, store: dict[str, Tensor], x: Tensor, kw: dict) -> None:
+    return None
+
+
+def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], hook_names: Sequence[str],
+                   consume: Optional[Consumer] = None, *, desc: str, progress: bool = True,
+                   stop_at_layer: Optional[int] = None, hooks: Hooks = ()) -> tuple[int, str]:
+    """Run every batch of ``data`` (at most ``max_batches``) as the module doc says; return (batches run,
+    data fingerprint).
+
+    ``hook_names``: activations kept and passed to ``consume(batch, store, x, forward_kwargs)`` (none: the
+    forward runs to the end). ``hooks``: more forward hooks, or a function of the batch that returns them
+    (hooks that reduce as the forward passes, and need the batch's mask). ``stop_at_layer`` also hands
+    TransformerLens the number of blocks to run. ``data`` may be a list of ``Batch`` to run again.
+    """
+    info = model.interp
+    consume = consume or _no_consumer
+    hasher, n_batches = DataHasher(), 0
+    extra = {} if stop_at_layer is None or stop_at_layer >= info.n_layers else {"stop_at_layer": stop_at_layer}
+    with evaluating(model):
+        for batch in tqdm(iter_batches(model, data, max_batches), desc=desc, disable=not progress, unit="batch"):
+            batch.check(info)
+            hasher.update(batch)
+            x, kw = model_inputs(model, batch)
+            extra_hooks = hooks(batch) if callable(hooks) else hooks
+            store = run_until_kept(model, x, kw, list(hook_names), extra_hooks, **extra)  # checked above
+            consume(batch, store, x, kw)
+            del store  # not held through the next batch's forward: one batch's activations alive at a time
+            n_batches += 1
+    return n_batches, hasher.hexdigest()
