@@ -110,15 +110,27 @@ def test_readme_real_sweep_table_equals_ablation_csv(label):
         assert len(quoted) == 3, cell
         for q, kind in zip(quoted, "qkv"):
             assert agrees(q, largest[method, kind]), (label, method, kind, q, largest[method, kind])
+    assert set(a.columns) >= {"delta_lo", "delta_hi", "identity", "exact_because", "options"}  # today's columns
+    head = re.fullmatch(r"L(\d+) H(\d+) ([qkv])(?: \((zero|mean)\))?", cells[3])
+    if not head:  # no head named: only for a model without the biases (every zero row an identity)
+        assert cells[3] == "" and a[a.method == "zero"].identity.str.startswith("absent bias").all(), cells[3]
+        return
+    top = a.loc[a.delta.abs().idxmax()]
+    assert (int(head[1]), int(head[2]), head[3]) == (top.layer, top["head"], top.kind), (cells[3], top)
+    assert head[4] in (None, top.method), (cells[3], top.method)
 
 
 def test_readme_dinov2_ablation_finding_equals_ablation_csv():
     a = pd.read_csv(RESULTS / "dinov2-s14" / "ablation.csv")
     zero = a[a.method == "zero"]
     largest = zero.groupby("kind").delta.apply(lambda s: s.abs().max())
-    text = re.search(r"b_q matters most \(max drop ([\d.]+), .*?\), b_v up to ([\d.]+), b_k ([\de.-]+) ", README)
-    for q, kind in zip(text.groups(), "qvk"):
+    text = re.search(r"b_q matters most \(max drop ([\d.]+), layer (\d+) head (\d+); then L(\d+) H(\d+), L(\d+) H(\d+)\), "
+                     r"b_v up to ([\d.]+), b_k ([\de.-]+) ", README)
+    drop, *heads, v, k = text.groups()
+    for q, kind in zip((drop, v, k), "qvk"):
         assert agrees(q, largest[kind]), (kind, q, largest[kind])
+    top_q = zero[zero.kind == "q"].assign(a=lambda f: f.delta.abs()).nlargest(3, "a")
+    assert [int(h) for h in heads] == [int(x) for lh in zip(top_q.layer, top_q["head"]) for x in lh]
 
 
 BK_ROWS = {
