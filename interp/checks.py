@@ -207,12 +207,13 @@ def check_kind(kind: str) -> None:
 
 
 def check_max_batches(max_batches: Any) -> Optional[int]:
-    """None (all batches) or a positive number of batches."""
+    """None (all batches) or a positive number of batches (a numpy integer too)."""
     if max_batches is None:
         return None
-    if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
+    value = as_index(max_batches)
+    if value is None or value < 1:
         raise InputError(f"max_batches must be a positive integer or None (all batches); got {max_batches!r}")
-    return max_batches
+    return value
 
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -231,10 +232,34 @@ def check_dtype(dtype: Any) -> Optional[torch.dtype]:
 
 
 def check_count(name: str, value: Any, minimum: int = 1) -> int:
-    """An integer option (not a bool, not a float) of at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    return value
+    """An integer option (not a bool, not a float; a numpy integer scalar counts) of at least ``minimum``,
+    as a Python int."""
+    number = as_index(value)
+    if number is None or number < minimum:
+        raise InputError(f"{name} must be an integer >= {minimum}; got {value!r} ({type(value).__name__})")
+    return number
+
+
+def as_real(value: Any) -> Optional[float]:
+    """``value`` as a Python float when it is a real number (a Python or numpy int or float, a 0-d real
+    array or tensor); None for a bool, a string, a complex number or anything else."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0 and (
+            _integer_dtype(value) or (value.dtype.is_floating_point if isinstance(value, torch.Tensor)
+                                      else value.dtype.kind == "f")):
+        return float(value.item())
+    return None
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """A real number strictly between 0 and 1 (a significance level, a share), as a Python float."""
+    number = as_real(value)
+    if number is None or not 0 < number < 1:
+        raise InputError(f"{name} must be a number in (0, 1); got {value!r} ({type(value).__name__})")
+    return number
 
 
 def check_heads(heads: Any, info: ModelInfo) -> list[int]:

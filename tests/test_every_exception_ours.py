@@ -49,6 +49,12 @@ class Ctx:
         self.stats = interp.record_qkv(self.vit, [self.x], progress=False)
         self.stats_file = self.stats.save(tmp / "stats.safetensors")
 
+    def profile(self):
+        return interp.frequency_profile(self.vit, [self.x], progress=False)
+
+    def sinks(self):
+        return interp.sink_profile(self.lm, [self.ids], progress=False)
+
     def file(self, name, text):
         path = self.tmp / name
         path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
@@ -387,6 +393,16 @@ CASES = [
     ("high_norm_tokens k zero", lambda c: interp.high_norm_tokens(c.vit, [c.x], k=0, progress=False),
      "k must be a positive"),
     ("cluster_heads of statistics", lambda c: interp.cluster_heads(c.stats), "DataFrame"),
+    ("cluster_heads alpha a string", lambda c: interp.cluster_heads(c.profile(), alpha="0.05"),
+     "alpha must be a number in \\(0, 1\\); got '0.05' \\(str\\)"),
+    ("cluster_heads k a float", lambda c: interp.cluster_heads(c.profile(), k=3.0), "k must be None"),
+    ("cluster_heads k a bool", lambda c: interp.cluster_heads(c.profile(), k=True), "k must be None"),
+    ("cluster_heads n_null a numpy float", lambda c: interp.cluster_heads(c.profile(), n_null=np.float64(5)),
+     "n_null must be an integer"),
+    ("cluster_heads seed negative", lambda c: interp.cluster_heads(c.profile(), seed=-1),
+     "seed must be an integer >= 0"),
+    ("sink_shares of a profile given twice", lambda c: interp.sink_shares(pd.concat([c.sinks(), c.sinks()])),
+     "more than once"),
     ("ablate out an empty string (the current folder)", lambda c: lm_sweep(c, out=""), "out is an empty string"),
     ("merge_shards of nothing", lambda c: interp.merge_shards([]), "list of the ranks' ablate_bias DataFrames"),
     ("merge_shards of paths", lambda c: interp.merge_shards(["rank0/ablation.parquet"]), "pd.read_parquet"),

@@ -37,8 +37,9 @@ from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.checks import check_heads, check_kinds, check_layers
-from interp.data import Batch, iter_batches, model_inputs
+from interp.checks import as_index, check_count, check_fraction, check_heads, check_kinds, check_layers
+from interp.capture import stream_batches
+from interp.data import Batch, iter_batches
 from interp.errors import InputError
 from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
@@ -177,33 +178,31 @@ def _add_terms(acc: dict[str, Any], terms: dict[str, Any]) -> None:
             acc[key] = acc.get(key, 0) + (val.cpu() if isinstance(val, Tensor) else val)
 
 
-def _accumulate(model: InterpBridge, batch: Batch, layers: Sequence[int], hooks: list,
-                acc: dict[int, dict[str, Any]]) -> None:
-    info = model.interp
-    batch.check(info)
-    x, kw = model_inputs(model, batch)
-    names = [hook_name(l, n) for l in layers for n in ("z", "pattern")]
-    store: dict[str, Tensor] = {}
-    grab = [(n, (lambda key: lambda t, hook: store.__setitem__(key, t.detach()))(n)) for n in names]
-    with torch.no_grad():
-        model.run_with_hooks(x, fwd_hooks=list(hooks) + grab, **kw)
-    for l in layers:
-        z, pat = store[hook_name(l, "z")], store[hook_name(l, "pattern")].double()
-        if info.modality == "vision":
-            terms = _vision_terms(info, z, pat, (x.shape[2], x.shape[3]))
-        else:
-            terms = _text_terms(z, pat, batch.attention_mask)
-        _add_terms(acc[l], terms)
+def _consumer(info: ModelInfo, layers: Sequence[int], acc: dict[int, dict[str, Any]]):
+    """Adds one batch's per-head terms of ``layers`` (from the kept z and pattern) into ``acc``."""
+    def consume(batch: Batch, store: dict[str, Tensor], x: Tensor, kw: dict) -> None:
+        for l in layers:
+            z, pat = store[hook_name(l, "z")], store[hook_name(l, "pattern")].double()
+            if info.modality == "vision":
+                terms = _vision_terms(info, z, pat, (x.shape[2], x.shape[3]))
+            else:
+                terms = _text_terms(z, pat, batch.attention_mask)
+            _add_terms(acc[l], terms)
+    return consume
 
 
-def _profile_batches(model: InterpBridge, batches: list, layers: Sequence[int], hooks_for_layer=None,
-                     progress: bool = True, desc: str = "frequency profile") -> pd.DataFrame:
+def _profile_batches(model: InterpBridge, batches: Any, layers: Sequence[int], hooks_for_layer=None,
+                     progress: bool = True, desc: str = "frequency profile",
+                     max_batches: Optional[int] = None) -> pd.DataFrame:
+    """The profile of ``layers`` over ``batches`` (data, streamed through the one capture loop,
+    ``stream_batches``; with ``hooks_for_layer``, one pass per layer with that layer's hooks: a list)."""
     info = model.interp
     acc: dict[int, dict[str, Any]] = {l: {} for l in layers}
     runs = [([l], hooks_for_layer(l)) for l in layers] if hooks_for_layer else [(list(layers), [])]
     for want, hooks in tqdm(runs, desc=desc, disable=not progress or len(runs) == 1):
-        for batch in tqdm(batches, desc=desc, disable=not progress or len(runs) > 1, unit="batch"):
-            _accumulate(model, batch, want, hooks, acc)
+        names = [hook_name(l, n) for l in want for n in ("z", "pattern")]
+        stream_batches(model, batches, max_batches, names, _consumer(info, want, acc), hooks=hooks, desc=desc,
+                       progress=progress and len(runs) == 1)
     rows = []
     for l in layers:
         a = acc[l]
@@ -226,8 +225,7 @@ def frequency_profile(model: InterpBridge, data: Any, *, layers: Optional[Sequen
     ``layers`` / ``heads`` (None: all): only those rows, equal to the same rows of the full table."""
     info = require_bridge(model, "frequency_profile").interp
     layers, heads = check_layers(layers, info), check_heads(heads, info)
-    batches = list(iter_batches(model, data, max_batches))
-    return _select_heads(_profile_batches(model, batches, layers, progress=progress), heads)
+    return _select_heads(_profile_batches(model, data, layers, progress=progress, max_batches=max_batches), heads)
 
 
 def _select_heads(table: pd.DataFrame, heads: list[int]) -> pd.DataFrame:
@@ -341,13 +339,15 @@ def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = 
     the null's), ``p_value``, ``separation`` (of the best k's families), ``structure``.
     """
     X = _cluster_features(profile, method)
-    if not isinstance(n_null, int) or n_null < 1:
-        raise InputError(f"n_null must be a positive int (copies of the permutation null); got {n_null!r}")
-    if not 0 < alpha < 1:
-        raise InputError(f"alpha must lie in (0, 1); got {alpha!r}")
+    n_null, seed = check_count("n_null", n_null), check_count("seed", seed, minimum=0)
+    alpha = check_fraction("alpha", alpha)
     n = len(X)
-    if k is not None and (not isinstance(k, int) or not 2 <= k < n):
-        raise InputError(f"k must lie in 2..{n - 1}; got {k}")
+    if k is not None:
+        number = as_index(k)
+        if number is None or not 2 <= number < n:
+            raise InputError(f"k must be None (chosen by silhouette) or an integer in 2..{n - 1} (fewer than the "
+                             f"{n} heads); got {k!r} ({type(k).__name__})")
+        k = number
     best = _best_k(X, method, seed)
     if best is None:
         raise InputError("heads are indistinguishable: no clustering with >= 2 clusters")

@@ -9,9 +9,10 @@ vision: the prefix tokens, ``cls``, ``distillation`` (DeiT), ``register_0``..
 the model's config). ``top_content``: in each sequence (image) and head, the one real token outside
 the named classes that receives the most attention (largest column sum over real query rows).
 
-* ``stream_batches``: one hooked forward per batch, in eval mode without gradients, each batch
-  checked on the host (``Batch.check``) and hashed into the data fingerprint as it passes; the
-  grabbed activations are handed to a consumer and dropped, so memory does not grow with the data.
+* ``stream_batches`` (``interp.capture``, the one capture loop, re-exported here): one hooked forward per
+  batch, in eval mode without gradients, each batch checked on the host (``Batch.check``) and hashed into
+  the data fingerprint as it passes; the grabbed activations are handed to a consumer and dropped, so
+  memory does not grow with the data.
 * ``AbsHistogram``: counts of non-negative values in bins of their float32 bit pattern, 2^10 bins
   per power of two over [2^-40, 2^40) (values below fall in the first bin, values above in the
   last). Bin edges are exact float32 numbers and the bins are ordered like the values, so the
@@ -26,20 +27,22 @@ the named classes that receives the most attention (largest column sum over real
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from interp.data import Batch, iter_batches, model_inputs, to_device
+from interp.capture import Consumer, evaluating, stream_batches
+from interp.checks import as_index, as_real
+from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError
-from interp.fingerprint import DataHasher, model_fingerprint
+from interp.fingerprint import model_fingerprint
 from interp.hooks import hook_name
-from interp.patching import run_until_kept
 from interp.models.bridge import InterpBridge, require_bridge
+from interp.patching import run_until_kept
+
+__all__ = ["Consumer", "evaluating", "run_until_kept", "stream_batches"]  # re-exported: the one capture loop
 
 SPECIAL_TOKENS = (("cls", "cls_token_id"), ("sep", "sep_token_id"), ("bos", "bos_token_id"))
 ClassMasks = dict[str, Bool[Tensor, "batch key_pos"]]
@@ -48,45 +51,6 @@ MANTISSA_BITS = 10  # 2^10 bins per power of two
 SHIFT = 23 - MANTISSA_BITS  # float32 has 23 mantissa bits
 EXP_LO, EXP_HI = 127 - 40, 127 + 40  # biased float32 exponents: [2^-40, 2^40)
 N_BINS = (EXP_HI - EXP_LO) << MANTISSA_BITS
-
-
-@contextmanager
-def evaluating(model: InterpBridge) -> Iterator[None]:
-    """Eval mode (no dropout) and no gradients inside; the model's own mode is restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
-Consumer = Callable[[Batch, dict[str, Tensor], Tensor, dict], None]
-
-
-def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], hook_names: list[str],
-                   consume: Consumer, *, desc: str, progress: bool = True,
-                   stop_at_layer: Optional[int] = None) -> tuple[int, str]:
-    """Run every batch with hooks that keep ``hook_names``' activations, pass them to
-    ``consume(batch, store, x, forward_kwargs)``; return (batches run, data fingerprint).
-
-    Each forward ends once every ``hook_names`` activation is kept (``run_until_kept``); ``stop_at_layer``
-    also hands TransformerLens the number of blocks to run.
-    """
-    info = model.interp
-    hasher, n_batches = DataHasher(), 0
-    extra = {} if stop_at_layer is None or stop_at_layer >= info.n_layers else {"stop_at_layer": stop_at_layer}
-    with evaluating(model):
-        for batch in tqdm(iter_batches(model, data, max_batches), desc=desc, disable=not progress, unit="batch"):
-            batch.check(info)
-            hasher.update(batch)
-            x, kw = model_inputs(model, batch)
-            store = run_until_kept(model, x, kw, hook_names, **extra)  # checked on the host above
-            consume(batch, store, x, kw)
-            del store  # not held through the next batch's forward: one batch's activations alive at a time
-            n_batches += 1
-    return n_batches, hasher.hexdigest()
 
 
 def keeper(store: dict[str, Tensor], name: str) -> Callable[[Tensor, Any], None]:
@@ -284,17 +248,19 @@ def default_sink_positions(model: InterpBridge) -> list[str]:
 
 
 def check_threshold(threshold: Any, name: str = "threshold") -> float:
-    """A share of a row's attention in (0, 1]."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
+    """A share of a row's attention in (0, 1] (a numpy number too), as a Python float."""
+    number = as_real(threshold)
+    if number is None or not 0 < number <= 1:
         raise InputError(f"{name} must be a number in (0, 1] (a share of a row's attention; Gu et al. 2024 "
                          f"use 0.3); got {threshold!r}")
-    return float(threshold)
+    return number
 
 
 def check_positive(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+    number = as_real(value)
+    if number is None or not number > 0 or math.isinf(number):
         raise InputError(f"{name} must be a positive finite number; got {value!r}")
-    return float(value)
+    return number
 
 
 def patterns_of(model: InterpBridge, store: dict[str, Tensor], layers: Sequence[int]) -> dict[int, Tensor]:
@@ -338,6 +304,7 @@ def rows_or_fail(n_rows: Any) -> int:
 
 
 def check_top_k(top_k: Any) -> int:
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+    number = as_index(top_k)
+    if number is None or number < 1:
         raise InputError(f"top_k must be a positive integer (how many of the largest values to report); got {top_k!r}")
-    return top_k
+    return number

@@ -190,7 +190,8 @@ def _profile_table(acc: dict, layers: Sequence[int], names: Sequence[str], colum
 def sink_shares(profile: pd.DataFrame) -> pd.DataFrame:
     """Per position class: the share of heads whose mass on it exceeds the threshold (Gu et al. 2024).
 
-    From one ``sink_profile`` (one model, one data set, one threshold; a mix is refused). Columns:
+    From one ``sink_profile`` (one model, one data set, one threshold; a mix, or a (layer, head, position)
+    row given twice, is refused). Columns:
     model, position, n_heads, n_sink_heads, share (= n_sink_heads / n_heads), threshold, and
     share_without_key_prior / share_without_b_q where the profile has those masses.
     """
@@ -202,6 +203,14 @@ def sink_shares(profile: pd.DataFrame) -> pd.DataFrame:
     if len(runs) != 1:
         raise InputError(f"this profile mixes {len(runs)} runs (models, data or thresholds): compute shares "
                          "for each sink_profile separately")
+    key = ["model_fingerprint", "layer", "head", "position"]
+    copies = profile.groupby(key, sort=False).size()
+    if (copies > 1).any():
+        (_, layer, head, position), n = next((k, v) for k, v in copies.items() if v > 1)
+        raise InputError(f"this profile holds {int((copies > 1).sum())} (model, layer, head, position) key(s) more "
+                         f"than once (e.g. layer {layer}, head {head}, {position!r}: {n} rows): each head would "
+                         "count once per copy. Pass one sink_profile's rows (concatenated copies: "
+                         "profile.drop_duplicates())")
     threshold = float(profile.threshold.iloc[0])
     extra = [c for c in profile.columns if c.startswith("mass_without_")]
     rows = []

@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import transformers as tf
@@ -120,6 +121,9 @@ def test_random_init_heads_are_one_family(family):
     assert (clustered.separation < 1).all() and clustered.silhouette.isna().all()
     forced = cluster_heads(prof, k=2)  # asked for: given, with the same p-value
     assert (forced.k == 2).all() and forced.p_value.iloc[0] == clustered.p_value.iloc[0]
+    # numpy numbers are numbers: the same table (k=np.int64(3) was "must lie in 2..23; got 3")
+    pd.testing.assert_frame_equal(cluster_heads(prof, k=np.int64(2), alpha=np.float64(0.05), n_null=np.int32(19),
+                                                seed=np.int64(0)), forced)
 
 
 def test_lm_profile_in_tokens():

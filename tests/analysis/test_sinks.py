@@ -355,6 +355,12 @@ def test_planted_first_token_sink_is_found_and_written_by_the_key_prior():
     shares = interp.sink_shares(profile).set_index("position")
     assert shares.loc["first", "n_sink_heads"] == 1 and shares.loc["first", "share"] == 1 / 8
     assert shares.loc["first", "share_without_key_prior"] == 0.0
+    assert (interp.sink_shares(profile).n_heads == 8).all()  # 2 layers x 4 heads
+    # the same rows twice counted each head twice (n_heads 16 on an 8-head model): refused
+    with pytest.raises(InputError, match=r"more than once \(e\.g\. layer 0, head 0, 'first': 2 rows\)"):
+        interp.sink_shares(pd.concat([profile, profile], ignore_index=True))
+    with pytest.raises(InputError, match="more than once"):  # one head's row repeated
+        interp.sink_shares(pd.concat([profile, profile[profile.sink]], ignore_index=True))
 
 
 def test_planted_massive_activation_is_flagged_and_nothing_else():
