@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     model = interp.load_model(args.model, device=args.device)
-    batches = make_context(model).first(2)  # what the demo's ablation step uses
+    batches = make_context(model, cap_steps=True).first(2)  # what the demo's ablation step uses
     t = time.perf_counter()
     old = ablate_bias(model, batches, force_exact=True, reuse_prefix=False, progress=False, estimate="exact")
     old_s = time.perf_counter() - t

@@ -38,7 +38,7 @@ def main() -> None:
     lines = ["# Figure gallery", "", "Regenerate with `python benchmarks/gallery.py`.", ""]
     for name in args.models:
         t = time.time()
-        ctx = make_context(interp.load_model(name), RUNS[name], quick=args.quick)
+        ctx = make_context(interp.load_model(name), RUNS[name], quick=args.quick, cap_steps=True)  # as the demo
         sections = run_steps(ctx, log=lambda _: None)
         lines += [f"## {name}", "", f"Data: {ctx.data_label()}.", ""]
         for section in sections:

@@ -74,52 +74,66 @@ def _cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record_batches(model: Any, args: argparse.Namespace, rank: int, world: int) -> tuple[Iterable, Any]:
-    """This process's batches, produced lazily, and the ``DataSource`` behind them (None for a built-in set)."""
+def _record_batches(model: Any, args: argparse.Namespace, rank: int, world: int) -> tuple["_Counted", Any]:
+    """This process's batches, produced lazily and counted as they are read (at most --max-batches), and the
+    ``DataSource`` behind them (None for data in memory, which is sharded here batch by batch)."""
     import itertools
 
-    from interp.data import BUILTIN, iter_batches
+    from interp.data import DataSource, iter_batches
 
-    if args.data in BUILTIN:  # small, in memory: shard the batches
-        batches = iter_batches(model, _data_source(model, args), max_batches=args.max_batches)
-        return itertools.islice(batches, rank, None, world), None
-    source = _data_source(model, args, rank, world)
-    return (source if args.max_batches is None else itertools.islice(source, args.max_batches)), source
+    data = _data_source(model, args, rank, world)
+    if isinstance(data, DataSource):  # streamed: this rank reads only its own items
+        return _Counted(itertools.islice(data, args.max_batches)), data
+    capped = iter_batches(model, data, max_batches=args.max_batches)  # in memory: the cap is over all ranks
+    return _Counted(itertools.islice(capped, rank, None, world)), None
+
+
+class _Counted:
+    """Batches passed through, counted: what a command actually analysed (items, batches)."""
+
+    def __init__(self, batches: Iterable) -> None:
+        self.batches, self.items, self.n_batches = batches, 0, 0
+
+    def __iter__(self) -> Any:
+        for batch in self.batches:
+            self.n_batches += 1
+            self.items += int(batch.inputs.shape[0])
+            yield batch
 
 
 def _data_source(model: Any, args: argparse.Namespace, rank: int = 0, world: int = 1) -> Any:
-    """``--data`` and the data flags as a ``DataSource``, or a built-in data set's batches built with the
-    same flags (--batch-size, --seq-len, --max-items: never ignored); says what it read."""
-    from interp.data import BUILTIN, check_data_name, open_data
+    """``--data`` and the data flags (--batch-size, --seq-len, --max-items: never ignored) as ``open_data``
+    makes them, the library's one decision of what data is: a built-in set's batches (in memory) or a
+    ``DataSource`` (streamed; under torchrun, this rank's share); says what it read."""
+    from interp.data import DataSource, check_data_name, open_data
 
-    check_data_name(args.data)
+    check_data_name(args.data)  # on the command line a string is a data set or a path, never a sentence
     options = {"batch_size": 4, **_data_options(args)}
-    if args.data in BUILTIN:
-        batches = open_data(model, args.data, options)
-        if rank == 0:
-            print(f"data: built-in {args.data!r}, {sum(len(b.inputs) for b in batches)} items in {len(batches)} "
-                  f"batches", flush=True)
-        return batches
-    source = open_data(model, args.data, {**options, "rank": rank, "world": world})
+    data = open_data(model, args.data, options)
+    if isinstance(data, DataSource) and world > 1:
+        data = open_data(model, args.data, {**options, "rank": rank, "world": world})
     if rank == 0:
-        print(f"data: {source.description}", flush=True)
-    return source
+        print(f"data: {data.description}" if isinstance(data, DataSource) else
+              f"data: built-in {args.data!r}, {sum(len(b.inputs) for b in data)} items in {len(data)} batches",
+              flush=True)
+    return data
 
 
-def _gather_counts(source: Any, world: int) -> tuple[int, list[float]]:
-    """(items skipped on all ranks, each rank's peak resident memory in MB)."""
+def _gather_counts(source: Any, world: int, read: _Counted) -> tuple[int, list[float], int, int]:
+    """(items skipped, each rank's peak resident memory in MB, items analysed, batches analysed), all ranks."""
     import resource
 
     import torch
     import torch.distributed as dist
 
-    skipped = torch.tensor([0 if source is None else source.skipped])
+    counts = torch.tensor([0 if source is None else source.skipped, read.items, read.n_batches])
     peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
     peaks = [peak.clone() for _ in range(world)]
     if world > 1:
-        dist.all_reduce(skipped)
+        dist.all_reduce(counts)
         dist.all_gather(peaks, peak)
-    return int(skipped), [round(float(p), 1) for p in peaks]
+    skipped, items, n_batches = (int(c) for c in counts)
+    return skipped, [round(float(p), 1) for p in peaks], items, n_batches
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
@@ -129,20 +143,23 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from interp.models.loading import load_model
     from interp.pipeline import summarise_recording
     from interp.record import record_qkv
-    from interp.report import begin_outputs, write_manifest, write_section
+    from interp.report import begin_outputs, refuse_overwriting, write_manifest, write_section
 
     rank, world, device = _distributed(args.device)
+    out = Path(args.out)
+    if rank == 0:  # another command's statistics there are refused now, not after the recording
+        begin_outputs(out, "record")
+        refuse_overwriting(out, [f"qkv_stats.{ext}" for ext in ("csv", "parquet", "safetensors")], "record")
     model = load_model(args.model, device=device)
     batches, source = _record_batches(model, args, rank, world)
     stats = record_qkv(model, batches, progress=rank == 0)
-    skipped, peak_rss_mb = _gather_counts(source, world)
+    skipped, peak_rss_mb, items, n_batches = _gather_counts(source, world, batches)
     if world > 1:
         stats.all_reduce()
     if rank == 0:
-        out = Path(args.out)
-        begin_outputs(out)
         write_section(summarise_recording(stats, args.data), out)
         write_manifest(out, dict(command="record", model=args.model, data=args.data, max_batches=args.max_batches,
+                                 items_analysed=items, batches_analysed=n_batches,
                                  data_description=None if source is None else source.description,
                                  data_options=dict(batch_size=args.batch_size, seq_len=args.seq_len,
                                                    max_items=args.max_items),
@@ -178,10 +195,13 @@ def _distributed(device: Optional[str]) -> tuple[int, int, Optional[str]]:
 def _cmd_ablate(args: argparse.Namespace) -> int:
     """Bias ablations; under torchrun each rank runs its share of the variants into
     ``--out/rank{r}`` (its own resumable log) and rank 0 merges them."""
+    import itertools
+
     import pandas as pd
     import torch.distributed as dist
 
     from interp.ablation.sweep import ablate_bias, merge_shards
+    from interp.data import iter_batches
     from interp.io import write_table
     from interp.models.loading import load_model
     from interp.report import begin_outputs
@@ -191,11 +211,12 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     estimates = ["attribution", "exact"] if args.estimate == "both" else [args.estimate]
     rank, world, device = _distributed(args.device)
     model = load_model(args.model, device=device)
-    data = _data_source(model, args)
+    # what the sweep reads (it holds its batches in memory): counted for the manifest
+    data = list(itertools.islice(iter_batches(model, _data_source(model, args)), args.max_batches))
     out = Path(args.out)
     mine = out if world == 1 else out / f"rank{rank}"
     if rank == 0:
-        begin_outputs(out)
+        begin_outputs(out, "ablate")
     frames = [
         ablate_bias(model, data, kinds=kinds, scope=args.scope, method=args.method,
                     metric=args.metric, estimate=est, out=mine, overwrite=args.overwrite and i == 0,
@@ -211,14 +232,14 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
         if rank == 0:
             results = merge_shards([pd.read_parquet(out / f"rank{r}" / "ablation.parquet") for r in range(world)])
     if rank == 0:
-        _write_ablation(results, args, out, world)
+        _write_ablation(results, args, out, world, data)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
     return 0
 
 
-def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: int) -> None:
+def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: int, data: list) -> None:
     """The section (its table is ``ablation.csv``, the one table of the folder: the sweep's own, with every
     estimate's rows and, under torchrun, every rank's) and the manifest."""
     from interp.pipeline import summarise_ablation
@@ -227,7 +248,9 @@ def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: in
     section = summarise_ablation(results, args.model)
     write_section(section, out)
     write_manifest(out, dict(command="ablate", model=args.model, data=args.data, max_batches=args.max_batches,
-                             processes=world, model_fingerprint=results.model_fingerprint.iloc[0],
+                             items_analysed=sum(int(b.inputs.shape[0]) for b in data), batches_analysed=len(data),
+                             data_options=_data_options(args), processes=world,
+                             model_fingerprint=results.model_fingerprint.iloc[0],
                              data_fingerprint=results.data_fingerprint.iloc[0]))
     top = results.assign(a=results.delta.abs()).nlargest(5, "a")
     print(top[["layer", "head", "kind", "scope", "estimate", "delta"]].to_string(index=False))
@@ -267,7 +290,7 @@ def _cmd_analysis(args: argparse.Namespace) -> int:
     if getattr(args, "stats", None) is not None:
         stats, stats_file, data, options = _recorded_stats(args, model)
     ctx = make_context(model, data, args.quick and stats is None, out, data_options=options,
-                       layers=args.layers, heads=args.heads)
+                       layers=args.layers, heads=args.heads, max_batches=args.max_batches, command=args.command)
     steps, sections = ANALYSES[args.command][0], []
     if stats is not None:
         _check_same_data(stats, stats_file, ctx)
@@ -275,12 +298,13 @@ def _cmd_analysis(args: argparse.Namespace) -> int:
         sections.append(referenced_recording(stats, stats_file, ctx.dataset))
         used = dict(stats=dict(file=str(stats_file.resolve()), sha256=_sha256(stats_file),
                                model_fingerprint=stats.model_fingerprint, data_fingerprint=stats.data_fingerprint))
-    begin_outputs(out)
+    begin_outputs(out, args.command)
     for section in sections + run_steps(ctx, steps):
         write_section(section, out)
         print(section.text)
     write_manifest(out, dict(command=args.command, model=args.model, data=ctx.dataset, quick=args.quick,
-                             data_options=options, layers=ctx.layers, heads=ctx.heads, **_data_counts(ctx), **used))
+                             data_options=options, layers=ctx.layers, heads=ctx.heads, max_batches=args.max_batches,
+                             **_data_counts(ctx), analysed=ctx.analysed, **used))
     print(f"wrote {out}")
     return 0
 
@@ -312,6 +336,7 @@ def _recorded_stats(args: argparse.Namespace, model: Any) -> tuple[Any, Path, An
     import json
 
     from interp.errors import InputError
+    from interp.report import manifest_entry
     from interp.stats import QKVStats
 
     path = Path(args.stats)
@@ -322,10 +347,13 @@ def _recorded_stats(args: argparse.Namespace, model: Any) -> tuple[Any, Path, An
     stats = QKVStats.load(file).require_model(model)
     manifest = file.parent / "manifest.json"
     try:
-        meta = json.loads(manifest.read_text()).get("meta", {}) if manifest.is_file() else {}
-    except (ValueError, AttributeError):
+        if manifest.is_file():
+            json.loads(manifest.read_text())
+    except ValueError:
         raise InputError(f"--stats: {manifest} is not a manifest interp wrote (not JSON): give --data and the "
                          "data flags the statistics were recorded with") from None
+    # the entry of the command that wrote these statistics (the folder may hold other commands' entries too)
+    meta = (manifest_entry(file.parent, file=file.name) or {}).get("meta") or {}
     data = args.data or meta.get("data")
     if data is None:
         raise InputError(f"--stats {file}: no record manifest beside it names its data: give --data (and the data "
@@ -351,7 +379,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from interp.demo import run_demo
 
     run_demo(model=args.model, data=args.data, out=Path(args.out), quick=args.quick,
-             ablation_estimate=args.ablation_estimate, top_k=args.top_k, data_options=_data_options(args))
+             ablation_estimate=args.ablation_estimate, top_k=args.top_k, data_options=_data_options(args),
+             max_batches=args.max_batches)
     return 0
 
 
@@ -380,11 +409,17 @@ def check_args(args: argparse.Namespace) -> None:
     check_max_batches(getattr(args, "max_batches", None))
     for name in ("model", "out", "stats"):
         check_not_blank(f"--{name}", getattr(args, name, None))
+    if "out" in args and args.command != "families":  # a file, a read-only folder: said before the model loads
+        from interp.io import check_output_folder
+
+        check_output_folder(args.out or f"out/{args.command}")
     if getattr(args, "kinds", None) is not None:
         allowed = QKV + IMPLICIT_KINDS if getattr(args, "implicit_kinds", False) else QKV
         check_kinds([k.strip() for k in args.kinds.split(",") if k.strip()], allowed)
 
 
+MAX_BATCHES_HELP = ("analyse at most this many batches of the data (default: all of it); the manifest says how "
+                    "many items and batches were analysed")
 DATA_HELP = ("a built-in data set (photos, digits, mnist, python-docs); a folder of images (PNG/JPEG/WebP, recursive, "
              "class subfolders as labels); an image; a .txt file (tokenised into --seq-len windows); a "
              ".jsonl/.csv/.parquet table (--text-column, or --image-column of image paths)")
@@ -442,7 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="zoo name, local HF folder or hub id")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", default="out/record", help="output folder (default: %(default)s)")
-    p.add_argument("--max-batches", type=int, default=None, help="at most this many batches per process")
+    p.add_argument("--max-batches", type=int, default=None, help=MAX_BATCHES_HELP
+                   + "; under torchrun, over all ranks for a built-in set, per process for your own files")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     _add_data_options(p)
     p.set_defaults(func=_cmd_record)
@@ -460,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: every head estimated in one pass (AtP*), the top --top-k per kind run exactly; "
                         "exact: every head run exactly (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under auto (default: %(default)s)")
+    p.add_argument("--max-batches", type=int, default=None, help="read at most this many batches (default: all; "
+                   "the recording and origin use every batch read, the costlier steps their first 2, as the "
+                   "manifest's 'analysed' says per step)")
     _add_data_options(p, batch_size=4)
     p.set_defaults(func=_cmd_demo)
     return parser
@@ -501,7 +540,7 @@ def _add_ablate_parser(sub: Any) -> None:
                    "(0: none) (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="fixes the bootstrap, the random sample and --method random "
                    "(default: %(default)s)")
-    p.add_argument("--max-batches", type=int, default=None, help="at most this many batches (default: all)")
+    p.add_argument("--max-batches", type=int, default=None, help=MAX_BATCHES_HELP)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--out", default="out/ablate", help="output folder, and its resumable sweep log "
                    "(default: %(default)s)")
@@ -522,6 +561,7 @@ def _add_analysis_parsers(sub: Any) -> None:
                        + DATA_HELP.split("; ", 1)[1])
         p.add_argument("--out", default=None, help=f"output folder (default: out/{name})")
         p.add_argument("--quick", action="store_true", help="8 items and 1 batch per expensive step")
+        p.add_argument("--max-batches", type=int, default=None, help=MAX_BATCHES_HELP)
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
         p.add_argument("--layers", type=_int_list, default=None, help="comma-separated layers to analyse "
                        "(default: all)")

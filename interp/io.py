@@ -154,12 +154,33 @@ def write_manifest_entries(out: PathLike, entries: list[dict]) -> Optional[Path]
     return path
 
 
+def check_output_folder(out: PathLike) -> Path:
+    """``out`` as a folder a command can write into (made when absent), checked before any work: a file there
+    (or above it), a folder that is not writable, or a ``manifest.json`` that is not JSON (it would be lost) is
+    one ``OutputError`` naming the fix."""
+    out = Path(out)
+    above = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not above.is_dir():
+        raise OutputError(f"output folder {out}: {above} is a file, not a folder: choose a folder (it is made when "
+                          "absent)")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise OutputError(f"output folder {out}: {above} is not writable: choose another output folder")
+    manifest = out / MANIFEST
+    try:
+        if manifest.is_file():
+            json.loads(manifest.read_text())
+    except (OSError, ValueError) as exc:
+        raise OutputError(f"{manifest} is not a manifest interp wrote ({_why(exc)}), and a command would replace it: "
+                          "move it away, or choose another output folder") from None
+    return out
+
+
 def begin_outputs(out: PathLike, command: Optional[str] = None) -> None:
     """Start ``command`` writing into ``out``: its entry in the folder's manifest is removed (until its new
     one lands, its part of the folder is incomplete; other commands' entries stay), and the start is marked,
     so that its entry lists only files it wrote, not earlier commands' files. A second begin of the same
     command in one process (the demo begins twice) keeps the first start."""
-    out = Path(out)
+    out = check_output_folder(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         begun = _begun.get(out.resolve())

@@ -8,6 +8,7 @@ sections out: tables (CSV + Parquet), figures (PNG), ``report.html`` and ``summa
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -25,7 +26,7 @@ from interp.analysis.scores import bias_invariances, score_decomposition
 from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_profile, sink_shares
 from interp.bootstrap import Resampler
 from interp.data import open_data
-from interp.checks import check_heads, check_layers
+from interp.checks import check_heads, check_layers, check_max_batches
 from interp.heads import bias_spec
 from interp.io import begin_outputs
 from interp.models.bridge import InterpBridge
@@ -59,7 +60,7 @@ def summarise_recording(stats: QKVStats, dataset: str) -> Section:
 
 
 def recording_step(ctx: Context) -> list[Section]:
-    ctx.stats = record_qkv(ctx.model, ctx.batches, layers=ctx.layers)
+    ctx.stats = record_qkv(ctx.model, ctx.first(), layers=ctx.layers)
     return [summarise_recording(ctx.stats, ctx.dataset)]
 
 
@@ -76,7 +77,7 @@ def referenced_recording(stats: QKVStats, path: Path, dataset: str) -> Section:
 
 
 def origin_step(ctx: Context) -> list[Section]:
-    origin = origin_shift(ctx.model, ctx.stats, layers=ctx.layers, heads=ctx.heads, data=ctx.batches)
+    origin = origin_shift(ctx.model, ctx.stats, layers=ctx.layers, heads=ctx.heads, data=ctx.first())
     figs = plots.origin_shift_figures(origin, ctx.name, ctx.data_label())
     med = origin.groupby("kind")[["shift_ratio", "bias_share"]].median()
     top = origin.sort_values("shift_ratio", ascending=False).iloc[0]
@@ -118,8 +119,9 @@ def scores_step(ctx: Context) -> list[Section]:
     if family.score_refusal:  # said in the report, not skipped silently
         return [Section("key_prior", "Key prior", f"Not computed for {family.label}: {family.score_refusal}.",
                         dict(refused=family.score_refusal))]
-    dec = score_decomposition(ctx.model, ctx.first(2), layers=ctx.layers, heads=ctx.heads)
-    label = ctx.data_label(ctx.first(2))
+    batches = ctx.first(2)
+    dec = score_decomposition(ctx.model, batches, layers=ctx.layers, heads=ctx.heads)
+    label = ctx.data_label(batches)
     shares = dec.groupby("term").share.mean()
     numbers = dict(mean_share={t: float(v) for t, v in shares.items()})
     kp = numbers["mean_share"].get("key_prior", 0.0)
@@ -140,7 +142,7 @@ def scores_step(ctx: Context) -> list[Section]:
 
 
 def invariance_step(ctx: Context) -> list[Section]:
-    inv = bias_invariances(ctx.model, ctx.batches[:1], layers=ctx.layers)
+    inv = bias_invariances(ctx.model, ctx.first(1), layers=ctx.layers)
     worst = inv.groupby("check").max_abs_diff.max()
     family = ctx.model.interp.spec
     numbers = dict(k_bias_pattern_max_abs_diff=float(worst["k_bias_pattern"]),
@@ -180,9 +182,10 @@ def _families_text(numbers: dict, families: str) -> str:
 
 
 def frequency_step(ctx: Context) -> list[Section]:
-    aim = dict(layers=ctx.layers, heads=ctx.heads)
-    shift = frequency_shift_under_ablation(ctx.model, ctx.batches[:2], kinds=("q",), **aim)
-    clustered = _families(frequency_profile(ctx.model, ctx.batches[:2], **aim))
+    aim, batches = dict(layers=ctx.layers, heads=ctx.heads), ctx.first(2, n_quick=2)
+    label = ctx.data_label(batches)
+    shift = frequency_shift_under_ablation(ctx.model, batches, kinds=("q",), **aim)
+    clustered = _families(frequency_profile(ctx.model, batches, **aim))
     fam = clustered.groupby("cluster")[["hf_ratio", "mean_attention_distance"]].mean()
     per_layer = clustered.groupby("layer").mean_attention_distance.mean()
     unit = clustered.distance_unit.iloc[0]
@@ -207,7 +210,7 @@ def frequency_step(ctx: Context) -> list[Section]:
     tables = {"frequency_profile": clustered, "frequency_shift_q_bias": shift}
     return [
         Section("head_families", "Head families", _families_text(numbers, families), numbers, tables=tables,
-                figures={"clusters": plots.cluster_grid_figure(clustered, ctx.name, ctx.data_label(ctx.batches[:2]))},
+                figures={"clusters": plots.cluster_grid_figure(clustered, ctx.name, label)},
                 shown=["clusters"],
                 heatmaps=[Heatmap("frequency_profile", "hf_ratio", "high-frequency share of output power", facet=None,
                                   title=f"{ctx.name}: hf_ratio per head")],
@@ -221,15 +224,14 @@ def frequency_step(ctx: Context) -> list[Section]:
                 f"{distance['q_bias_removal_distance_change_max_abs']:.2f}) and its "
                 f"hf_ratio by {distance['q_bias_removal_hf_ratio_change_mean_abs']:.4f} on average.", distance,
                 figures={"attention_distance": plots.attention_distance_figure(
-                    clustered, ctx.name, data=ctx.data_label(ctx.batches[:2]))},
+                    clustered, ctx.name, data=label)},
                 shown=["attention_distance"],
                 heatmaps=[Heatmap("frequency_profile", "mean_attention_distance", f"mean attention distance ({unit})",
                                   facet=None, title=f"{ctx.name}: mean attention distance per head")]),
         Section("spectra", "Spectra", "Log amplitude (relative to DC) of each head's output over radial frequency "
                 f"bins; rows are heads, coloured by family. {len(spectra['empty_bins'])} of {spectra['n_bins']} bins "
                 "hold no frequency on this patch grid.", spectra,
-                figures={"spectrum_clustermap": plots.spectrum_clustermap(clustered, ctx.name,
-                                                                          ctx.data_label(ctx.batches[:2]))},
+                figures={"spectrum_clustermap": plots.spectrum_clustermap(clustered, ctx.name, label)},
                 shown=["spectrum_clustermap"]),
     ]
 
@@ -277,7 +279,8 @@ def _sinks_text(n: dict[str, Any]) -> str:
 
 def sinks_step(ctx: Context) -> list[Section]:
     """Attention sinks (threshold 0.3), the implicit value bias beside b_v W_O, and massive activations,
-    on the first 2 batches (1 in quick mode); no removal runs (``sink_profile(remove=...)`` is costly)."""
+    on the batches ``Context.first`` gives (all of them on the command line; in the demo the first 2, 1 in quick
+    mode); no removal runs (``sink_profile(remove=...)`` is costly)."""
     batches = ctx.first(2)
     label = ctx.data_label(batches)
     aim = dict(layers=ctx.layers, heads=ctx.heads)
@@ -425,12 +428,13 @@ def ablation_step(ctx: Context) -> list[Section]:
     norm (``method="random"``) by the one-pass estimate only, so that the control costs one pass, not a
     second sweep (its marks on the figure say which estimate they are; its rows are the section's table
     ``ablation_random_control``, not a second sweep log)."""
-    results = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="zero",
+    batches = ctx.first(2)
+    results = ablate_bias(ctx.model, batches, kinds=("q", "k", "v"), method="zero",
                           estimate=ctx.ablation_estimate, top_k=ctx.top_k,
                           out=ctx.out)  # its log (ablation.jsonl) beside the one table, ablation.csv
     cheap = one_pass_estimate(ctx.model, str(results.metric.iloc[0]))
-    control = ablate_bias(ctx.model, ctx.first(2), kinds=("q", "k", "v"), method="random", estimate=cheap)
-    return [summarise_ablation(results, ctx.name, ctx.data_label(ctx.first(2)), control)]
+    control = ablate_bias(ctx.model, batches, kinds=("q", "k", "v"), method="random", estimate=cheap)
+    return [summarise_ablation(results, ctx.name, ctx.data_label(batches), control)]
 
 
 Step = Callable[[Context], list[Section]]
@@ -443,20 +447,26 @@ STEPS: dict[str, Step] = {
 
 def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False,
                  out: Optional[Path] = None, ablation_estimate: str = "auto", top_k: int = 5,
-                 data_options: Optional[dict[str, Any]] = None, layers: Any = None, heads: Any = None) -> Context:
+                 data_options: Optional[dict[str, Any]] = None, layers: Any = None, heads: Any = None,
+                 max_batches: Optional[int] = None, cap_steps: bool = False, command: Optional[str] = None) -> Context:
     """The shared context for ``model`` on a built-in dataset (its modality's default when None) or a
-    researcher's own (anything ``open_data`` takes: the first 8 items in quick mode, else all of it).
+    researcher's own (anything ``open_data`` takes: the first 8 items in quick mode, else all of it), read
+    up to ``max_batches`` batches (None: all). ``cap_steps``: the expensive steps read only their first
+    batches (the demo; see ``Context.first``), else every step reads every batch read here.
     ``ablation_estimate`` / ``top_k``: how the ablation step measures (see ``ablate_bias``);
     ``data_options``: ``resolve_data``'s options (text_column, batch_size, max_items, ...); ``layers`` /
-    ``heads`` (None: all): the rows the analysis steps compute (checked here, before any step)."""
+    ``heads`` (None: all): the rows the analysis steps compute (checked here, before any step); ``command``: the
+    command writing into ``out`` (its entry in the folder's manifest)."""
     aim = dict(layers=None if layers is None else check_layers(layers, model.interp),
                heads=None if heads is None else check_heads(heads, model.interp))
+    max_batches = check_max_batches(max_batches)
     dataset = dataset or ("photos" if model.interp.modality == "vision" else "python-docs")
     options = {"batch_size": 4, **{k: v for k, v in (data_options or {}).items() if v is not None}}
-    batches = list(open_data(model, dataset, options, n=8 if quick else None))
+    batches = list(itertools.islice(open_data(model, dataset, options, n=8 if quick else None), max_batches))
     if out is not None:
-        begin_outputs(out)  # the command starts here: its steps write (ablation logs) before the report
-    return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k, **aim)
+        begin_outputs(out, command)  # the command starts here: its steps write (ablation logs) before the report
+    return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k,
+                   cap_steps=cap_steps, **aim)
 
 
 def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print,
@@ -471,7 +481,7 @@ def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[st
     sections: list[Section] = []
     for i, name in enumerate(names, 1):
         log(f"[{i}/{len(names)}] {name}")
-        t0 = time.time()
+        t0, ctx.step = time.time(), name
         try:
             made = STEPS[name](ctx)
         except Exception as exc:  # noqa: BLE001 - reported in the partial report, then raised by the caller

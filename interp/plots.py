@@ -12,6 +12,13 @@ import seaborn as sns
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from interp.io import atomic_path
+from interp.plot_checks import check_table
+
+PER_HEAD = "a per-head analyzer (interp.origin_shift, score_decomposition, frequency_profile, ablate_bias)"
+ORIGIN = "interp.origin_shift(model, stats)"
+ABLATION = "interp.ablate_bias(model, data)"
+CLUSTERS = "interp.cluster_heads(interp.frequency_profile(model, data))"
+SINKS = "interp.sink_profile(model, data)"
 
 
 def _grid(df: pd.DataFrame, value: str) -> pd.DataFrame:
@@ -88,6 +95,7 @@ def layer_head_heatmaps(
     in ``notes`` is drawn as a text panel ("no b_k in this model", "inert by identity")
     instead of a flat field; ``subtitle`` says the data (e.g. "photos, 2,056 patches").
     """
+    check_table(df, "layer_head_heatmaps", PER_HEAD, ["layer", "head", facet, value])
     facets = [str(f) for f in (list(facets) if facets is not None else list(dict.fromkeys(df[facet])))]
     df = df.assign(**{facet: df[facet].astype(str)})
     notes = notes or {}
@@ -114,6 +122,8 @@ def layer_head_heatmaps(
 def origin_shift_figures(origin: pd.DataFrame, model_name: str, data: str = "") -> dict[str, plt.Figure]:
     """Shift ratio and bias share per kind (q, k, v), as layer x head heatmaps (own scale per kind); where the
     frame has bootstrap intervals, also the top heads with them (``shift_ratio_intervals``, ...)."""
+    check_table(origin, "origin_shift_figures", ORIGIN, ["layer", "head", "kind", "shift_ratio", "bias_share"],
+                keys=["layer", "head", "kind"])
     notes = panel_notes(origin)
     return {
         "shift_ratio": layer_head_heatmaps(
@@ -135,6 +145,9 @@ def interval_figure(frame: pd.DataFrame, value: str, model_name: str, *, facet: 
                     label: str = "", data: str = "") -> plt.Figure:
     """The ``top`` heads per panel by ``value``, each a dot with its 95% bootstrap interval over items
     (``value``_lo to ``value``_hi) as a line: the uncertainty a heatmap of the same values cannot show."""
+    check_table(frame, "interval_figure", "an analyzer with bootstrap intervals (interp.origin_shift(model, stats, "
+                "data=data), interp.score_decomposition)", ["layer", "head", facet, value, f"{value}_lo",
+                                                            f"{value}_hi"], keys=["layer", "head", facet])
     facets = [f for f in dict.fromkeys(frame[facet]) if frame[frame[facet] == f][f"{value}_lo"].notna().any()]
     fig, axes = plt.subplots(1, max(len(facets), 1), figsize=(3.6 * max(len(facets), 1) + 0.6,
                                                              0.32 * top + 1.8), squeeze=False)
@@ -161,6 +174,8 @@ def interval_figure(frame: pd.DataFrame, value: str, model_name: str, *, facet: 
 
 def key_prior_share_figure(decomposition: pd.DataFrame, model_name: str, data: str = "") -> plt.Figure:
     """Share of within-row score variance carried by the key-prior term b_q . x_j W_k, on 0-1."""
+    check_table(decomposition, "key_prior_share_figure", "interp.score_decomposition(model, data)",
+                ["layer", "head", "term", "share"], keys=["layer", "head", "term"])
     df = decomposition[decomposition.term == "key_prior"].assign(term="key_prior")
     return layer_head_heatmaps(
         df, "share", facet="term", cbar_label="share of score variance", cmap="rocket",
@@ -185,6 +200,9 @@ def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data
     """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads (with the 95% bootstrap interval
     over items where there is one, and, where ``method="random"`` rows are among ``results``, each head's
     random-direction control as a mark), estimate vs exact."""
+    check_table(results, "ablation_figures", ABLATION, ["layer", "head", "kind", "method", "estimate", "metric",
+                                                        "delta", "baseline"],
+                keys=["layer", "head", "kind", "method", "estimate", "scope"])
     figs: dict[str, plt.Figure] = {}
     per_head = results[results.scope == "head"] if "scope" in results else results
     control = per_head[per_head.method == "random"]
@@ -289,6 +307,8 @@ def bin_labels(n_bins: int, unit: str = "patch") -> list[str]:
 def spectrum_clustermap(clustered: pd.DataFrame, model_name: str, data: str = ""):
     """Heads x radial-frequency bins (cycles per patch or token), rows grouped by k-means family
     (so the strip and the rows agree; no dendrogram), with a legend for the family strip."""
+    check_table(clustered, "spectrum_clustermap", CLUSTERS, ["layer", "head", "cluster"], keys=["layer", "head"],
+                prefix="bin_")
     bins = [c for c in clustered.columns if c.startswith("bin_")]
     ordered = clustered.sort_values(["cluster", "layer", "head"])
     data_rows = ordered.set_index(ordered.apply(lambda r: f"L{int(r.layer)}H{int(r['head'])}", axis=1))[bins]
@@ -319,6 +339,8 @@ def spectrum_clustermap(clustered: pd.DataFrame, model_name: str, data: str = ""
 def attention_distance_figure(profile: pd.DataFrame, model_name: str, hue: Optional[str] = "cluster",
                               data: str = "") -> plt.Figure:
     """Mean attention distance of every head against layer (ViT paper, Figure 7 style)."""
+    check_table(profile, "attention_distance_figure", "interp.frequency_profile(model, data)",
+                ["layer", "head", "mean_attention_distance"], keys=["layer", "head"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     use_hue = hue if hue in profile.columns else None
     sns.scatterplot(data=profile, x="layer", y="mean_attention_distance", hue=use_hue,
@@ -335,6 +357,7 @@ def attention_distance_figure(profile: pd.DataFrame, model_name: str, hue: Optio
 
 def cluster_grid_figure(clustered: pd.DataFrame, model_name: str, data: str = "") -> plt.Figure:
     """Layer x head grid coloured by head family (cluster 0 = most low-pass)."""
+    check_table(clustered, "cluster_grid_figure", CLUSTERS, ["layer", "head", "cluster"], keys=["layer", "head"])
     grid = _grid(clustered, "cluster")
     k = int(clustered.cluster.max()) + 1
     fig, ax = plt.subplots(figsize=(0.5 * grid.shape[1] + 3, 0.35 * grid.shape[0] + 2))
@@ -362,6 +385,8 @@ def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, d
     """From ``sink_profile``: per layer x head, the position class that receives the most attention
     (the cell's label; * where its mass exceeds the profile's threshold, i.e. a sink) and that mass
     (the colour, on 0-1)."""
+    check_table(profile, "sink_mass_grid", SINKS, ["layer", "head", "position", "mass", "sink", "threshold"],
+                keys=["layer", "head", "position"])
     threshold = float(profile.threshold.iloc[0])
     top = profile.loc[profile.groupby(["layer", "head"]).mass.idxmax()]
     grid = _grid(top, "mass")
@@ -384,6 +409,8 @@ def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, d
 def implicit_vs_explicit(frame: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
     """From ``implicit_value_bias``: each head's implicit value bias ||mean c_i|| against its explicit
     ||b_v W_O||, both in residual-stream units on the same axes (y = x dashed)."""
+    check_table(frame, "implicit_vs_explicit", "interp.implicit_value_bias(model, data)",
+                ["layer", "head", "explicit_norm", "implicit_norm", "positions", "has_b_v"], keys=["layer", "head"])
     fig, ax = plt.subplots(figsize=(6, 5.5))
     sns.scatterplot(data=frame, x="explicit_norm", y="implicit_norm", hue="layer", palette="viridis", ax=ax, s=35)
     hi = 1.05 * float(max(frame.explicit_norm.max(), frame.implicit_norm.max(), 1e-12))
@@ -406,6 +433,9 @@ def implicit_vs_explicit(frame: pd.DataFrame, *, model_name: Optional[str] = Non
 def massive_activations_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
     """From ``massive_activations``: the top |residual values| per layer and the median |value|, log scale
     (Sun et al. 2024, Fig. 1); ringed points are flagged massive."""
+    check_table(frame, "massive_activations_plot", "interp.massive_activations(model, data)",
+                ["layer", "rank", "abs_value", "median_abs", "massive", "abs_threshold", "ratio_threshold"],
+                keys=["layer", "rank"])
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for rank, part in frame.groupby("rank"):
         ax.plot(part.layer, part.abs_value, marker="o", ms=4, label=f"top {rank}")
@@ -431,6 +461,9 @@ def token_norm_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, da
     """From ``high_norm_tokens``: per layer the token-norm distribution (5-95% and 25-75% bands, median,
     max) and the kept outliers (norm > k x median) as points coloured by the attention mass they receive;
     log scale when the largest norm is over 20x the median."""
+    check_table(frame, "token_norm_plot", "interp.high_norm_tokens(model, data)",
+                ["layer", "rank", "norm", "mass", "k", "n_outliers", "norm_q05", "norm_q25", "norm_median", "norm_q75",
+                 "norm_q95", "norm_max"], keys=["layer", "rank"])
     per_layer = frame.drop_duplicates("layer").sort_values("layer")
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     x = per_layer.layer
@@ -468,6 +501,9 @@ def key_prior_sink_plot(profile: pd.DataFrame, *, model_name: Optional[str] = No
     """From ``sink_profile(remove="key_prior")``: for the ``top`` sinks (head x position with mass over the
     threshold, in layers with b_q) the mass intact, with the key-prior term b_q W_k^T x_j removed from the
     scores, and with b_q zeroed; the label gives the key prior's share (intact - removed) / intact."""
+    check_table(profile, "key_prior_sink_plot", "interp.sink_profile(model, data, remove='key_prior')",
+                ["layer", "head", "position", "mass", "sink", "has_b_q", "threshold"],
+                keys=["layer", "head", "position"])
     name = _model_of(profile, model_name)
     fig, ax = plt.subplots(figsize=(7.5, max(3.0, 0.32 * min(top, 40) + 1.8)))
     title = f"{name}: how much of each sink the query bias writes (key prior b_q W_k^T x_j)"

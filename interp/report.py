@@ -14,19 +14,27 @@ import html
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from interp.interactive import heatmap_html, page_scripts, rows_of, sortable_table
-from interp.io import atomic_path, begin_outputs, forget_outputs, sha256_file, written_since_begin, write_table
+from interp.io import (
+    MANIFEST, atomic_path, begin_outputs, command_of, forget_outputs, manifest_entries, refuse_overwriting, sha256_file,
+    write_manifest_entries, write_table, written_since_begin,
+)
 from interp.sections import Section
 from interp.plots import save_figure
 
 
-MANIFEST = "manifest.json"
+def section_files(section: Section) -> list[str]:
+    """The names of the files ``write_section`` writes for ``section``."""
+    return ([f"{name}.{ext}" for name in section.tables for ext in ("csv", "parquet")]
+            + [f"{name}.safetensors" for name in section.stats] + [f"{name}.png" for name in section.figures])
 
 
 def write_section(section: Section, out: Path) -> dict[str, Path]:
-    """Write a section's tables, figures and statistics into ``out``; return the figure paths."""
+    """Write a section's tables, figures and statistics into ``out``; return the figure paths. A file another
+    command's manifest entry lists there is refused before anything is written (``refuse_overwriting``)."""
+    refuse_overwriting(out, section_files(section), command_of(out))
     for name, table in section.tables.items():
         write_table(table, out / name)
     for name, stats in section.stats.items():
@@ -35,18 +43,27 @@ def write_section(section: Section, out: Path) -> dict[str, Path]:
 
 
 def write_manifest(out: Path, meta: dict) -> Path:
-    """Write ``manifest.json`` last: every file this command wrote into the folder (since
-    ``begin_outputs``; files earlier commands left there are not listed) with its sha256, and what produced them.
+    """Write this command's entry into ``manifest.json``, last: every file it wrote into the folder (since
+    ``begin_outputs``; files earlier commands left there are not listed) with its sha256, and what produced them
+    (``meta``, whose ``command`` names the entry). The folder's other commands keep their entries (``commands``,
+    oldest first; a rerun of a command replaces its own); the top-level ``meta`` and ``files`` are this one's.
 
-    Files written together form one unit: a reader that finds no manifest, or a file whose
-    hash differs from it, is looking at a run that did not finish.
+    Files written together form one unit: a reader that finds no entry, or a file whose hash differs from
+    it, is looking at a run that did not finish.
     """
     files = {str(p.relative_to(out)): sha256_file(p) for p in written_since_begin(out) if p.name != MANIFEST}
+    command = str(meta.get("command") or command_of(out) or "report")
     forget_outputs(out)
-    path = out / MANIFEST
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(_json_ready(dict(meta=meta, files=files)), indent=2))
-    return path
+    entries = [e for e in manifest_entries(out) if e.get("command") and e.get("command") != command]
+    entry = _json_ready(dict(command=command, meta=meta, files=files))
+    return write_manifest_entries(out, [*entries, entry])
+
+
+def manifest_entry(out: Path, command: Optional[str] = None, file: Optional[str] = None) -> Optional[dict]:
+    """The entry of ``out``'s manifest written by ``command`` and/or listing ``file`` (the latest such), or None."""
+    found = [e for e in manifest_entries(out) if (command is None or e.get("command") == command)
+             and (file is None or file in e.get("files", {}))]
+    return found[-1] if found else None
 
 
 def _json_ready(value: Any) -> Any:
@@ -115,8 +132,11 @@ def render_report(sections: Sequence[Section], figures: dict[str, Path], meta: d
 
 
 def write_report(sections: Sequence[Section], meta: dict, out: Path) -> Path:
-    """Write every section's files, then ``summary.json`` and ``report.html``."""
-    begin_outputs(out)
+    """Write every section's files, then ``summary.json`` and ``report.html`` (none if a file of another
+    command's would be replaced: see ``write_section``)."""
+    begin_outputs(out, meta.get("command"))
+    refuse_overwriting(out, [n for s in sections for n in section_files(s)] + ["summary.json", "report.html"],
+                       command_of(out))
     figures: dict[str, Path] = {}
     for section in sections:
         figures.update(write_section(section, out))

@@ -52,6 +52,9 @@ class Context:
     top_k: int = 5
     layers: Optional[list[int]] = None  # the layers and heads the analysis steps look at (None: all)
     heads: Optional[list[int]] = None
+    cap_steps: bool = False  # the demo: each expensive step reads only its first batches (see ``first``)
+    analysed: dict[str, dict[str, int]] = field(default_factory=dict)  # per step: the items and batches it read
+    step: str = ""  # the step running (``run_steps`` sets it), the key ``first`` notes its batches under
 
     @property
     def name(self) -> str:
@@ -71,6 +74,17 @@ class Context:
         unit = ("patches", "images") if vision else ("tokens", "sequences")
         return f"{self.dataset}, {count:,} {unit[0]} ({items:,} {unit[1]})"
 
-    def first(self, n_full: int) -> list[Batch]:
-        """The first batches an expensive step uses: 1 in quick mode, else ``n_full``."""
-        return self.batches[:1] if self.quick else self.batches[:n_full]
+    def first(self, n_full: Optional[int] = None, n_quick: int = 1) -> list[Batch]:
+        """The batches a step analyses, noted in ``analysed`` under the running step: all of ``batches`` (the
+        data as read, already cut to ``--max-batches``) for a cheap step (``n_full`` None) and wherever steps
+        are not capped (every CLI analysis command); else, for an expensive step, 1 in quick mode and the
+        first ``n_full`` in the demo (``cap_steps``); ``n_quick`` in quick mode."""
+        if n_full is None or not (self.quick or self.cap_steps):
+            chosen = self.batches
+        else:
+            chosen = self.batches[:n_quick] if self.quick else self.batches[:n_full]
+        seen = self.analysed.get(self.step or "?", dict(items=0, batches=0))
+        items = sum(int(b.inputs.shape[0]) for b in chosen)
+        self.analysed[self.step or "?"] = dict(items=max(items, seen["items"]),
+                                               batches=max(len(chosen), seen["batches"]))
+        return chosen

@@ -27,6 +27,7 @@ import seaborn as sns
 from plotly.subplots import make_subplots
 
 from interp.errors import InputError
+from interp.plot_checks import check_table
 
 CONDITION_TITLES = {
     "intact": "intact",
@@ -38,11 +39,20 @@ CONDITION_TITLES = {
 Head = tuple[int, int]
 
 
+SINGLE_INPUT = "interp.single_input(model, input)"
+
+
 def _view(view: Any) -> Any:
-    """``view`` if it looks like ``interp.single_input``'s result, else one clear error."""
+    """``view`` if it looks like ``interp.single_input``'s result (its tables checked as every plot checks its
+    table: columns, one model, each row once), else one clear error."""
     needed = ("patterns", "heads", "key_prior", "positions", "image", "meta")
     if not all(hasattr(view, n) for n in needed) or not isinstance(getattr(view, "patterns"), pd.DataFrame):
-        raise InputError(f"expected the result of interp.single_input(model, input); got {type(view).__name__}")
+        raise InputError(f"expected the result of {SINGLE_INPUT}; got {type(view).__name__}")
+    check_table(view.patterns, "the single-input figures' patterns", SINGLE_INPUT,
+                ["layer", "head", "condition", "query_pos", "key_pos", "key_kind", "weight", "delta"],
+                keys=["layer", "head", "condition", "query_pos", "key_pos"])
+    check_table(view.heads, "the single-input figures' heads", SINGLE_INPUT, ["layer", "head", "condition", "kl"],
+                keys=["layer", "head", "condition"])
     return view
 
 

@@ -204,3 +204,136 @@ def test_ablate_writes_one_table(tmp_path):
     assert set(rows.estimate) == {"attribution", "exact"} and (rows.layer == 0).all()
     same = pd.read_parquet(tmp_path / "ablation.parquet")
     assert same[["layer", "head", "estimate"]].astype(str).equals(rows[["layer", "head", "estimate"]].astype(str))
+
+
+# ----- the command line and the API give the same numbers on the same file (issue 31) -------------------------
+
+@pytest.fixture(scope="module")
+def digit_folder(tmp_path_factory):
+    """10 digits as PNG files: 3 batches of 4, 4, 2 (more than the 2 batches the commands once analysed)."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    folder = tmp_path_factory.mktemp("digit_pngs")
+    for i, image in enumerate(load_digits().images[:10]):
+        Image.fromarray((image * 16).clip(0, 255).astype(np.uint8)).save(folder / f"{i:02d}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def digits_vit():
+    import interp
+
+    return interp.load_model("digits-vit", device="cpu")
+
+
+def _api_tables(command, model, data):
+    """What the API computes for each command, on all of ``data``, by table name."""
+    import interp
+    from interp.analysis.frequency import frequency_shift_under_ablation
+    from interp.analysis.sinks import sink_shares
+
+    if command in ("record", "origin"):
+        stats = interp.record_qkv(model, data, progress=False)
+        if command == "record":
+            return {"qkv_stats": stats.to_frame()}
+        return {"qkv_stats": stats.to_frame(), "origin_shift": interp.origin_shift(model, stats, data=data)}
+    if command == "scores":
+        return {"score_decomposition": interp.score_decomposition(model, data),
+                "bias_invariances": interp.bias_invariances(model, data)}
+    if command == "frequency":  # 2 heads: no families fitted (cluster_heads' permutation null costs 10 s here)
+        aim = dict(layers=[1], heads=[0, 1])
+        profile = interp.frequency_profile(model, data, **aim)
+        return {"frequency_profile": profile, "frequency_shift_q_bias": frequency_shift_under_ablation(
+            model, data, kinds=("q",), **aim)}
+    if command == "sinks":
+        profile = interp.sink_profile(model, data, threshold=0.3, progress=False)
+        return {"sink_profile": profile, "sink_shares": sink_shares(profile),
+                "implicit_value_bias": interp.implicit_value_bias(model, data, progress=False),
+                "massive_activations": interp.massive_activations(model, data, progress=False)}
+    return {"ablation": interp.ablate_bias(model, data, kinds=("q", "v"), estimate="exact", layers=[1], n_boot=20,
+                                           progress=False)}
+
+
+FLAGS = {"ablate": ["--kinds", "q,v", "--estimate", "exact", "--layers", "1", "--n-boot", "20"],
+         "frequency": ["--layers", "1", "--heads", "0,1"]}
+
+
+@pytest.mark.parametrize("command", ["record", "origin", "scores", "frequency", "sinks", "ablate"])
+def test_the_command_line_gives_the_api_numbers_on_the_same_file(command, digit_folder, digits_vit, tmp_path):
+    """Every analysis command reads all of the file (3 batches; frequency and sinks once analysed the first 2 while
+    the manifest counted all 10 items) and writes the API's table on it, number for number (both through CSV)."""
+    import io
+
+    from interp.cli import main as cli_main
+    from interp.data import open_data
+
+    out = tmp_path / command
+    flags = FLAGS.get(command, [])
+    assert cli_main([command, "--model", "digits-vit", "--data", str(digit_folder), "--batch-size", "4", "--device",
+                     "cpu", "--out", str(out), *flags]) == 0
+    data = open_data(digits_vit, str(digit_folder), dict(batch_size=4))
+    for name, table in _api_tables(command, digits_vit, data).items():
+        api, cli = pd.read_csv(io.StringIO(table.to_csv(index=False))), pd.read_csv(out / f"{name}.csv")
+        if name == "frequency_profile":  # the command's table adds the families (one, for 2 heads)
+            cli = cli.drop(columns=list(CLUSTER_COLUMNS))
+        pd.testing.assert_frame_equal(cli, api, check_exact=True, obj=name)
+    meta = json.loads((out / "manifest.json").read_text())["meta"]
+    analysed = meta.get("analysed", {}).values() or [dict(items=meta["items_analysed"],
+                                                          batches=meta["batches_analysed"])]
+    assert all(a == dict(items=10, batches=3) for a in analysed), meta
+    assert meta["max_batches"] is None
+
+
+def test_one_folder_keeps_each_commands_data_and_refuses_a_command_that_would_replace_anothers(tmp_path, capsys):
+    """record then sinks into one --out: sinks' manifest replaced record's, so `origin --stats` read the sinks'
+    data flags (4 items) for statistics recorded on 8 and refused them. Each command keeps its entry; a command
+    whose files would replace another's (origin writes qkv_stats too) is refused, the record's files untouched."""
+    from interp.cli import main as cli_main
+    from interp.io import sha256_file
+
+    into = ["--model", "digits-vit", "--data", "digits", "--out", str(tmp_path)]
+    assert cli_main(["record", *into, "--max-items", "8"]) == 0
+    assert cli_main(["sinks", *into, "--max-items", "4", "--layers", "0"]) == 0
+    commands = json.loads((tmp_path / "manifest.json").read_text())["commands"]
+    entries = {e["command"]: e for e in commands}
+    assert [e["command"] for e in commands] == ["record", "sinks"]
+    assert (entries["record"]["meta"]["data_options"]["max_items"], entries["sinks"]["meta"]["items"]) == (8, 4)
+    assert "qkv_stats.safetensors" in entries["record"]["files"] and "sink_profile.csv" in entries["sinks"]["files"]
+    assert cli_main(["origin", "--model", "digits-vit", "--stats", str(tmp_path), "--out", str(tmp_path / "o")]) == 0
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["meta"]["items"] == 8
+    recorded = sha256_file(tmp_path / "qkv_stats.csv")
+    capsys.readouterr()
+    assert cli_main(["origin", *into, "--max-items", "4", "--layers", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "holds the results of 'interp record'" in err and "choose another --out" in err
+    assert sha256_file(tmp_path / "qkv_stats.csv") == recorded and not (tmp_path / "origin_shift.csv").exists()
+    assert [e["command"] for e in json.loads((tmp_path / "manifest.json").read_text())["commands"]] == [
+        "record", "sinks"]
+
+
+def test_an_output_folder_that_cannot_hold_the_results_is_refused_before_the_model_loads(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """--out a file, a folder below a file, a folder that is not writable, a manifest.json that is not JSON (it
+    would have been removed): one line each, before any work, and nothing there changes."""
+    import interp.io
+    from interp.cli import main as cli_main
+
+    file = tmp_path / "results.csv"
+    file.write_text("mine\n")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "manifest.json").write_text("not json")
+    cases = {str(file): "is a file, not a folder", str(file / "sub"): "is a file, not a folder",
+             str(tmp_path / "odd"): "is not a manifest interp wrote"}
+    for command in ("record", "sinks", "ablate", "demo", "inventory"):
+        for out, message in cases.items():
+            argv = [command, "--model", "no-such-model", "--out", out] + (["--data", "digits"] if command in (
+                "record", "ablate") else [])
+            assert cli_main(argv) == 1
+            err = capsys.readouterr().err
+            assert message in err and "unknown model" not in err, (command, out, err)
+    assert file.read_text() == "mine\n" and (tmp_path / "odd" / "manifest.json").read_text() == "not json"
+    monkeypatch.setattr(interp.io.os, "access", lambda *a: False)  # (as root every folder is writable)
+    assert cli_main(["sinks", "--model", "no-such-model", "--out", str(tmp_path / "new")]) == 1
+    assert "is not writable: choose another output folder" in capsys.readouterr().err

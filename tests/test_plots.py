@@ -22,3 +22,81 @@ def test_heatmaps_have_titles_labels_and_one_panel_per_kind(tmp_path):
     single = layer_head_heatmaps(df[df.kind == "q"], "shift_ratio")
     mesh = single.axes[0].collections[0]
     assert mesh.get_array().reshape(3, 4)[2, 3] == 2.3
+
+
+# ----- every plot checks the table it draws (issue 31) --------------------------------------------------------
+
+import types  # noqa: E402
+
+import pytest  # noqa: E402
+
+from interp import plots  # noqa: E402
+from interp.errors import InputError  # noqa: E402
+
+HEADS = [dict(layer=layer, head=h) for layer in range(2) for h in range(3)]
+SINK_PROFILE = pd.DataFrame([dict(model="m", **lh, position=p, mass=0.4, sink=True, threshold=0.3, has_b_q=True)
+                             for lh in HEADS for p in ("first", "top_content")])
+ORIGIN = pd.DataFrame([dict(**lh, kind=k, shift_ratio=1.0, bias_share=0.5, shift_ratio_lo=0.9, shift_ratio_hi=1.1)
+                       for lh in HEADS for k in "qkv"])
+# each figure, how it is called, and the analyzer its refusal must name
+FIGURES = {
+    "layer_head_heatmaps": (lambda f: plots.layer_head_heatmaps(f, "shift_ratio"), "origin_shift"),
+    "origin_shift_figures": (lambda f: plots.origin_shift_figures(f, "m"), "origin_shift"),
+    "interval_figure": (lambda f: plots.interval_figure(f, "shift_ratio", "m"), "origin_shift"),
+    "key_prior_share_figure": (lambda f: plots.key_prior_share_figure(f, "m"), "score_decomposition"),
+    "ablation_figures": (lambda f: plots.ablation_figures(f, "m"), "ablate_bias"),
+    "spectrum_clustermap": (lambda f: plots.spectrum_clustermap(f, "m"), "cluster_heads"),
+    "attention_distance_figure": (lambda f: plots.attention_distance_figure(f, "m"), "frequency_profile"),
+    "cluster_grid_figure": (lambda f: plots.cluster_grid_figure(f, "m"), "cluster_heads"),
+    "implicit_vs_explicit": (lambda f: plots.implicit_vs_explicit(f), "implicit_value_bias"),
+    "massive_activations_plot": (lambda f: plots.massive_activations_plot(f), "massive_activations"),
+    "token_norm_plot": (lambda f: plots.token_norm_plot(f), "high_norm_tokens"),
+    "sink_mass_grid": (lambda f: plots.sink_mass_grid(f), "sink_profile"),
+    "key_prior_sink_plot": (lambda f: plots.key_prior_sink_plot(f), r"sink_profile\(model, data, remove='key_prior'\)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_a_plot_given_another_analyzers_table_names_the_analyzer_that_makes_its_own(name):
+    """implicit_vs_explicit, massive_activations_plot and token_norm_plot given a sink profile raised KeyError or
+    AttributeError from pandas; every figure now says what its table lacks and which analyzer makes it."""
+    call, analyzer = FIGURES[name]
+    wrong = ORIGIN if "sink" in name else SINK_PROFILE
+    with pytest.raises(InputError, match=rf"{name} draws the table of .*{analyzer}.*lacks"):
+        call(wrong)
+    with pytest.raises(InputError, match="not a DataFrame"):
+        call(wrong.to_dict())
+    with pytest.raises(InputError, match="no rows|lacks"):
+        call(wrong.iloc[:0])
+
+
+def test_a_plot_refuses_two_models_rows_and_a_table_given_twice():
+    """sink_mass_grid on two models' rows drew one grid of the larger mass per cell, silently."""
+    two = pd.concat([SINK_PROFILE, SINK_PROFILE.assign(model="other", mass=0.9)], ignore_index=True)
+    with pytest.raises(InputError, match=r"sink_mass_grid .* for one model; this table holds rows of 2 .*m, other"):
+        plots.sink_mass_grid(two)
+    with pytest.raises(InputError, match=r"each \(layer, head, position\) once; 24 rows share"):
+        plots.sink_mass_grid(pd.concat([SINK_PROFILE, SINK_PROFILE]))
+    with pytest.raises(InputError, match=r"origin_shift_figures .* each \(layer, head, kind\) once"):
+        plots.origin_shift_figures(pd.concat([ORIGIN, ORIGIN]), "m")  # no model column: the repeat says it
+    assert plots.sink_mass_grid(SINK_PROFILE).axes  # the right table still draws
+    assert plots.origin_shift_figures(ORIGIN, "m")["shift_ratio_intervals"].axes
+
+
+def test_the_single_input_figures_check_the_views_tables():
+    from interp.single_input_plots import single_input_patterns
+
+    view = types.SimpleNamespace(patterns=SINK_PROFILE, heads=SINK_PROFILE, key_prior=SINK_PROFILE,
+                                 positions=SINK_PROFILE, image=None, meta={})
+    with pytest.raises(InputError, match=r"patterns draws the table of interp.single_input\(model, input\).*lacks "
+                                         "condition, query_pos"):
+        single_input_patterns(view)
+
+
+def test_check_table_names_a_missing_column_family_and_passes_the_right_table_through():
+    from interp.plot_checks import check_table
+
+    clustered = pd.DataFrame([dict(**lh, cluster=0, bin_0=1.0) for lh in HEADS])
+    assert check_table(clustered, "f", "a", ["layer", "head"], keys=["layer", "head"], prefix="bin_") is clustered
+    with pytest.raises(InputError, match=r"lacks bin_\*"):
+        check_table(clustered.drop(columns="bin_0"), "f", "a", ["layer"], prefix="bin_")

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 # Lowest layer first. A module may import only from layers strictly below its own.
 LAYERS = [
     ["interp._version", "interp.errors", "interp.types", "interp.hooks"],
-    ["interp.moments"],
+    ["interp.moments", "interp.plot_checks"],
     ["interp.io", "interp.bootstrap", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
      "interp.single_input_plots"],
     ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip",
@@ -140,6 +140,7 @@ TESTED_IN = {
     "interp.models.tiny": "tests/models/test_families.py",
     "interp.models.builders": "tests/models/test_families.py",
     "interp.patching": "tests/test_properties.py",
+    "interp.plot_checks": "tests/test_plots.py",
     "interp.sections": ("tests/test_pipeline.py", "sections"),
     "interp.single_input_plots": "tests/analysis/test_single_input.py",
     "interp.stats_dist": ("tests/test_record.py", "all_reduce"),

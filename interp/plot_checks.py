@@ -1,0 +1,52 @@
+"""What a figure checks before it draws: that it was given the table it draws (the analyzer's columns, rows,
+one model, each row once), else one ``InputError`` that names the analyzer making the right table.
+
+Every plot function of ``interp.plots`` and ``interp.single_input_plots`` calls ``check_table`` first, so a
+wrong table is refused in words instead of failing deep in pandas or seaborn (or, worse, drawing two models'
+rows averaged into one grid).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+
+from interp.errors import InputError
+
+__all__ = ["check_table"]
+
+MODEL_COLUMNS = ("model", "model_fingerprint")  # columns that say which model a row is of
+
+
+def check_table(frame: Any, figure: str, analyzer: str, columns: Sequence[str],
+                keys: Optional[Sequence[str]] = None, prefix: Optional[str] = None) -> pd.DataFrame:
+    """``frame`` if ``figure`` can draw it: a DataFrame with ``columns`` (and, with ``prefix``, a column
+    starting with it), at least one row, rows of one model (``model`` / ``model_fingerprint``), and each
+    ``keys`` combination once (two runs' tables concatenated hold them twice). ``analyzer``: what makes the
+    right table, e.g. ``"interp.sink_profile(model, data)"``."""
+    want = f"{figure} draws the table of {analyzer}"
+    if not isinstance(frame, pd.DataFrame):
+        raise InputError(f"{want}; got {type(frame).__name__}, not a DataFrame")
+    missing = [c for c in columns if c not in frame.columns]
+    if prefix is not None and not any(str(c).startswith(prefix) for c in frame.columns):
+        missing.append(f"{prefix}*")
+    if missing:
+        have = ", ".join(map(str, list(frame.columns)[:12])) + (", ..." if len(frame.columns) > 12 else "")
+        raise InputError(f"{want}; this table lacks {', '.join(missing)} (it has {have or 'no columns'}): is it "
+                         f"another analyzer's? Pass the result of {analyzer}")
+    if frame.empty:
+        raise InputError(f"{want}; this table has no rows (no layers or heads selected?)")
+    for column in MODEL_COLUMNS:
+        if column in frame.columns and frame[column].nunique(dropna=True) > 1:
+            models = ", ".join(map(str, frame[column].dropna().unique()[:4]))
+            raise InputError(f"{want} for one model; this table holds rows of {frame[column].nunique()} ({column}: "
+                             f"{models}): draw each model's rows apart, e.g. frame[frame.{column} == ...]")
+    keys = [k for k in keys or () if k in frame.columns]
+    if keys:
+        twice = frame.duplicated(keys, keep=False)
+        if twice.any():
+            first = frame.loc[twice, keys].iloc[0].to_dict()
+            raise InputError(f"{want}, each ({', '.join(keys)}) once; {int(twice.sum())} rows share theirs with "
+                             f"another row, e.g. {first}: two runs' tables concatenated? Draw one run's table")
+    return frame
