@@ -66,7 +66,8 @@ def __getattr__(name: str) -> _Any:
     if module is not None:
         value = getattr(_importlib.import_module(module), name)
         # the last line of defence: every function checks its inputs with one clear error; what
-        # such a check misses leaves as interp.errors.InternalError (a bug to report), never raw
+        # such a check misses leaves as interp.errors.InternalError (a bug to report), never raw. The
+        # public functions carry the guard where they are defined (@public); the extras get it here
         value = _public(value) if _inspect.isfunction(value) else value
     elif name in _SUBMODULES:
         value = _importlib.import_module(f"interp.{name}")

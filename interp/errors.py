@@ -80,7 +80,12 @@ def public(func: Callable) -> Callable:
     naming its parameters, and any exception outside ``InterpError`` (KeyboardInterrupt, SystemExit,
     MemoryError and CUDA out-of-memory excepted) leaves as ``InternalError``, saying what failed, on
     which input, and that it is a bug to report (the original exception is its ``__cause__``).
-    Specific, clear errors are raised by the checks inside; this only catches what they missed."""
+    Specific, clear errors are raised by the checks inside; this only catches what they missed.
+
+    Applied where each public function is defined (``@public``), so every import path is guarded
+    (``interp.X``, ``interp.ablation.X``, ``interp.analysis.sinks.X``); guarding twice is guarding once."""
+    if getattr(func, "__interp_public__", False):
+        return func
     sig = inspect.signature(func)
 
     @functools.wraps(func)

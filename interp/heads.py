@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from interp.checks import check_dtype, check_kind
-from interp.errors import InputError, UnsupportedModelError
+from interp.errors import InputError, UnsupportedModelError, public
 from interp.hooks import attn_hook
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.types import KINDS
@@ -96,6 +96,7 @@ def bias_present(model: InterpBridge, layer: int) -> dict[str, bool]:
     return {kind: getattr(_projection(model, layer, kind), "bias", None) is not None for kind in KINDS}
 
 
+@public
 def attention_weights(model: InterpBridge, layer: int, dtype: torch.dtype | None = None) -> AttentionWeights:
     """The raw (unfolded) per-head weights and biases of one attention layer."""
     info = require_bridge(model, "attention_weights").interp
@@ -132,6 +133,7 @@ def v_fold_vector(model: InterpBridge, layer: int, heads: list[int] | None = Non
     return einsum(b_v, w.W_O[query_heads], "h d, h d m -> m")
 
 
+@public
 def bias_spec(model: InterpBridge) -> pd.DataFrame:
     """The bias inventory: one row per layer x kind (q, k, v, o).
 

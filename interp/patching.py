@@ -25,7 +25,7 @@ from torch import Tensor
 
 from interp.data import Batch
 from interp.checks import inputs_checked_on_host
-from interp.errors import InputError
+from interp.errors import InputError, public
 from interp.heads import attention_weights, kv_group, v_fold_vector
 from interp.hooks import attn_hook, hook_name
 from interp.models.bridge import InterpBridge, require_bridge
@@ -76,6 +76,7 @@ def _add(delta: Tensor) -> Callable[[Tensor, Any], Tensor]:
     return edit
 
 
+@public
 def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method = "zero",
                      stats: Optional[QKVStats] = None, seed: int = 0) -> list[Hook]:
     """Forward hooks that patch the biases of ``targets`` out (see the module doc for methods;

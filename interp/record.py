@@ -17,7 +17,7 @@ from torch import Tensor
 from interp.capture import stream_batches
 from interp.checks import check_kinds, check_layers
 from interp.data import Batch, to_device
-from interp.errors import InputError, InterpError
+from interp.errors import InputError, InterpError, public
 from interp.fingerprint import model_fingerprint
 from interp.heads import attention_weights
 from interp.hooks import attn_hook, hook_name
@@ -80,6 +80,7 @@ def _hooks(stats: QKVStats, state: dict, capture_limit_mb: float) -> list[tuple[
     return hooks + [(attn_hook(layer, "q.hook_in"), input_hook(layer)) for layer in stats.layers]
 
 
+@public
 def record_qkv(
     model: InterpBridge,
     data: Any,

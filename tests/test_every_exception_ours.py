@@ -28,7 +28,7 @@ import interp.stats
 from interp.ablation.log import ResultLog
 from interp.cli import build_parser
 from interp.cli import main as cli_main
-from interp.errors import InternalError, InterpError
+from interp.errors import InputError, InternalError, InterpError
 from interp.models import tiny_hf_model, tiny_inputs
 from interp.models.zoo import ZOO
 from interp.stats import QKVStats
@@ -450,6 +450,38 @@ PUBLIC = sorted(n for n in interp.__all__ if inspect.isfunction(getattr(interp, 
 @pytest.mark.parametrize("name", PUBLIC)
 def test_every_public_function_is_guarded(name):
     assert getattr(getattr(interp, name), "__interp_public__", False), f"interp.{name} is not wrapped by public"
+
+
+DEFINED = sorted((n, m) for n, m in interp._PUBLIC.items() if inspect.isfunction(getattr(importlib.import_module(m), n)))
+
+
+@pytest.mark.parametrize("name, module", DEFINED, ids=[n for n, _ in DEFINED])
+def test_the_guard_sits_at_the_definition(name, module):
+    """Every import path gets the guarded function: the package, the module that exports it, and the one
+    that defines it (``interp.ablation.ablate_bias`` was unguarded)."""
+    func = getattr(interp, name)
+    assert getattr(func, "__interp_public__", False)
+    assert getattr(importlib.import_module(module), name) is func
+    assert getattr(importlib.import_module(func.__module__), name) is func
+
+
+def test_bad_input_through_the_defining_modules_is_our_error(ctx, monkeypatch):
+    import interp.ablation
+    import interp.analysis.origin
+    import interp.data.iterate
+
+    for call in (lambda: interp.ablation.ablate_bias(ctx.vit, [ctx.x], no_such_option=1),
+                 lambda: interp.ablation.sweep.merge_shards([], 3),
+                 lambda: interp.data.iterate.open_data(ctx.vit, [ctx.x], bogus=1),
+                 lambda: interp.analysis.sinks.sink_shares(profile=None, extra=2)):
+        exc = raised(call)
+        assert isinstance(exc, InputError) and "parameters are" in str(exc), exc
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+    monkeypatch.setattr(interp.analysis.origin, "require_stats", broken)
+    exc = raised(lambda: interp.analysis.origin.origin_shift(ctx.vit, ctx.stats))
+    assert isinstance(exc, InternalError) and isinstance(exc.__cause__, ZeroDivisionError)
 
 
 @pytest.mark.parametrize("name", PUBLIC)

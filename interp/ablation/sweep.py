@@ -58,7 +58,7 @@ from interp._version import __version__
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_count, check_not_blank
 from interp.data import Batch, batch_to_device, iter_batches
-from interp.errors import InputError
+from interp.errors import InputError, public
 from interp.fingerprint import callable_identity, data_fingerprint, hooks_identity, model_fingerprint
 from interp.heads import bias_present
 from interp.io import write_table
@@ -516,6 +516,7 @@ def _refuse_mixed_options(df: pd.DataFrame) -> None:
                          "of one sweep only (the same options on every rank)")
 
 
+@public
 def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """The ranks' ``ablate_bias`` frames as one table, in the one-process order: rows of each
     estimate in turn (the one-pass estimate first), variants by kind (q, k, v), layer, head; rows
@@ -540,6 +541,7 @@ def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     return df.drop(columns=["_e", "_k"]).reset_index(drop=True)
 
 
+@public
 def ablate_bias(
     model: InterpBridge,
     data: Any,

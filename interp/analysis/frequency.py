@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from interp.checks import as_index, check_count, check_fraction, check_heads, check_kinds, check_layers
 from interp.capture import stream_batches
 from interp.data import Batch, iter_batches
-from interp.errors import InputError
+from interp.errors import InputError, public
 from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.info import ModelInfo
@@ -217,6 +217,7 @@ def _profile_batches(model: InterpBridge, batches: Any, layers: Sequence[int], h
     return pd.DataFrame(rows)
 
 
+@public
 def frequency_profile(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int]] = None,
                       heads: Optional[Sequence[int]] = None, max_batches: Optional[int] = None,
                       progress: bool = True) -> pd.DataFrame:
@@ -232,6 +233,7 @@ def _select_heads(table: pd.DataFrame, heads: list[int]) -> pd.DataFrame:
     return table[table["head"].isin(heads)].reset_index(drop=True)
 
 
+@public
 def frequency_shift_under_ablation(model: InterpBridge, data: Any, kinds: Sequence[str] = ("q",), method: str = "zero",
                                    *, layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
                                    max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
@@ -321,6 +323,7 @@ def permutation_null(X: np.ndarray, method: str, seed: int, n_null: int) -> np.n
     return np.asarray(out)
 
 
+@public
 def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = "kmeans",
                   seed: int = 0, n_null: int = 19, alpha: float = 0.05) -> pd.DataFrame:
     """Group heads into families on standardised profile features (scikit-learn), or say there are none.

@@ -38,6 +38,7 @@ from interp.analysis.sink_parts import (
 from interp.analysis.sinks import _token_label
 from interp.checks import check_layers
 from interp.data import Batch, to_device
+from interp.errors import public
 from interp.hooks import block_hook, hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 
@@ -55,6 +56,7 @@ def _payload(model: InterpBridge, batch: Batch, real: Tensor, first_sequence: in
     return torch.stack([seq, real.long().cumsum(1) - 1, to_device(ids, real.device).long()], -1)
 
 
+@public
 def high_norm_tokens(model: InterpBridge, data: Any, *, k: float = 5.0, layers: Optional[Sequence[int]] = None,
                      top: int = 20, max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
     """Per layer: the token-norm distribution and the tokens with norm > ``k`` x median (module doc).

@@ -50,7 +50,7 @@ from interp.checks import check_count, check_heads, check_layers
 from interp.data import iter_batches, model_inputs, open_data
 from interp.data.iterate import to_batch
 from interp.data.sources import data_kind
-from interp.errors import InputError
+from interp.errors import InputError, public
 from interp.fingerprint import data_fingerprint, model_fingerprint
 from interp.heads import attention_weights, kv_group
 from interp.hooks import hook_name
@@ -442,6 +442,7 @@ def _labelled(frame: pd.DataFrame, positions: pd.DataFrame, prefix: str = "key_"
     return frame.join(cols, on="key_pos")
 
 
+@public
 def single_input(model: InterpBridge, input: Any, *, layer: Any = None, heads: Any = None, query: Any = None,
                  top_k: Optional[int] = 10, float64: bool = False) -> SingleInput:
     """One image or prompt, looked at closely: each head's pattern intact and with b_q, b_k, b_v or the key

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from interp.analysis.origin_intervals import origin_intervals
 from interp.bootstrap import check_bootstrap
 from interp.checks import check_heads, check_layers
-from interp.errors import InputError
+from interp.errors import InputError, public
 from interp.heads import attention_weights, kv_group
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.stats import QKVStats, require_stats
@@ -79,6 +79,7 @@ def _recorded_layers(stats: QKVStats, layers: Any, info: Any) -> list[int]:
     return chosen
 
 
+@public
 def origin_shift(model: InterpBridge, stats: QKVStats, *, layers: Any = None, heads: Any = None, data: Any = None,
                  max_batches: Optional[int] = None, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per layer x head x kind: how the bias shifts the head's origin (see module doc).

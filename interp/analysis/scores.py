@@ -25,7 +25,7 @@ from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_heads, check_layers
 from interp.capture import stream_batches
 from interp.data import Batch, iter_batches, model_inputs
-from interp.errors import InputError, UnsupportedModelError
+from interp.errors import InputError, UnsupportedModelError, public
 from interp.heads import attention_weights, kv_group
 from interp.hooks import hook_name, is_block_hook
 from interp.patching import bias_patch_hooks, run_until_kept
@@ -134,6 +134,7 @@ def _accumulate_terms(terms: dict[str, Tensor], allowed: Tensor, valid_rows: Ten
     return total
 
 
+@public
 def score_decomposition(
     model: InterpBridge, data: Any, *, max_batches: Optional[int] = None, layers: Any = None, heads: Any = None,
     progress: bool = True, n_boot: int = 1000, seed: int = 0,
@@ -331,6 +332,7 @@ def _layer_invariances(m: InterpBridge, layer: int, intact: list[tuple]) -> tupl
     return k_diff, v_diff
 
 
+@public
 def bias_invariances(
     model: InterpBridge, data: Any, *, max_batches: Optional[int] = 1, float64: bool = True, layers: Any = None,
     progress: bool = True,

@@ -56,7 +56,7 @@ from interp.analysis.sink_parts import (
 )
 from interp.checks import check_heads, check_layers
 from interp.data import Batch, to_device
-from interp.errors import InputError, UnsupportedModelError
+from interp.errors import InputError, UnsupportedModelError, public
 from interp.heads import attention_weights, kv_group
 from interp.hooks import block_hook, hook_name
 from interp.models.bridge import InterpBridge, require_bridge
@@ -113,6 +113,7 @@ def _class_sums(pattern: Tensor, real: Tensor, masks: ClassMasks, names: Sequenc
     return {name: (col * sink_weights(col, real, masks, [name])).sum((0, 2)) for name in names}
 
 
+@public
 def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, layers: Optional[Sequence[int]] = None,
                  heads: Optional[Sequence[int]] = None, positions: Any = None, max_batches: Optional[int] = None,
                  remove: Optional[str] = None, progress: bool = True) -> pd.DataFrame:
@@ -187,6 +188,7 @@ def _profile_table(acc: dict, layers: Sequence[int], names: Sequence[str], colum
     return pd.DataFrame(rows)[order]
 
 
+@public
 def sink_shares(profile: pd.DataFrame) -> pd.DataFrame:
     """Per position class: the share of heads whose mass on it exceeds the threshold (Gu et al. 2024).
 
@@ -245,6 +247,7 @@ def _implicit_sums(pattern: Tensor, v: Tensor, z: Tensor, sink: Tensor, real: Te
                 o_sq=_quadratic(z.double().transpose(1, 2), gram, w), mass=torch.einsum("bhqk,bq->h", a, w))
 
 
+@public
 def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None,
                         layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
                         max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
@@ -354,6 +357,7 @@ def _token_label(model: InterpBridge, position: int, token_id: int) -> Optional[
     return None if tok is None else str(tok.convert_ids_to_tokens(int(token_id)))
 
 
+@public
 def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int]] = None, top_k: int = 3,
                         abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
                         max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
@@ -402,6 +406,7 @@ def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: A
     return Part([block_hook(layer, "hook_out") for layer in layers], consume, finish, max(layers) + 1)
 
 
+@public
 def sink_pass(model: InterpBridge, data: Any, *, threshold: float = 0.3, positions: Any = None,
               remove: Optional[str] = None, top_k: int = 3, abs_threshold: float = 100.0,
               ratio_threshold: float = 1000.0, max_batches: Optional[int] = None,

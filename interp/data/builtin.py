@@ -20,7 +20,7 @@ from torch import Tensor
 
 from interp.data.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, image_norm, normalise, square_resize
 from interp.checks import check_count
-from interp.errors import InputError, MissingWeightsError
+from interp.errors import InputError, MissingWeightsError, public
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.zoo import ZooEntry
 from interp.data.sources import BUILTIN
@@ -169,6 +169,7 @@ def python_docs(
     return torch.tensor(ids_out), torch.tensor(mask_out)
 
 
+@public
 def builtin_batches(
     model: InterpBridge, name: str, *, batch_size: int = 8, n: Optional[int] = None, seq_len: int = 64
 ) -> list[Batch]:

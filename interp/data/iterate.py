@@ -19,7 +19,7 @@ from interp.checks import check_max_batches
 from interp.data.batch import Batch
 from interp.data.builtin import builtin_batches, builtin_options
 from interp.data.sources import DataSource, data_kind, is_dataset, resolve_data
-from interp.errors import InputError
+from interp.errors import InputError, public
 from interp.models.bridge import InterpBridge, require_bridge
 
 __all__ = ["batch_to_device", "check_data_name", "iter_batches", "model_inputs", "open_data", "to_batch", "to_device"]
@@ -86,6 +86,7 @@ def check_data_name(data: Any) -> None:
         data_kind(data, text_ok=False)
 
 
+@public
 def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] = None,
               n: Optional[int] = None) -> Iterable[Any]:
     """What a ``data`` argument is, decided in one place (the API, ``make_context`` and the CLI call
@@ -128,6 +129,7 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
     raise InputError(f"data must be a dataset name, a tensor or an iterable of batches; got {type(data).__name__}")
 
 
+@public
 def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
     """``data`` (anything ``open_data`` takes) as batches, at most ``max_batches``.
 

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from interp.data.batch import Batch, image_norm, normalise, square_resize
 from interp.types import NORMALIZE
-from interp.errors import InputError
+from interp.errors import InputError, public
 from interp.models.bridge import InterpBridge, require_bridge
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
@@ -541,6 +541,7 @@ def is_dataset(data: Any) -> bool:
     return hasattr(data, "column_names") and (hasattr(data, "features") or isinstance(data.column_names, dict))
 
 
+@public
 def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
     """A folder of images, an image, a .txt file, a .jsonl/.csv/.parquet table, a ``datasets.Dataset``
     or a numpy array, resolved for ``model`` (see the module doc; ``options``: ``Options`` fields)."""

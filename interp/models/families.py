@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from torch import nn
 
-from interp.errors import RegistryError
+from interp.errors import RegistryError, public
 import interp.models.builders as builders
 from interp.models.audit import Audit, audit_of
 from interp.models.audit import summary as audit_summary
@@ -102,6 +102,7 @@ class Family:
 _REGISTRY: dict[str, Family] = {}
 
 
+@public
 def register_family(family: Family) -> Family:
     """Add ``family`` to the registry; a second family with its name or model_type fails.
 
@@ -124,6 +125,7 @@ def register_family(family: Family) -> Family:
     return family
 
 
+@public
 def get_family(name: str) -> Family:
     if name not in _REGISTRY:
         raise RegistryError(f"unknown model family {name!r}; registered: {', '.join(_REGISTRY)}")
@@ -139,6 +141,7 @@ def family_for_model_type(model_type: Optional[str], config: Any = None) -> Opti
     return next((f for f in covering if not f.variant_of), None)
 
 
+@public
 def list_families(**filters: Any) -> list[Family]:
     """Registered families whose fields (or properties) equal every filter.
 

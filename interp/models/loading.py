@@ -19,7 +19,9 @@ from torch import nn
 from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
 
 from interp.checks import check_dtype
-from interp.errors import InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError
+from interp.errors import (
+    InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError, public,
+)
 from interp.models import folder
 from interp.models.audit import check_config
 from interp.models.bridge import InterpBridge, require_bridge
@@ -167,6 +169,7 @@ def check_device(device: Device) -> Union[str, torch.device]:
     return device
 
 
+@public
 def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] = None, *,
                tokenizer: Any = None) -> InterpBridge:
     """Load a model as a hooked ``TransformerBridge`` with its own, unfolded biases.
@@ -216,6 +219,7 @@ def unwrapped_copy(wrapped: nn.Module) -> nn.Module:
     return fresh
 
 
+@public
 def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> InterpBridge:
     """A fresh, independent copy of a loaded model (optionally cast), weights identical.
 

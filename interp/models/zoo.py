@@ -15,7 +15,7 @@ from typing import Optional
 
 import pandas as pd
 
-from interp.errors import MissingWeightsError
+from interp.errors import MissingWeightsError, public
 from interp.io import sha256_file
 
 CACHE_VERSION = 3  # 3: interp_cache.json records the sha256 of every converted weight file
@@ -114,6 +114,7 @@ ZOO: dict[str, ZooEntry] = {
 }
 
 
+@public
 def list_models() -> pd.DataFrame:
     """The zoo: name, family, bias, source, whether it is available offline now."""
     return pd.DataFrame([
