@@ -24,6 +24,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.data import Batch, iter_batches, model_inputs
+from interp.errors import InputError
 from interp.fingerprint import DataHasher
 from interp.models.bridge import InterpBridge
 from interp.patching import run_until_kept
@@ -44,6 +45,18 @@ def evaluating(model: InterpBridge) -> Iterator[None]:
         model.train(was_training)
 
 
+def _check_fits_dtype(batch: Batch, dtype: torch.dtype) -> None:
+    """Pixel values finite on the host must stay finite in the model's dtype (float64 values beyond float32's
+    range become inf in the cast; a float16 model overflows past 65504). Checked on the host copy, only when
+    the dtypes differ."""
+    x = batch.inputs
+    if isinstance(x, Tensor) and x.is_floating_point() and dtype.is_floating_point and x.dtype != dtype:
+        big = float(x.abs().max()) if x.numel() else 0.0
+        if big > torch.finfo(dtype).max:
+            raise InputError(f"pixel values reach {big:.3g}, beyond what the model's {dtype} holds "
+                             f"({torch.finfo(dtype).max:.3g}): they would become inf; normalise the images first")
+
+
 def _no_consumer(batch: Batch, store: dict[str, Tensor], x: Tensor, kw: dict) -> None:
     return None
 
@@ -61,11 +74,12 @@ def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], h
     """
     info = model.interp
     consume = consume or _no_consumer
-    hasher, n_batches = DataHasher(), 0
+    hasher, n_batches, dtype = DataHasher(), 0, next(model.parameters()).dtype
     extra = {} if stop_at_layer is None or stop_at_layer >= info.n_layers else {"stop_at_layer": stop_at_layer}
     with evaluating(model):
         for batch in tqdm(iter_batches(model, data, max_batches), desc=desc, disable=not progress, unit="batch"):
             batch.check(info)
+            _check_fits_dtype(batch, dtype)
             hasher.update(batch)
             x, kw = model_inputs(model, batch)
             extra_hooks = hooks(batch) if callable(hooks) else hooks

@@ -137,8 +137,17 @@ def as_index(item: Any) -> Optional[int]:
     if isinstance(item, (int, np.integer)):
         return int(item)
     if isinstance(item, (torch.Tensor, np.ndarray)) and item.ndim == 0:
-        return int(item.item()) if _integer_dtype(item) else None
+        return int(_values(item)) if _integer_dtype(item) else None
     return None
+
+
+def _values(array: Any) -> Any:
+    """``array``'s values as Python numbers; a tensor without data (on the meta device) is one InputError."""
+    try:
+        return array.tolist()
+    except (RuntimeError, NotImplementedError) as exc:
+        raise InputError(f"a tensor on {getattr(array, 'device', '?')} holds no values to read as indices "
+                         f"({type(exc).__name__}): pass Python ints or a CPU tensor") from None
 
 
 def _integer_dtype(array: Any) -> bool:
@@ -180,7 +189,7 @@ def index_selection(value: Any, n: int, what: str) -> list[int]:
         if isinstance(value, (torch.Tensor, np.ndarray)):
             if not _integer_dtype(value) or value.ndim != 1:
                 raise InputError(f"{fix}; got {_describe_selection(value)}{_mask_hint(value)}")
-            items = [int(i) for i in value.tolist()]
+            items = [int(i) for i in _values(value)]
         elif isinstance(value, (list, tuple, range, set, frozenset)):
             items = [as_index(item) for item in value]
             if any(item is None for item in items):

@@ -95,3 +95,24 @@ def test_the_loop_hashes_what_it_runs_and_restores_the_mode(models):
     assert n == 2 and seen == [torch.Size([2, 4, 6, 6])] * 2
     assert fp == interp.fingerprint.data_fingerprint([Batch(_ids(0)), Batch(_ids(1))])
     assert capture.stream_batches(lm, [_ids(0)], None, [], desc="test", progress=False)[0] == 1
+
+
+def test_pixels_that_overflow_the_models_dtype_are_refused_before_the_forward(models):
+    """Finite float64 pixels beyond float32's range became inf in the cast: frequency_profile returned a table."""
+    _, vit = models
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64) * 1e300
+    for call in (lambda: interp.frequency_profile(vit, [x], progress=False),
+                 lambda: interp.record_qkv(vit, [x], progress=False)):
+        with pytest.raises(InputError, match="beyond what the model's torch.float32 holds"):
+            call()
+    assert interp.frequency_profile(vit, [x / 1e300], progress=False).equals(
+        interp.frequency_profile(vit, [(x / 1e300).float()], progress=False))
+
+
+def test_token_ids_of_any_integer_dtype_are_the_same_ids(models):
+    """uint8 / int16 ids reached the embedding as they were (a raw RuntimeError); now read as int64."""
+    lm, _ = models
+    ids = _ids()
+    want = interp.record_qkv(lm, [ids], progress=False).to_frame()
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        assert interp.record_qkv(lm, [ids.to(dtype)], progress=False).to_frame().equals(want)

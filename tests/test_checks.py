@@ -67,6 +67,11 @@ def test_integer_sequences_of_any_library_are_the_same_selection(info, given):
     assert all(type(h) is int for h in check_heads(given, info))
 
 
+def test_a_tensor_without_values_is_refused(info):
+    with pytest.raises(InputError, match="holds no values"):
+        check_heads(torch.tensor([1, 2], device="meta"), info)
+
+
 @pytest.mark.parametrize("given", [3, np.int64(3), np.int32(3), torch.tensor(3), np.array(3)], ids=repr)
 def test_one_integer_of_any_library_is_one_index(info, given):
     assert check_heads(given, info) == [3]

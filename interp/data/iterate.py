@@ -32,7 +32,8 @@ def model_inputs(model: InterpBridge, batch: Batch) -> tuple[Tensor, dict]:
     if model.interp.modality == "vision":
         return to_device(batch.inputs, p.device).to(p.dtype), {}
     kw = {} if batch.attention_mask is None else {"attention_mask": to_device(batch.attention_mask, p.device)}
-    return to_device(batch.inputs, p.device), kw
+    ids = batch.inputs if batch.inputs.dtype in (torch.int64, torch.int32) else batch.inputs.long()  # uint8, int16
+    return to_device(ids, p.device), kw
 
 
 def batch_to_device(batch: Batch, device: torch.device) -> Batch:
