@@ -45,7 +45,7 @@ def evaluating(model: InterpBridge) -> Iterator[None]:
         model.train(was_training)
 
 
-def _check_fits_dtype(batch: Batch, dtype: torch.dtype) -> None:
+def check_fits_dtype(batch: Batch, dtype: torch.dtype) -> None:
     """Pixel values finite on the host must stay finite in the model's dtype (float64 values beyond float32's
     range become inf in the cast; a float16 model overflows past 65504). Checked on the host copy, only when
     the dtypes differ."""
@@ -79,7 +79,7 @@ def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], h
     with evaluating(model):
         for batch in tqdm(iter_batches(model, data, max_batches), desc=desc, disable=not progress, unit="batch"):
             batch.check(info)
-            _check_fits_dtype(batch, dtype)
+            check_fits_dtype(batch, dtype)
             hasher.update(batch)
             x, kw = model_inputs(model, batch)
             extra_hooks = hooks(batch) if callable(hooks) else hooks

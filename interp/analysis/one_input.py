@@ -45,6 +45,7 @@ from torch import Tensor
 
 from interp.analysis.scores import _key_mask, score_terms
 from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names, run_until_kept
+from interp.capture import check_fits_dtype
 from interp.data.batch import Batch, image_norm, normalise, square_resize
 from interp.checks import check_count, check_heads, check_layers
 from interp.data import iter_batches, model_inputs, open_data
@@ -158,6 +159,7 @@ def one_input_batch(model: InterpBridge, item: Any) -> Batch:
     item = _literal(model, item)
     batch = _exactly_one(model, iter_batches(model, open_data(model, item)))
     batch.check(info)
+    check_fits_dtype(batch, next(model.parameters()).dtype)
     if batch.attention_mask is not None and info.modality == "text" and batch.attention_mask.shape == \
             batch.inputs.shape:
         batch = Batch(batch.inputs[:, batch.attention_mask[0].bool()])  # one sequence: its real tokens

@@ -311,6 +311,8 @@ BAD = [
      "language model, so an image cannot be its input"),
     ("two batches of one", "gpt2", lambda: [ids(), ids()], {}, "one input.*more than one batch"),
     ("an empty list", "gpt2", lambda: [], {}, "data is empty"),
+    ("pixels beyond float32", "vit", lambda: torch.full((3, 32, 32), 1e300, dtype=torch.float64), {},
+     "beyond what the model's torch.float32 holds"),
 ]
 
 
