@@ -567,9 +567,12 @@ def ablate_bias(
     Columns: layer, head (None where the variant spans several), kind, scope (head | layer | all | custom), method,
     estimate, metric, baseline, ablated, delta (= ablated - baseline), delta_se (standard error over items; exact
     rows), delta_lo / delta_hi, kl (exact, with logits), n_targets, identity, exact_because, below_rounding
-    (float16/bfloat16: |delta| < eps(dtype) x |baseline|): see the module doc for the intervals, ``sample_k``,
-    ``n_boot``, ``seed`` and ``method="random"``. ``metric`` is "auto" (the family's default), next_token_ce,
-    cross_entropy, embedding_cosine, feature_cosine, or a callable ``f(output, batch) -> scalar tensor``.
+    (float16/bfloat16: |delta| < eps(dtype) x |baseline|), model_fingerprint, data_fingerprint, options (JSON: what
+    the row depends on besides model, data and variant; ``SweepOptions``): see the module doc for the intervals,
+    ``sample_k``, ``n_boot``, ``seed`` and ``method="random"``. ``method``, ``estimate`` and every keyword after
+    them but ``stats``, ``out``, ``layers`` and ``heads`` are the fields of ``SweepOptions``, checked once.
+    ``metric`` is "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine, feature_cosine,
+    or a callable ``f(output, batch) -> scalar tensor``.
     ``estimate``: see the module doc. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
     a rerun resumes, a log of another run (weights, data, max_batches, metric, library version) is refused or,
     with ``overwrite=True``, replaced. A variant an identity answers (``identity_reason``) is not run unless
