@@ -188,9 +188,9 @@ def massive_figure(layers: pd.DataFrame, scale: str) -> plt.Figure:
     domains = list(last.domain.unique())
     fig, axes = plt.subplots(1, len(domains), figsize=(6.5 * len(domains), 4.2), squeeze=False)
     for ax, domain in zip(axes[0], domains):
-        sns.pointplot(data=last[last.domain == domain], x="layer", y="max_over_median", hue="arm",
-                      hue_order=[a for a in ARMS[domain] if a in set(last[last.domain == domain].arm)],
-                      errorbar=("pi", 100), dodge=0.4, ax=ax)
+        order = [a for a in ARMS[domain] if a in set(last[last.domain == domain].arm)]
+        sns.pointplot(data=last[last.domain == domain], x="layer", y="max_over_median", hue="arm", hue_order=order,
+                      errorbar=("pi", 100), dodge=0.4 if len(order) > 1 else False, ax=ax)  # seaborn: 1 arm, no dodge
         ax.set_yscale("log")
         ax.set_xlabel("layer (residual stream after the block)")
         ax.set_ylabel("max |value| / median |value| (ratio, log scale)")
