@@ -167,8 +167,8 @@ def check_output_folder(out: PathLike) -> Path:
         raise OutputError(f"output folder {out}: {above} is not writable: choose another output folder")
     manifest = out / MANIFEST
     try:
-        if manifest.is_file():
-            json.loads(manifest.read_text())
+        if manifest.exists() and not isinstance(json.loads(manifest.read_text()), dict):
+            raise ValueError("JSON, but not an object")
     except (OSError, ValueError) as exc:
         raise OutputError(f"{manifest} is not a manifest interp wrote ({_why(exc)}), and a command would replace it: "
                           "move it away, or choose another output folder") from None

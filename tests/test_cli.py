@@ -324,8 +324,11 @@ def test_an_output_folder_that_cannot_hold_the_results_is_refused_before_the_mod
     file.write_text("mine\n")
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "manifest.json").write_text("not json")
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "manifest.json").write_text("[1, 2]")
+    (tmp_path / "folder" / "manifest.json").mkdir(parents=True)
     cases = {str(file): "is a file, not a folder", str(file / "sub"): "is a file, not a folder",
-             str(tmp_path / "odd"): "is not a manifest interp wrote"}
+             **{str(tmp_path / n): "is not a manifest interp wrote" for n in ("odd", "listed", "folder")}}
     for command in ("record", "sinks", "ablate", "demo", "inventory"):
         for out, message in cases.items():
             argv = [command, "--model", "no-such-model", "--out", out] + (["--data", "digits"] if command in (
@@ -334,6 +337,7 @@ def test_an_output_folder_that_cannot_hold_the_results_is_refused_before_the_mod
             err = capsys.readouterr().err
             assert message in err and "unknown model" not in err, (command, out, err)
     assert file.read_text() == "mine\n" and (tmp_path / "odd" / "manifest.json").read_text() == "not json"
+    assert (tmp_path / "listed" / "manifest.json").read_text() == "[1, 2]"
     monkeypatch.setattr(interp.io.os, "access", lambda *a: False)  # (as root every folder is writable)
     assert cli_main(["sinks", "--model", "no-such-model", "--out", str(tmp_path / "new")]) == 1
     assert "is not writable: choose another output folder" in capsys.readouterr().err
