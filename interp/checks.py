@@ -201,7 +201,7 @@ def index_selection(value: Any, n: int, what: str) -> list[int]:
     if not items:
         raise InputError(f"{fix}; got an empty {type(value).__name__}: leave {what} out (None) for all of them")
     if any(not 0 <= i < n for i in items):
-        raise InputError(f"{what} must lie in 0..{n - 1}; got {sorted(items) if len(items) > 1 else items[0]}")
+        raise InputError(f"{what} must lie in 0..{n - 1} (the model has {n}); got {sorted(set(items))}")
     return sorted(set(items))
 
 

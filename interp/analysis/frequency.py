@@ -348,8 +348,8 @@ def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = 
     if k is not None:
         number = as_index(k)
         if number is None or not 2 <= number < n:
-            raise InputError(f"k must be None (chosen by silhouette) or an integer in 2..{n - 1} (fewer than the "
-                             f"{n} heads); got {k!r} ({type(k).__name__})")
+            raise InputError(f"k must lie in 2..{n - 1} (an integer, fewer than the {n} heads) or be None (chosen "
+                             f"by silhouette); got {k!r} ({type(k).__name__})")
         k = number
     best = _best_k(X, method, seed)
     if best is None:
