@@ -152,7 +152,8 @@ def sink_share_figure(runs: pd.DataFrame) -> plt.Figure:
         ax.set_title(f"{arm}")
         ax.set_xlabel("training step")
         ax.legend(loc="upper left", fontsize=8)
-        ax.set_ylim(-3, 103)
+        ax.set_ylim(-3, 130)  # room for the legend above 100%
+        ax.set_yticks(range(0, 101, 20))
     axes[0][0].set_ylabel(f"heads sinking (%; mean mass > {SINK_THRESHOLD})")
     fig.suptitle(f"Bigram-Backcopy: heads sinking vs step (2 layers x 4 heads; thin with markers: each of "
                  f"{runs.seed.nunique()} seeds, thick: their mean)")

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from interp.errors import InputError, StaleResultsError
 from interp.models.sink_arms import LMShape, set_slot_gate
 from interp.training.backcopy import (
-    BackcopyRecipe, BackcopyRun, build_model, copy_positions, generate, make_task, recipe_fingerprint, train_run,
+    ARMS, SLOT_ARMS, BackcopyRecipe, BackcopyRun, build_model, copy_positions, generate, make_task,
+    recipe_fingerprint, train_run,
 )
+from interp.training.backcopy_report import findings_tables, sink_share_figure
+from interp.training.backcopy_results import summarise
 
 TINY = BackcopyRecipe(shape=LMShape(n_layers=2, n_heads=2, d_model=32, d_ff=64, context=24), n_tokens=16,
                       n_triggers=2, batch=16, lr=1e-2, warmup=5, steps=4, every=2, eval_sequences=64,
@@ -111,3 +117,66 @@ def test_a_checkpoint_of_another_arm_or_a_damaged_one_is_refused(tmp_path):
 def test_an_unknown_arm_is_refused():
     with pytest.raises(InputError, match="Bigram-Backcopy arms"):
         BackcopyRun("sink_token", 0, TINY)
+
+
+# ----- the shipped results (docs/results/backcopy, written by benchmarks/train_backcopy.py) -----------------
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "backcopy"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return (pd.read_csv(RESULTS / "runs.csv"), pd.read_csv(RESULTS / "gate.csv", dtype={"gate": str}),
+            pd.read_csv(RESULTS / "heads.csv"))
+
+
+def test_the_findings_quote_the_tables_generated_from_the_csvs(shipped):
+    runs, gate, heads = shipped
+    tables = findings_tables(runs, heads, gate)
+    assert tables in (Path(__file__).resolve().parents[2] / "docs" / "findings.md").read_text()
+    assert (RESULTS / "tables.md").read_text().strip() == tables
+    pd.testing.assert_frame_equal(summarise(runs), pd.read_csv(RESULTS / "summary.csv", keep_default_na=False,
+                                                               na_values=[""]), check_dtype=False, rtol=1e-9)
+
+
+def test_the_shipped_runs_cover_every_arm_and_seed_of_one_recipe(shipped):
+    runs, gate, heads = shipped
+    assert runs.recipe.nunique() == 1 and set(runs.arm) == set(ARMS) and set(runs.seed) == {0, 1, 2}
+    assert (runs.groupby(["arm", "seed"]).fingerprint.nunique() == 1).all() and runs.fingerprint.nunique() == 12
+    assert (runs.groupby(["arm", "seed"]).step.max() == 3000).all()
+    slot = runs.arm.isin(SLOT_ARMS)
+    assert runs[slot].sink_share_slot.notna().all() and runs[~slot].sink_share_slot.isna().all()
+    # the gate check's open-slot row is the run's own last measurement, re-read from its checkpoint
+    last = runs.merge(gate[gate.gate == "0.0"], on=["arm", "seed", "step"], suffixes=("", "_gate"))
+    assert len(last) == 12
+    for col in ("loss", "copy_accuracy", "mean_mass_start", "sink_heads_start"):
+        np.testing.assert_allclose(last[col], last[f"{col}_gate"], rtol=1e-9)
+    closed = gate[gate.gate == "-inf"]
+    assert set(closed.arm) == set(SLOT_ARMS) and len(closed) == 6 and (closed.mean_mass_slot == 0).all()
+
+
+def test_the_figure_draws_from_the_csv(shipped):
+    fig = sink_share_figure(shipped[0])
+    assert fig._suptitle.get_text() and all(ax.get_title() and ax.get_xlabel() for ax in fig.axes)
+    assert fig.axes[0].get_ylabel()
+
+
+def test_the_findings_prose_follows_the_csvs(shipped):
+    """Section 4d's sentences that are not table cells."""
+    runs, gate, heads = shipped
+    counts = runs.pivot_table(index=["arm", "step"], columns="seed", values="sink_heads_start")
+    assert (counts.loc["none"].loc[[1500, 1750, 2000, 3000]] == 4).all().all()  # half the heads, every seed
+    assert (counts.loc["none"].loc[2500, 0], counts.loc["none"].loc[2000, 0]) == (0, 4)
+    assert (runs[runs.arm != "none"].sink_heads_start == 0).all()  # no sink on <s> or x_0 outside `none`
+    last = runs[runs.step == 3000]
+    mean_accuracy = last.groupby("arm").copy_accuracy.mean()
+    assert (mean_accuracy.round(3) >= 0.999).all()
+    closed, opened = (gate[gate.gate == g].set_index(["arm", "seed"]) for g in ("-inf", "0.0"))
+    rise = (closed.loss - opened.loss).dropna()
+    assert (rise > 0).all() and (rise["k_slot_v0"] > rise["kv_slot"]).all()  # more in every seed
+    assert f"{100 * closed.copy_accuracy.min():.1f}-{100 * closed.copy_accuracy.max():.1f}%" == "63.6-89.0%"
+    assert f"{closed.mean_mass_start.min():.3f}-{closed.mean_mass_start.max():.3f}" == "0.085-0.262"
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "findings.md").read_text()
+    for phrase in ("copy accuracy falls to 63.6-89.0%", "mean mass 0.085-0.262", "largest head 0.522",
+                   "(mean mass on `<s>` 0.027 and 0.009 against 0.299 in `none`)"):
+        assert phrase in " ".join(doc.split()), phrase
