@@ -25,7 +25,7 @@ Recipe: AdamW (betas 0.9 / 0.95; weight decay on matrices only, not norms or slo
 ``lr`` after a linear warm-up of ``warmup`` steps, then constant; gradient norm clipped at 1. The
 run loop, measurement and checkpoints are ``interp.training.sinks.run_arm``'s, with a fingerprint
 of (recipe, arm, seed): a checkpoint of another arm, seed or recipe is refused
-(``StaleResultsError``), and so is a truncated or empty one.
+(``CheckpointError``, a ``StaleResultsError``), and so is a truncated or empty one.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import transformers as tf
 from torch import Tensor, nn
 
-from interp.errors import InputError, StaleResultsError
+from interp.errors import CheckpointError, InputError
 from interp.models.sink_arms import LMShape, add_slots, has_slot, set_slot_gate
 from interp.training.sink_metrics import direct_tables
 
@@ -300,20 +300,18 @@ class BackcopyRun:
 
 
 def verify_checkpoint(path: Path, fingerprint: str) -> None:
-    """Refuse, with one ``StaleResultsError`` naming the file and the fix, a checkpoint at ``path``
-    that cannot be read (empty, truncated) or belongs to another run (recipe, arm or seed)."""
+    """Refuse, with one ``CheckpointError`` (a ``StaleResultsError``) naming the file and the fix, a
+    checkpoint at ``path`` that cannot be read (empty, truncated: ``sinks.read_checkpoint``) or belongs
+    to another run (recipe, arm or seed)."""
+    from interp.training.sinks import read_checkpoint
+
     path = Path(path)
     if not path.exists():
         return
-    try:
-        state = torch.load(path, weights_only=True)
-    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... on a damaged file
-        raise StaleResultsError(f"{path} is not a readable checkpoint ({path.stat().st_size} bytes: empty or "
-                                f"truncated; {type(exc).__name__}): delete it to retrain that run") from None
-    if not isinstance(state, dict) or state.get("recipe") != fingerprint:
-        found = state.get("recipe") if isinstance(state, dict) else type(state).__name__
-        raise StaleResultsError(f"{path} is a checkpoint of run {found}, not of this run's {fingerprint} "
-                                "(another recipe, arm or seed): pass another work folder, or delete it")
+    found = read_checkpoint(path)["recipe"]
+    if found != fingerprint:
+        raise CheckpointError(f"{path} is a checkpoint of run {found}, not of this run's {fingerprint} "
+                              "(another recipe, arm or seed): pass another work folder, or delete it")
 
 
 def gate_check(model: nn.Module, run: BackcopyRun) -> list[dict]:

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.errors import InputError, StaleResultsError
+from interp.errors import CheckpointError, InputError
 from interp.models.sink_arms import LMShape, set_slot_gate
 from interp.training.backcopy import (
     ARMS, SLOT_ARMS, BackcopyRecipe, BackcopyRun, build_model, copy_positions, generate, make_task,
@@ -102,15 +102,15 @@ def test_a_checkpoint_of_another_arm_or_a_damaged_one_is_refused(tmp_path):
     folder = tmp_path / recipe_fingerprint(TINY)
     source, target = folder / "backcopy-k_slot_v0-seed0.pt", folder / "backcopy-none-seed0.pt"
     shutil.copy(source, target)
-    with pytest.raises(StaleResultsError, match="another recipe, arm or seed"):
+    with pytest.raises(CheckpointError, match="another recipe, arm or seed"):
         train_run("none", 0, TINY, tmp_path)
     shutil.copy(source, folder / "backcopy-k_slot_v0-seed1.pt")  # another seed's
-    with pytest.raises(StaleResultsError, match="another recipe, arm or seed"):
+    with pytest.raises(CheckpointError, match="another recipe, arm or seed"):
         train_run("k_slot_v0", 1, TINY, tmp_path)
     data = source.read_bytes()
     for damaged in (b"", data[: len(data) // 2]):
         target.write_bytes(damaged)
-        with pytest.raises(StaleResultsError, match="empty or truncated"):
+        with pytest.raises(CheckpointError, match="truncated, empty"):
             train_run("none", 0, TINY, tmp_path)
 
 
