@@ -37,7 +37,8 @@ LAYERS = [
     ["interp.ablation"], ["interp.sections"],
     ["interp.pipeline", "interp.training.digits", "interp.training.mnist_vit"],
     ["interp.training.corpus", "interp.training.sink_metrics", "interp.training.sink_report"],
-    ["interp.training.sinks"], ["interp.training.sink_results"], ["interp.training"],
+    ["interp.training.sinks"], ["interp.training.sink_results", "interp.training.backcopy"],
+    ["interp.training.backcopy_results"], ["interp.training.backcopy_report"], ["interp.training"],
     ["interp.report"],
     ["interp.demo"],
     ["interp.cli", "interp.models", "interp.testing", "interp"],
@@ -147,6 +148,8 @@ TESTED_IN = {
     "interp.stats_format": "tests/test_stats.py",
     "interp.training.corpus": "tests/training/test_sink_training.py",
     "interp.training.sink_report": "tests/training/test_sink_results.py",
+    "interp.training.backcopy_results": "tests/training/test_backcopy.py",
+    "interp.training.backcopy_report": "tests/training/test_backcopy.py",
     "interp.training.sinks": "tests/training/test_sink_training.py",
 }
 # the adapters are tested through the family registry (tests parametrised over list_families())

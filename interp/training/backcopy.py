@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from interp.errors import CheckpointError, InputError
 from interp.models.sink_arms import LMShape, add_slots, has_slot, set_slot_gate
 from interp.training.sink_metrics import direct_tables
+from interp.training.sinks import checkpoint_path, read_checkpoint, run_arm
 
 ARMS = ("none", "kv_slot", "k_slot_v0", "none_no_start")
 SLOT_ARMS = ("kv_slot", "k_slot_v0")
@@ -303,8 +304,6 @@ def verify_checkpoint(path: Path, fingerprint: str) -> None:
     """Refuse, with one ``CheckpointError`` (a ``StaleResultsError``) naming the file and the fix, a
     checkpoint at ``path`` that cannot be read (empty, truncated: ``sinks.read_checkpoint``) or belongs
     to another run (recipe, arm or seed)."""
-    from interp.training.sinks import read_checkpoint
-
     path = Path(path)
     if not path.exists():
         return
@@ -332,8 +331,6 @@ def gate_check(model: nn.Module, run: BackcopyRun) -> list[dict]:
 def train_run(arm: str, seed: int, recipe: BackcopyRecipe, work: Path,
               stop_after: Optional[int] = None) -> tuple[nn.Module, dict, BackcopyRun]:
     """Train (or resume, or read back) one run in ``work/<recipe fingerprint>/`` via ``sinks.run_arm``."""
-    from interp.training.sinks import checkpoint_path, run_arm
-
     run, fp = BackcopyRun(arm, seed, recipe), run_fingerprint(recipe, arm, seed)
     folder = Path(work) / recipe_fingerprint(recipe)
     verify_checkpoint(checkpoint_path(folder, run), fp)
