@@ -6,5 +6,7 @@
 * ``interp.training.sink_metrics``: measuring an arm, with ``interp.analysis.sinks`` where the bridge
   can run it and directly from the attention weights where it cannot (slots, registers);
 * ``interp.training.sink_results``: every run, the CSVs and the summary; ``sink_report``: the
-  Table-4-style tables, the figures and the model card.
+  Table-4-style tables, the figures and the model card;
+* ``interp.training.backcopy``: issue 32's positive control, Guo et al.'s Bigram-Backcopy task, where
+  sinks form (``backcopy_results``: the CSVs; ``backcopy_report``: findings 4d's tables and figure).
 """
