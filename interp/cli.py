@@ -143,13 +143,12 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from interp.models.loading import load_model
     from interp.pipeline import summarise_recording
     from interp.record import record_qkv
-    from interp.report import begin_outputs, refuse_overwriting, write_manifest, write_section
+    from interp.report import begin_outputs, write_manifest, write_section
 
     rank, world, device = _distributed(args.device)
     out = Path(args.out)
-    if rank == 0:  # another command's statistics there are refused now, not after the recording
+    if rank == 0:
         begin_outputs(out, "record")
-        refuse_overwriting(out, [f"qkv_stats.{ext}" for ext in ("csv", "parquet", "safetensors")], "record")
     model = load_model(args.model, device=device)
     batches, source = _record_batches(model, args, rank, world)
     stats = record_qkv(model, batches, progress=rank == 0)
@@ -393,6 +392,12 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+# the tables each command writes (with --stats, origin and scores write no qkv_stats: checked at writing)
+TABLES = {"record": ("qkv_stats",), "origin": ("origin_shift",), "scores": ("score_decomposition", "bias_invariances"),
+          "frequency": ("frequency_profile", "frequency_shift_q_bias"), "ablate": ("ablation",),
+          "sinks": ("sink_profile", "sink_shares", "implicit_value_bias", "massive_activations")}
+
+
 # integer flags, checked before a command does anything (the name its error uses, the least value)
 COUNTS = {"batch_size": 1, "seq_len": 1, "max_items": 1, "max_tokens": 1, "top_k": 0, "sample_k": 0, "n_boot": 0,
           "seed": 0}
@@ -410,9 +415,15 @@ def check_args(args: argparse.Namespace) -> None:
     for name in ("model", "out", "stats"):
         check_not_blank(f"--{name}", getattr(args, name, None))
     if "out" in args and args.command != "families":  # a file, a read-only folder: said before the model loads
-        from interp.io import check_output_folder
+        from interp.io import check_output_folder, manifest_entries, refuse_overwriting
 
-        check_output_folder(args.out or f"out/{args.command}")
+        out = check_output_folder(args.out or f"out/{args.command}")
+        # another command's tables there are refused now, not after the run (write_section checks again)
+        stems = TABLES.get(args.command, ()) + (("qkv_stats",) if args.command == "origin" and not args.stats else ())
+        mine = [f"{stem}.{ext}" for stem in stems for ext in ("csv", "parquet")]
+        if args.command == "demo":  # the demo writes every analysis' tables
+            mine = [n for e in manifest_entries(out) for n in e.get("files", {})]
+        refuse_overwriting(out, mine, args.command)
     if getattr(args, "kinds", None) is not None:
         allowed = QKV + IMPLICIT_KINDS if getattr(args, "implicit_kinds", False) else QKV
         check_kinds([k.strip() for k in args.kinds.split(",") if k.strip()], allowed)

@@ -305,9 +305,10 @@ def test_one_folder_keeps_each_commands_data_and_refuses_a_command_that_would_re
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["meta"]["items"] == 8
     recorded = sha256_file(tmp_path / "qkv_stats.csv")
     capsys.readouterr()
-    assert cli_main(["origin", *into, "--max-items", "4", "--layers", "0"]) == 1
-    err = capsys.readouterr().err
-    assert "holds the results of 'interp record'" in err and "choose another --out" in err
+    for command in ("origin", "demo"):  # refused before the model loads (no such model: never reached)
+        assert cli_main([command, "--model", "no-such-model", "--data", "digits", "--out", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert "holds the results of 'interp" in err and "choose another --out" in err, err
     assert sha256_file(tmp_path / "qkv_stats.csv") == recorded and not (tmp_path / "origin_shift.csv").exists()
     assert [e["command"] for e in json.loads((tmp_path / "manifest.json").read_text())["commands"]] == [
         "record", "sinks"]
