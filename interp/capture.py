@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from interp.data import Batch, iter_batches, model_inputs
 from interp.errors import InputError
 from interp.fingerprint import DataHasher
-from interp.models.bridge import InterpBridge
+from interp.models.bridge import InterpBridge, refuse_active_dropout
 from interp.patching import run_until_kept
 
 Consumer = Callable[[Batch, dict[str, Tensor], Tensor, dict], None]
@@ -35,7 +35,10 @@ Hooks = Union[Sequence[tuple[Any, Callable]], Callable[[Batch], Sequence[tuple[A
 
 @contextmanager
 def evaluating(model: InterpBridge) -> Iterator[None]:
-    """Eval mode (no dropout) and no gradients inside; the model's own mode is restored after."""
+    """Eval mode and no gradients inside; the model's own mode is restored after. A model in training mode
+    with dropout active is refused first, as every forward of the bridge (and ``ablate_bias``) refuses it:
+    its user asked for random numbers, and silently switching it to eval would hide that."""
+    refuse_active_dropout(model.hf_model)
     was_training = model.training
     model.eval()
     try:

@@ -86,12 +86,27 @@ def test_what_only_the_host_check_sees_is_refused_by_every_pass(models, name, ba
 def test_the_loop_hashes_what_it_runs_and_restores_the_mode(models):
     lm, _ = models
     lm.train()
-    seen = []
-    n, fp = capture.stream_batches(lm, [_ids(0), _ids(1)], None, ["blocks.0.attn.hook_pattern"],
-                                   lambda b, store, x, kw: seen.append(store["blocks.0.attn.hook_pattern"].shape),
-                                   desc="test", progress=False)
-    assert lm.training  # eval inside, the caller's mode after
-    lm.eval()
+    try:  # dropout active in training mode: refused (random numbers), never silently switched to eval
+        with pytest.raises(InputError, match=r"model\.eval\(\)"):
+            capture.stream_batches(lm, [_ids(0)], None, [], desc="test", progress=False)
+        dropouts = [m for m in lm.hf_model.modules() if isinstance(m, torch.nn.Dropout) and m.p]
+        rates = {m: m.p for m in dropouts}
+        for m in dropouts:
+            m.p = 0.0
+        config, pdrop = lm.hf_model.config, getattr(lm.hf_model.config, "attn_pdrop", None)
+        if pdrop is not None:
+            config.attn_pdrop = 0.0
+        seen = []
+        n, fp = capture.stream_batches(lm, [_ids(0), _ids(1)], None, ["blocks.0.attn.hook_pattern"],
+                                       lambda b, store, x, kw: seen.append(store["blocks.0.attn.hook_pattern"].shape),
+                                       desc="test", progress=False)
+        assert lm.training  # no dropout: eval inside, the caller's mode after
+    finally:
+        for m, p in rates.items():
+            m.p = p
+        if pdrop is not None:
+            config.attn_pdrop = pdrop
+        lm.eval()
     assert n == 2 and seen == [torch.Size([2, 4, 6, 6])] * 2
     assert fp == interp.fingerprint.data_fingerprint([Batch(_ids(0)), Batch(_ids(1))])
     assert capture.stream_batches(lm, [_ids(0)], None, [], desc="test", progress=False)[0] == 1
