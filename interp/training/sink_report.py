@@ -353,12 +353,12 @@ def rerun_tables(runs: pd.DataFrame, heads: pd.DataFrame, baseline: pd.DataFrame
     wide = last.pivot_table(index="seed", columns="arm", values="val_loss")
     for arm in arms:
         part = last[last.arm == arm]
-        m, lo, hi = _t(wide[arm])
-        d = "(reference)" if arm == "none" else (
-            "{:+.3f} [{:+.3f}, {:+.3f}]".format(*_t((wide[arm] - wide["none"]).dropna())) if "none" in wide else "-")
+        d = "(reference)" if arm == "none" else (_mean_ci((wide[arm] - wide["none"]).dropna(), "{:+.3f}")
+                                                 if "none" in wide else "-")
         tgt = "-" if part.sinks_target.isna().all() else _range(part.sinks_target, 0)
         big = "-" if part.largest_target.isna().all() else _range(part.largest_target, 3)
-        out.append(f"| `{arm}` | {len(part)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {d} | {_range(part.sinks_first_byte, 0)} "
+        out.append(f"| `{arm}` | {len(part)} | {_mean_ci(wide[arm].dropna(), '{:.3f}')} | {d} | "
+                   f"{_range(part.sinks_first_byte, 0)} "
                    f"| {tgt} | {_range(part.largest_first_byte, 3)} | {big} |")
     init = rows[rows.step == 0].max_over_median
     out += ["", verdict_line(rule, baseline) + f" Max / median activation at initialisation: "
@@ -366,8 +366,12 @@ def rerun_tables(runs: pd.DataFrame, heads: pd.DataFrame, baseline: pd.DataFrame
     return "\n".join(out)
 
 
-def _t(values: pd.Series) -> tuple[float, float, float]:
-    return t_interval(values.dropna())
+def _mean_ci(values: pd.Series, fmt: str) -> str:
+    """``mean [low, high]`` (95% t-interval), or the one value and "(one seed)"."""
+    m, lo, hi = t_interval(values)
+    if len(values) < 2:
+        return f"{fmt.format(m)} (one seed)" if len(values) else "-"
+    return f"{fmt.format(m)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
 def verdict_line(rule: pd.DataFrame, baseline: pd.DataFrame) -> str:
