@@ -1,5 +1,7 @@
 """interp.checks: index and count checks accept what the docs say and refuse the rest, naming the fix."""
 
+import inspect
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -50,7 +52,7 @@ MASK = [False, True, False, True]  # a mask for heads [1, 3] of a 4-head model; 
     torch.tensor(MASK), np.array(MASK), MASK, torch.tensor(MASK, dtype=torch.uint8), torch.tensor(True),
     np.bool_(True), torch.tensor([1.0, 3.0]), np.array([1.0, 3.0]), np.float64(1.0), torch.tensor([[1, 3]]),
     (h for h in (1, 3)), {1: "a"}, [1, 2.0], [torch.tensor(1.0)], b"\x01",
-], ids=repr)
+], ids=lambda v: "a generator" if inspect.isgenerator(v) else repr(v))  # repr holds an address: xdist needs stable ids
 def test_a_mask_or_a_float_is_not_a_selection(info, bad):
     with pytest.raises(InputError, match="heads must be None .* or a list of indices") as raised:
         check_heads(bad, info)
