@@ -541,14 +541,20 @@ def test_bad_input_raises_one_clear_error(case):
     assert message in str(raised.value), str(raised.value)
 
 
-def test_training_mode_is_left_as_found_and_does_not_change_numbers():
+def test_training_mode_with_dropout_is_refused_without_it_left_as_found():
     model = interp.load_model(tiny_hf_model("bert"), device="cpu")
     ids = tiny_ids()
     ref = interp.sink_profile(model, [ids], progress=False)
     model.train()
+    with pytest.raises(InputError, match=r"dropout active.*model\.eval\(\)"):  # random numbers: refused, as
+        interp.sink_profile(model, [ids], progress=False)                    # every streaming pass refuses them
+    for module in model.hf_model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    model.hf_model.config.attention_probs_dropout_prob = 0.0
     again = interp.sink_profile(model, [ids], progress=False)
     assert model.training  # restored
-    assert (ref.mass - again.mass).abs().max() == 0.0  # ran in eval mode: no dropout
+    assert (ref.mass - again.mass).abs().max() == 0.0  # ran in eval mode
 
 
 # ----- figures ------------------------------------------------------------------------------------------
