@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from interp.errors import CheckpointError, InputError
 from interp.models.sink_arms import LMShape, add_slots, has_slot, set_slot_gate
 from interp.training.sink_metrics import direct_tables
-from interp.training.sinks import checkpoint_path, read_checkpoint, run_arm
+from interp.training.sinks import checkpoint_path, lm_adamw, read_checkpoint, run_arm
 
 ARMS = ("none", "kv_slot", "k_slot_v0", "none_no_start")
 SLOT_ARMS = ("kv_slot", "k_slot_v0")
@@ -278,11 +278,7 @@ class BackcopyRun:
         return build_model(self.arm, self.seed, self.recipe)
 
     def optimiser(self, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        decayed = [p.ndim >= 2 and "slot_" not in n for n, p in named]
-        groups = [dict(params=[p for (_, p), d in zip(named, decayed) if d], weight_decay=self.recipe.weight_decay),
-                  dict(params=[p for (_, p), d in zip(named, decayed) if not d], weight_decay=0.0)]
-        opt = torch.optim.AdamW(groups, lr=self.recipe.lr, betas=(0.9, 0.95))
+        opt = lm_adamw(model, self.recipe.lr, self.recipe.weight_decay)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, _constant_after_warmup(self.recipe.warmup))
 
     def batch(self, step: int) -> Tensor:

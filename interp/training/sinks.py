@@ -178,6 +178,16 @@ def _text_schedule(recipe: TextRecipe):
     return factor
 
 
+def lm_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (betas 0.9 / 0.95) for the tiny LLaMA arms: weight decay on matrices only (not norms, biases,
+    slots)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decayed = [p.ndim >= 2 and "slot_" not in n for n, p in named]
+    return torch.optim.AdamW([dict(params=[p for (_, p), d in zip(named, decayed) if d], weight_decay=weight_decay),
+                              dict(params=[p for (_, p), d in zip(named, decayed) if not d], weight_decay=0.0)],
+                             lr=lr, betas=(0.9, 0.95))
+
+
 class TextTask:
     """One text arm and seed: model, optimiser, batches, loss and measurement (module doc)."""
 
@@ -194,11 +204,7 @@ class TextTask:
         return build_lm_arm(self.arm, self.seed, self.recipe.shape)
 
     def optimiser(self, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        decay = [p for n, p in named if p.ndim >= 2 and "slot_" not in n]
-        rest = [p for n, p in named if not (p.ndim >= 2 and "slot_" not in n)]
-        opt = torch.optim.AdamW([dict(params=decay, weight_decay=self.recipe.weight_decay),
-                                 dict(params=rest, weight_decay=0.0)], lr=self.recipe.lr, betas=(0.9, 0.95))
+        opt = lm_adamw(model, self.recipe.lr, self.recipe.weight_decay)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, _text_schedule(self.recipe))
 
     def batch(self, step: int) -> Tensor:
