@@ -363,3 +363,20 @@ def test_readme_key_prior_cls_sentence_equals_origin_shift_csv():
     pos = pd.read_csv(RESULTS / "minilm-l6" / "origin_shift.csv").dropna(subset=["max_abs_cos_key_prior_pos"])
     best = pos.loc[pos.max_abs_cos_key_prior_pos.idxmax()]
     assert agrees(mini, best.max_abs_cos_key_prior_pos) and (int(mini_layer), int(mini_head)) == (best.layer, best["head"])
+
+
+def test_readme_quotes_the_suite_timings_from_their_csv():
+    """README's Development section: the suite timed in one session (docs/results/suite_time/timings.csv)."""
+    t = pd.read_csv(RESULTS / "suite_time" / "timings.csv").set_index("suite")
+    text = " ".join((ROOT / "README.md").read_text().split())
+
+    def minutes(seconds: float) -> str:
+        return f"{int(seconds // 60)} min {round(seconds % 60)} s"
+
+    before, after, unit = t.loc["previous release"], t.loc["every tier"], t.loc["unit tier"]
+    assert f"previous release's suite ({before['items']:,} items" in text
+    assert f"took {minutes(before.pytest_seconds)} of pytest" in text
+    assert f"today's ({after['items']:,} items" in text and f"{minutes(after.pytest_seconds)} of pytest" in text
+    assert f"{minutes(after.make_test_seconds)} for `make test`" in text
+    assert f"{after.user_cpu_seconds:,.0f} s user + {after.sys_cpu_seconds:.0f} s system" in text
+    assert f"(`pytest -n 2`, {unit['items']:,} tests) {minutes(unit.pytest_seconds)}" in text
