@@ -42,14 +42,14 @@ install-check: setup
 
 # Every tier (unit, integration, slow; tests/conftest.py) and every notebook, on two workers.
 test: models lint install-check
-	$(PY) -m pytest -q -ra -n 2 --dist worksteal --tier all --nbmake tests notebooks
+	$(PY) -m pytest -q -ra -n 2 --dist worksteal --tier all --nbmake notebooks tests
 
 # The unit tier alone (a bare `pytest` runs the same); test-integration adds processes, notebooks, training.
 test-fast: setup
 	$(PY) -m pytest -q -n 2 --dist worksteal --tier unit
 
 test-integration: setup
-	$(PY) -m pytest -q -n 2 --dist worksteal --tier integration --nbmake tests notebooks
+	$(PY) -m pytest -q -n 2 --dist worksteal --tier integration --nbmake notebooks tests
 
 clean-cache:
 	rm -rf .cache/interp

@@ -16,6 +16,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: every process a test starts (the CLI, a notebook's kernel, torchrun's
+    # ranks) gets one thread too; two threads each made four spin on two cores (+22% CPU, measured).
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_name] = "1"
 
 from pathlib import Path  # noqa: E402
 
@@ -88,3 +93,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def run_cli():
+    """``interp.cli.main(argv)`` in this process on one thread, as a CLI process the suite starts (and each
+    torchrun rank) runs: the reference of a multi-process or killed run without paying another process's
+    start and imports. Returns the exit code; the output is in ``capsys``."""
+    from interp.cli import main
+
+    def run(argv: list) -> int:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return main([str(a) for a in argv])
+        finally:
+            torch.set_num_threads(before)
+
+    return run

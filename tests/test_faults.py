@@ -17,25 +17,27 @@ from interp.stats import QKVStats
 
 CMD = [sys.executable, "-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits",
        "--kinds", "q,k,v", "--max-batches", "2"]
+# the killed and resumed processes on one thread, like the uninterrupted reference (``run_cli``): same sums
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _killed_at(cmd: list, fault: str) -> None:
     """Run ``cmd`` with the fault point ``fault`` armed (interp.io.fault_point): it must die by SIGKILL there."""
-    proc = subprocess.run(cmd, capture_output=True, timeout=600, env={**os.environ, FAULT_ENV: fault})
+    proc = subprocess.run(cmd, capture_output=True, timeout=600, env={**ONE_THREAD, FAULT_ENV: fault})
     assert proc.returncode == -signal.SIGKILL, f"{fault} was never reached: the kill tested nothing"
 
 
-def test_sweep_killed_with_sigkill_resumes_to_identical_results(tmp_path):
+def test_sweep_killed_with_sigkill_resumes_to_identical_results(tmp_path, run_cli):
     """SIGKILL after the 2nd, 5th and 9th result rows (three runs), then a run to the end: the table
-    equals an uninterrupted run's."""
+    equals an uninterrupted run's (that one in this process: it is never killed)."""
     straight = tmp_path / "straight"
-    subprocess.run(CMD + ["--out", str(straight)], check=True, capture_output=True, timeout=600)
+    assert run_cli(CMD[3:] + ["--out", straight]) == 0
     resumed = tmp_path / "resumed"
     log = resumed / "ablation.jsonl"
     for rows in (2, 5, 9):
         _killed_at(CMD + ["--out", str(resumed)], f"after-row:{rows}")
         assert len(log.read_text().splitlines()) == 1 + rows  # the header and every row before the kill
-    subprocess.run(CMD + ["--out", str(resumed)], check=True, capture_output=True, timeout=600)
+    subprocess.run(CMD + ["--out", str(resumed)], check=True, capture_output=True, timeout=600, env=ONE_THREAD)
     a = pd.read_csv(straight / "ablation.csv")
     b = pd.read_csv(resumed / "ablation.csv")
     assert len(a) > 9
@@ -43,16 +45,17 @@ def test_sweep_killed_with_sigkill_resumes_to_identical_results(tmp_path):
     assert not [p for p in resumed.rglob("*.tmp")]
 
 
-def test_recording_killed_leaves_no_partial_file_and_rerun_is_identical(tmp_path):
-    """SIGKILL at the worst moment: the statistics fully written to a temporary, not yet renamed."""
+def test_recording_killed_leaves_no_partial_file_and_rerun_is_identical(tmp_path, run_cli):
+    """SIGKILL at the worst moment: the statistics fully written to a temporary, not yet renamed. The
+    reference is recorded in this process."""
     cmd = [sys.executable, "-m", "interp.cli", "record", "--model", "digits-vit", "--data", "digits"]
     ref = tmp_path / "ref"
-    subprocess.run(cmd + ["--out", str(ref)], check=True, capture_output=True, timeout=600)
+    assert run_cli(cmd[3:] + ["--out", ref]) == 0
     out = tmp_path / "killed"
     stats_file = out / "qkv_stats.safetensors"
     _killed_at(cmd + ["--out", str(out)], f"before-replace:{stats_file.name}")
     assert not stats_file.exists() and list(out.glob(f".{stats_file.name}.*.tmp"))  # only the temporary
-    subprocess.run(cmd + ["--out", str(out)], check=True, capture_output=True, timeout=600)
+    subprocess.run(cmd + ["--out", str(out)], check=True, capture_output=True, timeout=600, env=ONE_THREAD)
     _assert_same(QKVStats.load(ref / "qkv_stats.safetensors"), QKVStats.load(stats_file))
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
 

@@ -193,14 +193,14 @@ def test_cuda_equals_cpu():
             torch.testing.assert_close(gpu.cov(layer, kind).cpu(), cpu.cov(layer, kind), rtol=1e-5, atol=1e-6)
 
 
-def test_interp_record_under_torchrun_equals_one_process(tmp_path):
+def test_interp_record_under_torchrun_equals_one_process(tmp_path, run_cli):
     import shutil
     import subprocess
     import sys
 
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    base = [sys.executable, "-m", "interp.cli", "record", "--model", "digits-vit", "--data", "digits", "--max-batches", "6"]
-    subprocess.run(base + ["--out", str(tmp_path / "one")], check=True, capture_output=True, timeout=600)
+    base = ["record", "--model", "digits-vit", "--data", "digits", "--max-batches", "6"]
+    assert run_cli(base + ["--out", tmp_path / "one"]) == 0  # one process: this one
     r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "interp.cli", "record", "--model", "digits-vit",
                         "--data", "digits", "--max-batches", "6", "--out", str(tmp_path / "two")],
                        capture_output=True, text=True, timeout=600)
@@ -214,7 +214,7 @@ def test_interp_record_under_torchrun_equals_one_process(tmp_path):
             torch.testing.assert_close(two.cov(layer, kind), one.cov(layer, kind), rtol=1e-10, atol=1e-13)
 
 
-def test_interp_record_on_an_image_folder_under_torchrun_equals_one_process(tmp_path):
+def test_interp_record_on_an_image_folder_under_torchrun_equals_one_process(tmp_path, run_cli, capsys):
     """Each rank reads its own batches of the folder (nothing listed twice); the merge equals one process."""
     import shutil
     import subprocess
@@ -231,14 +231,13 @@ def test_interp_record_on_an_image_folder_under_torchrun_equals_one_process(tmp_
         Image.fromarray(pixels).save(sub / f"{i:02d}.png")
     (folder / "b" / "broken.png").write_bytes(b"\x89PNG truncated")
     args = ["-m", "interp.cli", "record", "--model", "digits-vit", "--data", str(folder), "--batch-size", "4"]
-    r1 = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True,
-                        timeout=600)
-    assert r1.returncode == 0, r1.stderr[-2000:]
+    assert run_cli(args[2:] + ["--out", tmp_path / "one"]) == 0  # one process: this one
+    r1 = capsys.readouterr()
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     r2 = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
                         capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stderr[-2000:]
-    assert "skipped 1 unreadable item(s)" in r1.stdout and "skipped 1 unreadable item(s)" in r2.stdout
+    assert "skipped 1 unreadable item(s)" in r1.out and "skipped 1 unreadable item(s)" in r2.stdout
     one = QKVStats.load(tmp_path / "one" / "qkv_stats.safetensors")
     two = QKVStats.load(tmp_path / "two" / "qkv_stats.safetensors")
     assert one.count(0) == two.count(0) == 21 * 17

@@ -245,7 +245,7 @@ def test_layer_mean_replaces_each_head_bias_by_the_layer_average():
     assert (table[table.kind == "k"].identity != "").all() and (table[table.kind == "q"].delta != 0).any()
 
 
-def test_interp_ablate_under_torchrun_equals_one_process(tmp_path):
+def test_interp_ablate_under_torchrun_equals_one_process(tmp_path, run_cli, capsys):
     """Each rank runs its share of the variants into its own log; rank 0's merged table is one process's."""
     import os
     import shutil
@@ -257,9 +257,7 @@ def test_interp_ablate_under_torchrun_equals_one_process(tmp_path):
     args = ["-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1",
             "--estimate", "auto", "--top-k", "3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torchrun's per-rank default: the same float32 sums
-    r1 = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True,
-                        timeout=600, env=env)
-    assert r1.returncode == 0, r1.stderr[-2000:]
+    assert run_cli(args[2:] + ["--out", tmp_path / "one"]) == 0, capsys.readouterr().err[-2000:]  # one thread
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     r2 = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
                         capture_output=True, text=True, timeout=600, env=env)

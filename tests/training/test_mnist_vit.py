@@ -73,8 +73,12 @@ def test_one_epoch_smoke_run_of_every_variant():
     from interp.training.mnist_vit import VARIANTS, k_biases, train_mnist_vit
 
     for variant in VARIANTS:
-        model, acc = train_mnist_vit(variant, seed=0, epochs=1, n_train=12_800, n_test=1_000)
-        assert acc > 0.2, (variant, acc)  # twice chance after 100 steps of 128 (0.31 measured); the full run is a benchmark
+        # the recipe learns (checked on q/k/v, 100 steps of 128); the other variants' structure after 20
+        # steps (their accuracy over 5 seeds: the benchmark, and the shipped weights' slow test)
+        learns = variant == "qkv"
+        model, acc = train_mnist_vit(variant, seed=0, epochs=1, n_train=12_800 if learns else 2_560,
+                                     n_test=1_000)
+        assert acc > 0.2 or not learns, (variant, acc)  # twice chance after 100 steps (0.31 measured)
         present = [layer.attention.k_proj.bias is not None for layer in model.vit.layers]
         assert all(present) == (variant != "none")
         if variant == "qv":
