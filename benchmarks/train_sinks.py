@@ -21,7 +21,15 @@ it stopped, a finished one is read back, another recipe never mixes in. Writes i
 (``docs/results/sinks``): runs.csv, heads.csv, layers.csv, summary.csv, corpus.json, tables.md;
 figures into ``docs/figures/sinks/``; the seed-0 text weights and their card into ``--ship``
 (``data/sinks``). One thread: on this project's shared 2-core machine one thread trained faster
-than two.
+than two. ``--device cuda`` trains the text arms on a GPU (measurements still on a CPU copy);
+``--d-model``, ``--n-layers``, ``--n-heads``, ``--d-ff``, ``--context`` and ``--text-batch`` change the
+text recipe (and so its fingerprint: results of another shape are refused, never mixed), e.g. a wider
+model on a larger corpus for issue 32's stopping rule:
+
+    python benchmarks/train_sinks.py --recipe fresh --domains text --collect text --arms none \
+        --seeds 0 --d-model 256 --n-layers 6 --n-heads 8 --d-ff 1024 --context 256 --text-batch 64 \
+        --corpus-budget 50000000 --text-steps 2000 --text-every 250 --device cuda --baseline \
+        --out docs/results/sinks_text_wide --figures docs/figures/sinks_text_wide --no-ship
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from interp.io import atomic_path  # noqa: E402
-from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS  # noqa: E402
+from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS, LMShape  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
 from interp.training.sink_report import findings_tables, loss_figure, massive_figure, model_card, rerun_tables, \
     seed_table, sink_share_figure, table_figure  # noqa: E402
@@ -60,6 +68,14 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--text-steps", type=int, default=TextRecipe().steps)
     ap.add_argument("--text-every", type=int, default=None, help="measure every this many steps")
     ap.add_argument("--corpus-budget", type=int, default=None, help="corpus bytes (default: the recipe's)")
+    shape = LMShape()
+    ap.add_argument("--d-model", type=int, default=shape.d_model, help="text model width")
+    ap.add_argument("--n-layers", type=int, default=shape.n_layers)
+    ap.add_argument("--n-heads", type=int, default=shape.n_heads)
+    ap.add_argument("--d-ff", type=int, default=shape.d_ff)
+    ap.add_argument("--context", type=int, default=shape.context, help="text window, bytes")
+    ap.add_argument("--text-batch", type=int, default=TextRecipe().batch, help="windows per text step")
+    ap.add_argument("--device", default="cpu", help="where the text arms train: cpu, cuda, cuda:1, ...")
     ap.add_argument("--vision-steps", type=int, default=VisionRecipe().steps)
     ap.add_argument("--work", default=".cache/interp/sinks-runs", help="checkpoints (one folder per recipe)")
     ap.add_argument("--out", default="docs/results/sinks")
@@ -110,14 +126,34 @@ def baseline_csv(out: Path, text: TextRecipe, corpus) -> pd.DataFrame:
     return frame
 
 
+def text_recipe(args: argparse.Namespace) -> TextRecipe:
+    """The text recipe the arguments name: the shape and batch are part of it (and of its fingerprint)."""
+    shape = LMShape(n_layers=args.n_layers, d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
+                    context=args.context)
+    changes = dict(steps=args.text_steps, batch=args.text_batch, **({"shape": shape} if shape != LMShape() else {}),
+                   **({"every": args.text_every} if args.text_every else {}),
+                   **({"corpus_budget": args.corpus_budget} if args.corpus_budget else {}))
+    return fresh_text_recipe(**changes) if args.recipe == "fresh" else TextRecipe(**changes)
+
+
+def check_device(name: str) -> str:
+    """``name`` if torch can train there, else one error that says what to pass."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise SystemExit(f"--device {name!r} is not a torch device ({err}): pass cpu, cuda or cuda:N") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: torch sees no CUDA device on this machine; pass --device cpu")
+    return name
+
+
 def main() -> None:
     args = arguments()
     torch.set_num_threads(args.threads)
+    device = check_device(args.device)
     out, figures, start = Path(args.out), Path(args.figures), time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    changes = dict(steps=args.text_steps, **({"every": args.text_every} if args.text_every else {}),
-                   **({"corpus_budget": args.corpus_budget} if args.corpus_budget else {}))
-    text = fresh_text_recipe(**changes) if args.recipe == "fresh" else TextRecipe(**changes)
+    text = text_recipe(args)
     vision = VisionRecipe(steps=args.vision_steps)
     s = text.shape
     scale = "; ".join(
@@ -134,7 +170,7 @@ def main() -> None:
         plan = [(d, arm, seed) for d in args.domains for seed in args.seeds for arm in arms[d]
                 if args.arms is None or arm in args.arms]
         frames = run_all(plan, text, vision, corpus, Path(args.work), out, ship=None if args.no_ship else Path(args.ship),
-                         collect=args.collect)
+                         collect=args.collect, device=device)
         if not args.no_ship and "text" in args.domains and 0 in args.seeds:
             with atomic_path(Path(args.ship) / "MODEL_CARD.md") as tmp:
                 tmp.write_text(model_card(frames["runs"], text, fingerprints["text"], corpus.sha256))

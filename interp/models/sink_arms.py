@@ -220,7 +220,7 @@ def save_lm_arm(model: nn.Module, arm: str, shape: LMShape, folder: Path, meta: 
     and ``meta`` (strings) in its header."""
     from safetensors.torch import save_file
 
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().cpu().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
     header = {"arm": arm, "shape": json.dumps(asdict(shape)), **{k: str(v) for k, v in meta.items()}}
     path = Path(folder) / f"{arm}.safetensors"
     with atomic_path(path) as tmp:

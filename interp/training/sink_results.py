@@ -77,14 +77,15 @@ def write_tables(out: Path, states: Iterable[dict]) -> dict[str, pd.DataFrame]:
 
 def run_all(plan: list[tuple[str, str, int]], text: TextRecipe, vision: VisionRecipe, corpus: Corpus,
             work: Path, out: Path, ship: Optional[Path] = None, collect: Iterable[str] = ("text", "vision"),
-            log: Callable[[str], None] = print) -> dict[str, pd.DataFrame]:
+            log: Callable[[str], None] = print, device: str = "cpu") -> dict[str, pd.DataFrame]:
     """Every (domain, arm, seed) of ``plan``, resumed from ``work/<the domain's fingerprint>``; after
     each, the tables of every finished run of the ``collect`` domains' recipes (so processes running
-    other parts of the plan add up) into ``out``; the seed-0 text arms' weights into ``ship``."""
+    other parts of the plan add up) into ``out``; the seed-0 text arms' weights into ``ship``. The text
+    arms train on ``device`` (``TextTask``), the vision arms on the CPU."""
     fps = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))
     folders = {d: (Path(work) / fp, fp) for d, fp in fps.items() if d in collect}
     for domain, arm, seed in plan:
-        task = TextTask(arm, seed, text, corpus) if domain == "text" else VisionTask(arm, seed, vision)
+        task = TextTask(arm, seed, text, corpus, device) if domain == "text" else VisionTask(arm, seed, vision)
         model, state = run_arm(task, Path(work) / fps[domain], fps[domain])
         last = state["runs"][-1]
         log(f"{domain:6s} {arm:10s} seed {seed}: step {last['step']}, val_loss {last['val_loss']:.4f}, "

@@ -32,6 +32,7 @@ accuracy on the first ``n_test`` test images.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -151,7 +152,8 @@ def val_windows(tokens: Tensor, n: int, context: int) -> Tensor:
 
 def with_sink(batch: Tensor, arm: str) -> Tensor:
     """The model's input: the sink token prepended in arm ``sink_token``, else the bytes."""
-    return torch.cat([torch.full((len(batch), 1), SINK_ID), batch], 1) if arm == "sink_token" else batch
+    return torch.cat([torch.full((len(batch), 1), SINK_ID, device=batch.device), batch], 1) \
+        if arm == "sink_token" else batch
 
 
 def lm_loss(model: nn.Module, batch: Tensor, arm: str) -> Tensor:
@@ -189,33 +191,41 @@ def lm_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Ad
 
 
 class TextTask:
-    """One text arm and seed: model, optimiser, batches, loss and measurement (module doc)."""
+    """One text arm and seed: model, optimiser, batches, loss and measurement (module doc).
+
+    ``device``: where the model trains and the validation loss is computed ("cpu", "cuda", ...). The
+    initial weights and the data order do not depend on it (built on the CPU, then moved); the sink
+    measurements run on a CPU copy of the model, so they take the same code path whichever device
+    trains. A run may resume on another device (checkpoints are read onto the CPU)."""
 
     domain = "text"
 
-    def __init__(self, arm: str, seed: int, recipe: TextRecipe, corpus: Corpus) -> None:
+    def __init__(self, arm: str, seed: int, recipe: TextRecipe, corpus: Corpus,
+                 device: Union[str, torch.device] = "cpu") -> None:
         if arm not in TEXT_ARMS:
             raise InputError(f"the text arms are {', '.join(TEXT_ARMS)}; got {arm!r}")
         self.arm, self.seed, self.recipe, self.corpus = arm, seed, recipe, corpus
+        self.device = torch.device(device)
         self.offsets = train_offsets(len(corpus.train), recipe, seed)
-        self.val = val_windows(corpus.val, recipe.val_windows, recipe.shape.context)
+        self.val = val_windows(corpus.val, recipe.val_windows, recipe.shape.context).to(self.device)
 
     def build(self) -> nn.Module:
-        return build_lm_arm(self.arm, self.seed, self.recipe.shape)
+        return build_lm_arm(self.arm, self.seed, self.recipe.shape).to(self.device)
 
     def optimiser(self, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
         opt = lm_adamw(model, self.recipe.lr, self.recipe.weight_decay)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, _text_schedule(self.recipe))
 
     def batch(self, step: int) -> Tensor:
-        return windows(self.corpus.train, self.offsets[step], self.recipe.shape.context)
+        return windows(self.corpus.train, self.offsets[step], self.recipe.shape.context).to(self.device)
 
     def loss(self, model: nn.Module, batch: Tensor) -> Tensor:
         return lm_loss(model, batch, self.arm)
 
     def measure(self, model: nn.Module, step: int) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-        probe = with_sink(self.val[: self.recipe.probe_windows], self.arm)
-        heads, layers, summary = measure(model, probe, "text", self.arm)
+        probe = with_sink(self.val[: self.recipe.probe_windows].cpu(), self.arm)
+        on_cpu = model if self.device.type == "cpu" else copy.deepcopy(model).cpu()
+        heads, layers, summary = measure(on_cpu, probe, "text", self.arm)
         r = self.recipe
         row = dict(tokens=step * r.batch * r.shape.context, val_loss=lm_val_loss(model, self.val, self.arm),
                    accuracy=float("nan"), **summary)
@@ -289,7 +299,7 @@ def read_checkpoint(path: Path) -> dict:
     """A checkpoint's state, read with ``weights_only``; a file that is not a whole checkpoint
     (truncated, empty, another kind of file, a state without its keys) is a ``CheckpointError``."""
     try:
-        state = torch.load(path, weights_only=True)
+        state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a bad file
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__}: {str(err)[:120]}): "
                               "it is truncated, empty or another kind of file; delete it to train that run "

@@ -1,6 +1,7 @@
 """A smoke run of one arm, resumption after a kill (bit for bit), refusal of another recipe, and the
 offline corpus (deterministic, split by file, cached, checked)."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -218,3 +219,50 @@ def test_the_packages_corpus_keeps_each_text_once_and_names_a_missing_package(tm
     assert again.sha256 == corpus.sha256
     with pytest.raises(CorpusError, match="gamma are not installed"):
         packages_corpus(10_000, ("alpha", "gamma"), root, cache=tmp_path / "cache")
+
+
+@pytest.mark.cuda
+def test_a_text_run_on_cuda_matches_the_cpu_run_and_resumes_on_the_cpu(tmp_path):
+    """The same initial weights and data on either device; a CUDA checkpoint resumes on the CPU."""
+    fp = "d" * 16
+    _, on_cpu = run_arm(TextTask("k_slot_v0", 1, RECIPE, CORPUS), tmp_path / "cpu", fp)
+    model, _ = run_arm(TextTask("k_slot_v0", 1, RECIPE, CORPUS, "cuda"), tmp_path / "gpu", fp, stop_after=10)
+    assert next(model.parameters()).device.type == "cuda"
+    _, resumed = run_arm(TextTask("k_slot_v0", 1, RECIPE, CORPUS), tmp_path / "gpu", fp)  # steps 10..20 on the CPU
+    cpu_rows, mixed_rows = pd.DataFrame(on_cpu["runs"]), pd.DataFrame(resumed["runs"])
+    assert list(cpu_rows.step) == list(mixed_rows.step) == [0, 10, 20]
+    first = ["val_loss", "mean_mass_first", "mean_mass_slot", "implicit_norm", "slot_norm"]
+    pd.testing.assert_frame_equal(cpu_rows.loc[[0], first], mixed_rows.loc[[0], first], rtol=1e-5)  # the same start
+    assert (cpu_rows.val_loss - mixed_rows.val_loss).abs().max() < 1e-2  # float rounding only, over 20 steps
+
+
+def _train_sinks_benchmark(monkeypatch, *argv):
+    """benchmarks/train_sinks.py's module and its parsed ``argv``."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "train_sinks.py"
+    spec = importlib.util.spec_from_file_location("train_sinks_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["train_sinks.py", *argv])
+    return module, module.arguments()
+
+
+def test_the_benchmark_shape_flags_make_another_recipe_and_their_defaults_the_shipped_one(monkeypatch):
+    """At their defaults the shape, batch and device flags give the recipe (and fingerprint) of the
+    shipped text rerun (docs/results/sinks_text); a wider model is another recipe, never mixed with it."""
+    results = Path(__file__).resolve().parents[2] / "docs" / "results" / "sinks_text"
+    shipped = json.loads((results / "corpus.json").read_text())["sha256"]
+    bench, args = _train_sinks_benchmark(monkeypatch, "--recipe", "fresh", "--text-steps", "1000", "--text-every", "125")
+    default = bench.text_recipe(args)
+    assert default == fresh_text_recipe(steps=1000, every=125)
+    assert set(pd.read_csv(results / "runs.csv").recipe) == {recipe_fingerprint(default, shipped)}
+    bench, args = _train_sinks_benchmark(monkeypatch, "--recipe", "fresh", "--text-steps", "1000", "--d-model", "256",
+                                         "--n-heads", "8", "--context", "256", "--text-batch", "64")
+    wide = bench.text_recipe(args)
+    assert (wide.shape.d_model, wide.shape.n_heads, wide.shape.context, wide.batch) == (256, 8, 256, 64)
+    assert (wide.shape.n_layers, wide.shape.d_ff) == (LMShape().n_layers, LMShape().d_ff)
+    assert recipe_fingerprint(wide, shipped) != recipe_fingerprint(default, shipped)
+    with pytest.raises(SystemExit, match="pass cpu, cuda or cuda:N"):
+        bench.check_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="no CUDA device on this machine; pass --device cpu"):
+            bench.check_device("cuda")
