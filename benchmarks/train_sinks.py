@@ -52,6 +52,7 @@ from interp.plots import save_figure  # noqa: E402
 from interp.training.sink_report import findings_tables, loss_figure, massive_figure, model_card, rerun_tables, \
     seed_table, sink_share_figure, table_figure  # noqa: E402
 from interp.training.sink_results import check_results_folder, run_all, summarise  # noqa: E402
+from interp.training.corpus import Corpus, load_corpus  # noqa: E402
 from interp.training.ngram import count_baseline  # noqa: E402
 from interp.training.sink_results import stopping_rule  # noqa: E402
 from interp.training.sinks import TextRecipe, VisionRecipe, fresh_text_recipe, recipe_fingerprint, text_corpus, \
@@ -68,6 +69,9 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--text-steps", type=int, default=TextRecipe().steps)
     ap.add_argument("--text-every", type=int, default=None, help="measure every this many steps")
     ap.add_argument("--corpus-budget", type=int, default=None, help="corpus bytes (default: the recipe's)")
+    ap.add_argument("--corpus-from", default=None,
+                    help="a corpus folder gathered elsewhere (<cache>/sinks-corpus/<key>/: train.bin, val.bin, "
+                         "corpus.json), to train on exactly those bytes on a machine with other packages")
     shape = LMShape()
     ap.add_argument("--d-model", type=int, default=shape.d_model, help="text model width")
     ap.add_argument("--n-layers", type=int, default=shape.n_layers)
@@ -127,13 +131,26 @@ def baseline_csv(out: Path, text: TextRecipe, corpus) -> pd.DataFrame:
 
 
 def text_recipe(args: argparse.Namespace) -> TextRecipe:
-    """The text recipe the arguments name: the shape and batch are part of it (and of its fingerprint)."""
+    """The text recipe the arguments name: the shape and batch are part of it (and of its fingerprint);
+    with ``--corpus-from``, the budget is the one that corpus was gathered with."""
     shape = LMShape(n_layers=args.n_layers, d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
                     context=args.context)
+    budget = args.corpus_budget
+    if args.corpus_from:
+        gathered = load_corpus(Path(args.corpus_from)).record.get("budget")
+        if budget is not None and budget != gathered:
+            raise SystemExit(f"--corpus-budget {budget} but the corpus in {args.corpus_from} was gathered with a "
+                             f"budget of {gathered}: drop --corpus-budget")
+        budget = gathered
     changes = dict(steps=args.text_steps, batch=args.text_batch, **({"shape": shape} if shape != LMShape() else {}),
                    **({"every": args.text_every} if args.text_every else {}),
-                   **({"corpus_budget": args.corpus_budget} if args.corpus_budget else {}))
+                   **({"corpus_budget": budget} if budget else {}))
     return fresh_text_recipe(**changes) if args.recipe == "fresh" else TextRecipe(**changes)
+
+
+def corpus_of(args: argparse.Namespace, text: TextRecipe) -> Corpus:
+    """``--corpus-from``'s corpus (checked against its record), else the one the recipe gathers."""
+    return load_corpus(Path(args.corpus_from)) if args.corpus_from else text_corpus(text)
 
 
 def check_device(name: str) -> str:
@@ -161,7 +178,7 @@ def main() -> None:
           f"{text.steps} steps of {text.batch}"] if "text" in args.domains else [])
         + ([f"vision: {vision.steps} steps of {vision.batch}"] if "vision" in args.domains else []))
     if not args.summarise_only:
-        corpus = text_corpus(text)
+        corpus = corpus_of(args, text)
         fingerprints = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))
         check_results_folder(out, fingerprints, args.overwrite)
         with atomic_path(out / "corpus.json") as tmp:
@@ -175,7 +192,7 @@ def main() -> None:
             with atomic_path(Path(args.ship) / "MODEL_CARD.md") as tmp:
                 tmp.write_text(model_card(frames["runs"], text, fingerprints["text"], corpus.sha256))
     if args.baseline:
-        baseline_csv(out, text, text_corpus(text))
+        baseline_csv(out, text, corpus_of(args, text))
     summary = outputs(out, figures, scale, s.context)
     if (out / "baseline.csv").exists():
         runs, baseline = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "baseline.csv")

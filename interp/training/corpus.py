@@ -151,6 +151,24 @@ def _read_cached(folder: Path) -> Optional[Corpus]:
     return Corpus(_tokens(train), _tokens(val), record)
 
 
+def load_corpus(folder: Path) -> Corpus:
+    """A corpus from its folder (``train.bin``, ``val.bin``, ``corpus.json``: what the cache holds), its
+    bytes checked against the record's sha256: to train on another machine (other packages, another
+    interpreter) on exactly the bytes gathered here."""
+    folder = Path(folder)
+    missing = [n for n in ("corpus.json", "train.bin", "val.bin") if not (folder / n).is_file()]
+    if missing:
+        raise CorpusError(f"{folder} is not a corpus folder: it lacks {', '.join(missing)}; pass a folder under "
+                          "<cache>/sinks-corpus/ (.cache/interp/sinks-corpus/ in a checkout)")
+    try:
+        corpus = _read_cached(folder)
+    except (KeyError, TypeError) as err:  # JSON, but not a record with both splits' sha256
+        raise CorpusError(f"{folder}/corpus.json is not a corpus record (no {err}): gather the corpus again") from err
+    if corpus is None:
+        raise CorpusError(f"{folder}/corpus.json is not a corpus record (unreadable JSON): gather the corpus again")
+    return corpus
+
+
 def _tokens(data: bytes) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
 

@@ -51,6 +51,10 @@ def _interval(r: pd.Series, scale: float, digits: int, signed: bool = False, pai
     keys = ("paired_diff", "paired_ci95_low", "paired_ci95_high") if paired else ("mean", "ci95_low", "ci95_high")
     m, lo, hi = (float(r[k]) * scale for k in keys)
     f = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+    if math.isnan(m):
+        return "-"
+    if math.isnan(lo) or math.isnan(hi):  # one seed: a t-interval needs two
+        return f"{f.format(m)} (1 seed: no interval)"
     return f"{f.format(m)} [{f.format(lo)}, {f.format(hi)}]"
 
 

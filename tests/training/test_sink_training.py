@@ -4,6 +4,7 @@ offline corpus (deterministic, split by file, cached, checked)."""
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 
 from interp.errors import CheckpointError, InputError, StaleResultsError
 from interp.models.sink_arms import LMShape
-from interp.training.corpus import Corpus, CorpusError, gather, packages_corpus, stdlib_corpus
+from interp.training.corpus import Corpus, CorpusError, gather, load_corpus, packages_corpus, stdlib_corpus
 from interp.training.sink_results import check_results_folder, finished_states, write_tables
 from interp.training.sinks import (
     TextRecipe, TextTask, VisionRecipe, _text_schedule, checkpoint_path, fresh_text_recipe, recipe_fingerprint, run_arm,
@@ -266,3 +267,38 @@ def test_the_benchmark_shape_flags_make_another_recipe_and_their_defaults_the_sh
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="no CUDA device on this machine; pass --device cpu"):
             bench.check_device("cuda")
+
+
+def test_a_corpus_folder_loads_elsewhere_checked_and_the_benchmark_trains_on_it(tmp_path, monkeypatch):
+    """``load_corpus``: the bytes gathered on one machine, on another (checked against the record);
+    ``train_sinks.py --corpus-from`` takes its budget from that record."""
+    root = tmp_path / "site"
+    for i in range(40):
+        (root / "alpha" / f"m{i}.py").parent.mkdir(parents=True, exist_ok=True)
+        (root / "alpha" / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
+    corpus = packages_corpus(20_000, ("alpha",), root, cache=tmp_path / "cache")
+    (folder,) = (tmp_path / "cache" / "sinks-corpus").iterdir()
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(folder, moved)
+    loaded = load_corpus(moved)
+    assert torch.equal(loaded.train, corpus.train) and torch.equal(loaded.val, corpus.val)
+    assert loaded.sha256 == corpus.sha256 and loaded.record == corpus.record
+
+    bench, args = _train_sinks_benchmark(monkeypatch, "--recipe", "fresh", "--text-steps", "3", "--text-batch", "2",
+                                         "--context", "32", "--corpus-from", str(moved))
+    recipe = bench.text_recipe(args)
+    assert recipe.corpus_budget == 20_000 and bench.corpus_of(args, recipe).sha256 == corpus.sha256
+    bench, args = _train_sinks_benchmark(monkeypatch, "--recipe", "fresh", "--corpus-budget", "30000",
+                                         "--corpus-from", str(moved))
+    with pytest.raises(SystemExit, match="gathered with a budget of 20000: drop --corpus-budget"):
+        bench.text_recipe(args)
+
+    (moved / "val.bin").write_bytes(b"x" + (moved / "val.bin").read_bytes())
+    with pytest.raises(CorpusError, match="does not match its corpus.json"):
+        load_corpus(moved)
+    (moved / "corpus.json").write_text("[1, 2]")
+    with pytest.raises(CorpusError, match="is not a corpus record"):
+        load_corpus(moved)
+    (moved / "train.bin").unlink()
+    with pytest.raises(CorpusError, match="lacks train.bin"):
+        load_corpus(moved)
