@@ -2,7 +2,7 @@
 
     python benchmarks/train_sinks.py                      # every arm x 3 seeds, text and vision (resumes)
     python benchmarks/train_sinks.py --summarise-only     # tables, figures and card from the CSVs
-    python benchmarks/train_sinks.py --domains text --seeds 0 --text-steps 20   # a quick look
+    python benchmarks/train_sinks.py --domains text --seeds 0 --text-steps 20 --no-ship   # a quick look
     python benchmarks/train_sinks.py --recipe fresh --domains text --arms none k_slot_v0 sink_token \
         --seeds 0 --out docs/results/sinks_text --figures docs/figures/sinks_text --no-ship   # issue 32
 
@@ -24,21 +24,27 @@ figures into ``docs/figures/sinks/``; the seed-0 text weights and their card int
 than two. ``--device cuda`` trains the text arms on a GPU (measurements still on a CPU copy);
 ``--d-model``, ``--n-layers``, ``--n-heads``, ``--d-ff``, ``--context`` and ``--text-batch`` change the
 text recipe (and so its fingerprint: results of another shape are refused, never mixed), e.g. a wider
-model on a larger corpus for issue 32's stopping rule:
+model on a larger corpus for issue 32's stopping rule, on a GPU machine, reading the corpus gathered
+here (``--corpus-from``: that machine's packages would give other bytes):
 
     python benchmarks/train_sinks.py --recipe fresh --domains text --collect text --arms none \
         --seeds 0 --d-model 256 --n-layers 6 --n-heads 8 --d-ff 1024 --context 256 --text-batch 64 \
-        --corpus-budget 50000000 --text-steps 2000 --text-every 250 --device cuda --baseline \
-        --out docs/results/sinks_text_wide --figures docs/figures/sinks_text_wide --no-ship
+        --corpus-from .cache/interp/sinks-corpus/packages-<key> --text-steps 2000 --text-every 250 \
+        --device cuda --baseline --out docs/results/sinks_text_wide --figures docs/figures/sinks_text_wide --no-ship
+
+(``benchmarks/count_model_scaling.py`` gives each corpus size's count model, target and how many
+steps of never-reread windows it holds.)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
@@ -57,6 +63,8 @@ from interp.training.ngram import count_baseline  # noqa: E402
 from interp.training.sink_results import stopping_rule  # noqa: E402
 from interp.training.sinks import TextRecipe, VisionRecipe, fresh_text_recipe, recipe_fingerprint, text_corpus, \
     val_windows  # noqa: E402
+
+SHIPPED = "data/sinks"  # the first release's seed-0 text weights (interp.models.sink_arms.load_sink_lm)
 
 
 def arguments() -> argparse.Namespace:
@@ -84,7 +92,7 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--work", default=".cache/interp/sinks-runs", help="checkpoints (one folder per recipe)")
     ap.add_argument("--out", default="docs/results/sinks")
     ap.add_argument("--figures", default="docs/figures/sinks")
-    ap.add_argument("--ship", default="data/sinks", help="where the seed-0 text weights go")
+    ap.add_argument("--ship", default=SHIPPED, help="where the seed-0 text weights go")
     ap.add_argument("--no-ship", action="store_true")
     ap.add_argument("--overwrite", action="store_true", help="replace results of another recipe in --out")
     ap.add_argument("--summarise-only", action="store_true", help="no training: tables and figures from the CSVs")
@@ -135,12 +143,23 @@ def text_recipe(args: argparse.Namespace) -> TextRecipe:
     with ``--corpus-from``, the budget is the one that corpus was gathered with."""
     shape = LMShape(n_layers=args.n_layers, d_model=args.d_model, n_heads=args.n_heads, d_ff=args.d_ff,
                     context=args.context)
+    if shape.d_model % shape.n_heads:
+        raise SystemExit(f"--d-model {shape.d_model} is not a multiple of --n-heads {shape.n_heads}: each head "
+                         "needs an equal share of the width")
     budget = args.corpus_budget
     if args.corpus_from:
-        gathered = load_corpus(Path(args.corpus_from)).record.get("budget")
+        record = _gathered(args.corpus_from).record
+        gathered = record.get("budget")
+        if gathered is None:
+            raise SystemExit(f"{args.corpus_from}/corpus.json records no budget: not a corpus this library gathered")
         if budget is not None and budget != gathered:
             raise SystemExit(f"--corpus-budget {budget} but the corpus in {args.corpus_from} was gathered with a "
                              f"budget of {gathered}: drop --corpus-budget")
+        kind, wanted = ("packages" if "packages" in record else "stdlib"), ("packages" if args.recipe == "fresh"
+                                                                             else "stdlib")
+        if kind != wanted:
+            raise SystemExit(f"{args.corpus_from} holds a {kind} corpus, but --recipe {args.recipe} trains on the "
+                             f"{wanted} corpus: pass a {wanted} corpus folder")
         budget = gathered
     changes = dict(steps=args.text_steps, batch=args.text_batch, **({"shape": shape} if shape != LMShape() else {}),
                    **({"every": args.text_every} if args.text_every else {}),
@@ -148,9 +167,25 @@ def text_recipe(args: argparse.Namespace) -> TextRecipe:
     return fresh_text_recipe(**changes) if args.recipe == "fresh" else TextRecipe(**changes)
 
 
+@functools.lru_cache(maxsize=2)
+def _gathered(folder: str) -> Corpus:
+    return load_corpus(Path(folder))  # read and checked once per process
+
+
 def corpus_of(args: argparse.Namespace, text: TextRecipe) -> Corpus:
     """``--corpus-from``'s corpus (checked against its record), else the one the recipe gathers."""
-    return load_corpus(Path(args.corpus_from)) if args.corpus_from else text_corpus(text)
+    return _gathered(args.corpus_from) if args.corpus_from else text_corpus(text)
+
+
+def ship_folder(args: argparse.Namespace, text: TextRecipe) -> Optional[Path]:
+    """Where the seed-0 text weights go: ``--ship``, except that a recipe other than the first release's
+    never replaces the shipped weights (``data/sinks``) unless ``--ship`` names the folder."""
+    if args.no_ship:
+        return None
+    if text != TextRecipe() and args.ship == SHIPPED:
+        raise SystemExit(f"this text recipe is not the first release's, whose weights {SHIPPED}/ holds: pass "
+                         "--no-ship, or --ship FOLDER for another folder")
+    return Path(args.ship)
 
 
 def check_device(name: str) -> str:
@@ -161,6 +196,10 @@ def check_device(name: str) -> str:
         raise SystemExit(f"--device {name!r} is not a torch device ({err}): pass cpu, cuda or cuda:N") from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {name}: torch sees no CUDA device on this machine; pass --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise SystemExit(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s); pass cuda:0")
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device {name}: the sink runs are tested on cpu and cuda only; pass one of them")
     return name
 
 
@@ -178,6 +217,7 @@ def main() -> None:
           f"{text.steps} steps of {text.batch}"] if "text" in args.domains else [])
         + ([f"vision: {vision.steps} steps of {vision.batch}"] if "vision" in args.domains else []))
     if not args.summarise_only:
+        ship = ship_folder(args, text) if "text" in args.domains and 0 in args.seeds else None  # before any work
         corpus = corpus_of(args, text)
         fingerprints = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))
         check_results_folder(out, fingerprints, args.overwrite)
@@ -186,10 +226,10 @@ def main() -> None:
         arms = {"text": TEXT_ARMS, "vision": VISION_ARMS}
         plan = [(d, arm, seed) for d in args.domains for seed in args.seeds for arm in arms[d]
                 if args.arms is None or arm in args.arms]
-        frames = run_all(plan, text, vision, corpus, Path(args.work), out, ship=None if args.no_ship else Path(args.ship),
+        frames = run_all(plan, text, vision, corpus, Path(args.work), out, ship=ship,
                          collect=args.collect, device=device)
-        if not args.no_ship and "text" in args.domains and 0 in args.seeds:
-            with atomic_path(Path(args.ship) / "MODEL_CARD.md") as tmp:
+        if ship is not None:
+            with atomic_path(ship / "MODEL_CARD.md") as tmp:
                 tmp.write_text(model_card(frames["runs"], text, fingerprints["text"], corpus.sha256))
     if args.baseline:
         baseline_csv(out, text, corpus_of(args, text))

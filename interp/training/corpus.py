@@ -163,9 +163,11 @@ def load_corpus(folder: Path) -> Corpus:
     try:
         corpus = _read_cached(folder)
     except (KeyError, TypeError) as err:  # JSON, but not a record with both splits' sha256
-        raise CorpusError(f"{folder}/corpus.json is not a corpus record (no {err}): gather the corpus again") from err
+        raise CorpusError(f"{folder}/corpus.json is not a corpus record (a JSON object with train_sha256 and "
+                          f"val_sha256; {type(err).__name__}: {err}): gather the corpus again") from err
     if corpus is None:
-        raise CorpusError(f"{folder}/corpus.json is not a corpus record (unreadable JSON): gather the corpus again")
+        raise CorpusError(f"{folder}'s corpus.json is not JSON, or a file of it cannot be read: gather the corpus "
+                          "again")
     return corpus
 
 

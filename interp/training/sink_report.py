@@ -53,8 +53,8 @@ def _interval(r: pd.Series, scale: float, digits: int, signed: bool = False, pai
     f = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
     if math.isnan(m):
         return "-"
-    if math.isnan(lo) or math.isnan(hi):  # one seed: a t-interval needs two
-        return f"{f.format(m)} (1 seed: no interval)"
+    if math.isnan(lo) or math.isnan(hi):  # a t-interval needs two seeds
+        return f"{f.format(m)} (under 2 seeds: no interval)"
     return f"{f.format(m)} [{f.format(lo)}, {f.format(hi)}]"
 
 

@@ -32,7 +32,6 @@ accuracy on the first ``n_test`` test images.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -224,7 +223,10 @@ class TextTask:
 
     def measure(self, model: nn.Module, step: int) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
         probe = with_sink(self.val[: self.recipe.probe_windows].cpu(), self.arm)
-        on_cpu = model if self.device.type == "cpu" else copy.deepcopy(model).cpu()
+        on_cpu = model
+        if self.device.type != "cpu":  # a fresh CPU model given the weights: no second copy on the device
+            on_cpu = build_lm_arm(self.arm, self.seed, self.recipe.shape)
+            on_cpu.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
         heads, layers, summary = measure(on_cpu, probe, "text", self.arm)
         r = self.recipe
         row = dict(tokens=step * r.batch * r.shape.context, val_loss=lm_val_loss(model, self.val, self.arm),
@@ -334,7 +336,8 @@ def _tag(task: Task, step: int, fingerprint: str, rows: list[dict]) -> list[dict
 
 def _record(task: Task, model: nn.Module, step: int, fingerprint: str, state: dict, seconds: float) -> None:
     row, heads, layers = task.measure(model, step)
-    state["runs"] += _tag(task, step, fingerprint, [dict(row, train_seconds=round(seconds, 2))])
+    device = str(getattr(task, "device", "cpu"))  # train_seconds are comparable only on one device
+    state["runs"] += _tag(task, step, fingerprint, [dict(row, train_seconds=round(seconds, 2), device=device)])
     state["heads"] += _tag(task, step, fingerprint, heads.to_dict("records"))
     state["layers"] += _tag(task, step, fingerprint, layers.to_dict("records"))
 
@@ -379,6 +382,8 @@ def run_arm(task: Task, work: Path, fingerprint: str, stop_after: Optional[int] 
             torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
         opt.step()
         sched.step()
+        if next(model.parameters()).is_cuda:  # the step's kernels finish inside its time
+            torch.cuda.synchronize()
         step, done, seconds = step + 1, done + 1, seconds + time.perf_counter() - start
         if step % recipe.every == 0 or step == recipe.steps:
             _record(task, model, step, fingerprint, state, seconds)

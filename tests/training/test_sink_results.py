@@ -78,6 +78,7 @@ def test_one_seed_prints_its_value_without_an_interval():
     runs = [pd.DataFrame([dict(domain="text", arm=a, seed=s, step=9, val_loss=v + s / 10)
                           for a, v in (("none", 2.0), ("qkv", 1.5)) for s in range(n)]) for n in (1, 3)]
     one, three = (findings_tables(summarise(r)) for r in runs)
-    assert "2.000 (1 seed: no interval)" in one and "-0.500 (1 seed: no interval)" in one and "nan" not in one
+    assert "2.000 (under 2 seeds: no interval)" in one and "-0.500 (under 2 seeds: no interval)" in one
+    assert "nan" not in one
     _, lo, hi = t_interval([2.0, 2.1, 2.2])
     assert f"2.100 [{lo:.3f}, {hi:.3f}]" in three and "no interval" not in three
