@@ -8,13 +8,15 @@ For each corpus budget, the packages corpus of issue 32's fresh text recipe
 split by file), the Kneser-Ney count models of orders 1-7 counted on its training split and scored on
 its 512 validation windows of 128 bytes, exactly as ``benchmarks/train_sinks.py --baseline`` does
 (``interp.training.ngram.count_baseline``); at the recipe's 4 MiB the row equals
-``docs/results/sinks_text/baseline.csv``'s best (tested). Writes one row per budget to
+``docs/results/sinks_text/baseline.csv``'s best (tests/training/test_sink_text.py). Writes one row per budget to
 ``docs/results/sinks_text/count_model_scaling.csv``: the corpus (sha256, training and validation
 bytes), the best order and its validation nats/byte, the rule's target (that minus
 ``RULE_MARGIN``), and how many steps of never-reread windows the training split holds at the shipped
 runs' batch (16 x 128 bytes) and at 64 x 256 bytes. A budget already in the file for the same corpus
 is kept, not recomputed. The validation split grows with the budget (files are split by hash), so the
-rows compare corpora, not one fixed test set.
+rows compare corpora, not one fixed test set. The targets hold for 128-byte windows; a run at another
+context (``train_sinks.py --context``) scores other windows, and ``train_sinks.py --baseline`` computes
+its own.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from interp.models.sink_arms import LMShape
 from interp.training.sink_report import findings_tables, massive_figure, rerun_tables, seed_rows, seed_table
 from interp.training.sink_results import stopping_rule, summarise
 from interp.training.sinks import fresh_text_recipe, recipe_fingerprint
@@ -106,3 +107,38 @@ def test_the_claims_4c_makes_about_the_rerun():
     assert (final.mean_mass_first_text < uniform).all()
     ratio = last.set_index(["arm", "seed"]).max_over_median / first.set_index(["arm", "seed"]).max_over_median
     assert (ratio < 2.5).all() and (last.max_over_median < 100).all()  # "within 2.5 times ... far from 1000x"
+
+
+def test_what_a_verdict_needs_is_quoted_from_the_scaling_and_pilot_csvs():
+    """Findings 4c's "what a verdict needs": the count model per corpus size (count_model_scaling.csv,
+    its 4 MiB row the rerun's own baseline) and the wider one-seed pilot (sinks_text_pilot/), bound to
+    its recipe and corpus."""
+    scaling = _csv("count_model_scaling").set_index("budget_mib")
+    baseline = _csv("baseline")
+    best = baseline.loc[baseline.val_nats_per_byte.idxmin()]
+    shipped = json.loads((RESULTS / "corpus.json").read_text())["sha256"]
+    assert scaling.loc[4].corpus_sha256 == shipped and scaling.loc[4].best_order == best.n
+    assert scaling.loc[4].count_model_val == pytest.approx(best.val_nats_per_byte, abs=1e-12)
+    assert (scaling.target == scaling.count_model_val - 0.3).all()
+    text = " ".join(_section_4c().split())
+    joined = lambda values, fmt: " / ".join(format(v, fmt) for v in values)  # noqa: E731
+    assert f"at {joined(scaling.index, 'd')} MiB scores {joined(scaling.count_model_val, '.3f')} nats/byte" in text
+    assert f"so the rule's target is {joined(scaling.target, '.3f')}" in text
+    assert f"hold {joined(scaling.steps_16x128, ',')} steps of 16 windows" in text
+
+    pilot_dir = RESULTS.with_name("sinks_text_pilot")
+    pilot = pd.read_csv(pilot_dir / "runs.csv").sort_values("step")
+    corpus = json.loads((pilot_dir / "corpus.json").read_text())
+    assert corpus["sha256"] == scaling.loc[16].corpus_sha256
+    recipe = fresh_text_recipe(steps=6000, every=250, corpus_budget=16 * 2**20,
+                               shape=LMShape(d_model=128, d_ff=512))
+    assert set(pilot.recipe) == {recipe_fingerprint(recipe, corpus["sha256"])} and set(pilot.arm) == {"none"}
+    last, before = pilot.iloc[-1], pilot[pilot.step == pilot.step.max() - 1000].iloc[0]
+    assert last.step == 6000
+    assert f"ends at {last.val_loss:.3f} nats/byte after {int(last.step):,} steps" in text
+    assert f"{last.val_loss - scaling.loc[16].target:.2f} above that corpus's target" in text
+    assert "the first network here below its count model" in text
+    assert scaling.loc[16].target < last.val_loss < scaling.loc[16].count_model_val  # below the model, not the target
+    assert (_csv("runs").val_loss > scaling.loc[4].count_model_val).all()  # "first": no rerun run got below its own
+    assert f"fell by {before.val_loss - last.val_loss:.3f} over its last 1,000" in text
+    assert f"{last.train_seconds / 60:.0f} minutes of one core" in text
