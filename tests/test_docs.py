@@ -388,4 +388,7 @@ def test_readme_quotes_the_suite_timings_from_their_csv():
     assert (f"and {minutes(fast.pytest_seconds)} after ({fast.user_cpu_seconds:.0f} s user + "
             f"{fast.sys_cpu_seconds:.0f} s system)") in text
     assert f"took {minutes(make.make_test_seconds)}, {minutes(make.pytest_seconds)} of it pytest" in text
-    assert make.make_test_seconds < 600, "the suite's goal: `make test` under 10 minutes on this machine"
+    again = t.loc["make test again"]
+    assert (f"with {again['items']:,} items, {minutes(again.make_test_seconds)} ({minutes(again.pytest_seconds)} of "
+            f"pytest, {again.user_cpu_seconds:.0f} s user CPU against {make.user_cpu_seconds:.0f} s)") in text
+    assert max(make.make_test_seconds, again.make_test_seconds) < 600, "the goal: `make test` under 10 minutes here"
