@@ -30,16 +30,17 @@ import pandas as pd
 from interp.io import atomic_path
 from interp.training.ngram import count_baseline
 from interp.training.sink_results import RULE_MARGIN
+from interp.training.corpus import Corpus
 from interp.training.sinks import fresh_text_recipe, text_corpus, val_windows
 
 COLUMNS = ["budget_mib", "corpus_sha256", "train_bytes", "val_bytes", "best_order", "best_discount",
            "count_model_val", "target", "steps_16x128", "steps_64x256", "count_seconds"]
 
 
-def scaling_row(budget_mib: int) -> dict:
-    """One budget's corpus, its best count model and the rule's target (module doc)."""
+def scaling_row(budget_mib: int, corpus: Corpus) -> dict:
+    """One budget's corpus (of ``fresh_text_recipe(corpus_budget=...)``), its best count model and the
+    rule's target (module doc)."""
     recipe = fresh_text_recipe(corpus_budget=budget_mib * 2**20)
-    corpus = text_corpus(recipe)
     context = recipe.shape.context
     start = time.perf_counter()
     frame = count_baseline(corpus.train.numpy(), val_windows(corpus.val, recipe.val_windows, context).numpy(), context)
@@ -60,12 +61,11 @@ def main() -> None:
     out = Path(args.out)
     rows = pd.read_csv(out).to_dict("records") if out.exists() else []
     for budget in args.budgets_mib:
-        recipe = fresh_text_recipe(corpus_budget=budget * 2**20)
-        sha = text_corpus(recipe).sha256
-        if any(r["budget_mib"] == budget and r["corpus_sha256"] == sha for r in rows):
+        corpus = text_corpus(fresh_text_recipe(corpus_budget=budget * 2**20))
+        if any(r["budget_mib"] == budget and r["corpus_sha256"] == corpus.sha256 for r in rows):
             print(f"{budget} MiB: kept")
             continue
-        row = scaling_row(budget)
+        row = scaling_row(budget, corpus)
         rows = [r for r in rows if r["budget_mib"] != budget] + [row]
         frame = pd.DataFrame(rows, columns=COLUMNS).sort_values("budget_mib")
         with atomic_path(out) as tmp:  # after each budget: a killed run keeps what it measured

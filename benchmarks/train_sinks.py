@@ -52,6 +52,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from interp.errors import InputError  # noqa: E402
 from interp.io import atomic_path  # noqa: E402
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS, LMShape  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
@@ -62,7 +63,7 @@ from interp.training.corpus import Corpus, load_corpus  # noqa: E402
 from interp.training.ngram import count_baseline  # noqa: E402
 from interp.training.sink_results import stopping_rule  # noqa: E402
 from interp.training.sinks import TextRecipe, VisionRecipe, fresh_text_recipe, recipe_fingerprint, text_corpus, \
-    val_windows  # noqa: E402
+    training_device, val_windows  # noqa: E402
 
 SHIPPED = "data/sinks"  # the first release's seed-0 text weights (interp.models.sink_arms.load_sink_lm)
 
@@ -189,17 +190,12 @@ def ship_folder(args: argparse.Namespace, text: TextRecipe) -> Optional[Path]:
 
 
 def check_device(name: str) -> str:
-    """``name`` if torch can train there, else one error that says what to pass."""
+    """``name`` if the text arms can train there (``interp.training.sinks.training_device``), else exit
+    with its message."""
     try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise SystemExit(f"--device {name!r} is not a torch device ({err}): pass cpu, cuda or cuda:N") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {name}: torch sees no CUDA device on this machine; pass --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise SystemExit(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s); pass cuda:0")
-    if device.type not in ("cpu", "cuda"):
-        raise SystemExit(f"--device {name}: the sink runs are tested on cpu and cuda only; pass one of them")
+        training_device(name)
+    except InputError as err:
+        raise SystemExit(f"--{err}") from err
     return name
 
 

@@ -267,6 +267,7 @@ class BackcopyRun:
     """One arm and seed: model, optimiser, batches (a generator per step: resumable), loss, measurement."""
 
     domain = "backcopy"
+    device = torch.device("cpu")  # trains on the CPU (run_arm records it)
 
     def __init__(self, arm: str, seed: int, recipe: BackcopyRecipe) -> None:
         self.arm, self.seed, self.recipe = check_arm(arm), seed, recipe

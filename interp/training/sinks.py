@@ -189,6 +189,22 @@ def lm_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Ad
                              lr=lr, betas=(0.9, 0.95))
 
 
+def training_device(name: Union[str, torch.device]) -> torch.device:
+    """``name`` as a device the sink runs can train on (the CPU or a present CUDA device), else one
+    ``InputError`` that says what to pass."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise InputError(f"device {name!r} is not a torch device ({err}): pass cpu, cuda or cuda:N") from err
+    if device.type not in ("cpu", "cuda"):
+        raise InputError(f"device {name!r}: the sink runs are tested on cpu and cuda only; pass one of them")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {name!r}: torch sees no CUDA device on this machine; pass cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise InputError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s); pass cuda:0")
+    return device
+
+
 class TextTask:
     """One text arm and seed: model, optimiser, batches, loss and measurement (module doc).
 
@@ -204,7 +220,7 @@ class TextTask:
         if arm not in TEXT_ARMS:
             raise InputError(f"the text arms are {', '.join(TEXT_ARMS)}; got {arm!r}")
         self.arm, self.seed, self.recipe, self.corpus = arm, seed, recipe, corpus
-        self.device = torch.device(device)
+        self.device = training_device(device)
         self.offsets = train_offsets(len(corpus.train), recipe, seed)
         self.val = val_windows(corpus.val, recipe.val_windows, recipe.shape.context).to(self.device)
 
@@ -241,6 +257,7 @@ class VisionTask:
     """One vision arm and seed of the MNIST ViT recipe, cut to ``recipe.steps`` steps."""
 
     domain = "vision"
+    device = torch.device("cpu")  # trains on the CPU (run_arm records it)
     _data: dict = {}  # MNIST, loaded once per process
 
     def __init__(self, arm: str, seed: int, recipe: VisionRecipe) -> None:
@@ -336,8 +353,8 @@ def _tag(task: Task, step: int, fingerprint: str, rows: list[dict]) -> list[dict
 
 def _record(task: Task, model: nn.Module, step: int, fingerprint: str, state: dict, seconds: float) -> None:
     row, heads, layers = task.measure(model, step)
-    device = str(getattr(task, "device", "cpu"))  # train_seconds are comparable only on one device
-    state["runs"] += _tag(task, step, fingerprint, [dict(row, train_seconds=round(seconds, 2), device=device)])
+    row = dict(row, train_seconds=round(seconds, 2), device=str(task.device))  # seconds compare on one device only
+    state["runs"] += _tag(task, step, fingerprint, [row])
     state["heads"] += _tag(task, step, fingerprint, heads.to_dict("records"))
     state["layers"] += _tag(task, step, fingerprint, layers.to_dict("records"))
 
@@ -382,7 +399,7 @@ def run_arm(task: Task, work: Path, fingerprint: str, stop_after: Optional[int] 
             torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
         opt.step()
         sched.step()
-        if next(model.parameters()).is_cuda:  # the step's kernels finish inside its time
+        if task.device.type == "cuda":  # the step's kernels finish inside its time
             torch.cuda.synchronize()
         step, done, seconds = step + 1, done + 1, seconds + time.perf_counter() - start
         if step % recipe.every == 0 or step == recipe.steps:

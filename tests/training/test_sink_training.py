@@ -291,8 +291,12 @@ def test_the_benchmark_shape_flags_make_another_recipe_and_their_defaults_the_sh
     args.no_ship = True
     assert bench.ship_folder(args, TextRecipe()) is None
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="no CUDA device on this machine; pass --device cpu"):
+        with pytest.raises(SystemExit, match="--device 'cuda': torch sees no CUDA device on this machine; pass cpu"):
             bench.check_device("cuda")
+        with pytest.raises(InputError, match="no CUDA device on this machine"):  # the library refuses it too
+            TextTask("none", 0, RECIPE, CORPUS, "cuda")
+    with pytest.raises(InputError, match="'gpu0' is not a torch device"):
+        TextTask("none", 0, RECIPE, CORPUS, "gpu0")
 
 
 def test_a_corpus_folder_loads_elsewhere_checked_and_the_benchmark_trains_on_it(tmp_path, monkeypatch):
