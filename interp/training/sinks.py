@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from interp.data import mnist
 from interp.errors import CheckpointError, InputError, StaleResultsError
 from interp.io import atomic_path
+from interp.models.loading import check_device
 from interp.models.sink_arms import (
     MNIST_IMAGE, SINK_ID, TEXT_ARMS, VISION_ARMS, LMShape, build_lm_arm, build_vit_arm, n_prefix,
 )
@@ -190,18 +191,11 @@ def lm_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Ad
 
 
 def training_device(name: Union[str, torch.device]) -> torch.device:
-    """``name`` as a device the sink runs can train on (the CPU or a present CUDA device), else one
-    ``InputError`` that says what to pass."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as err:
-        raise InputError(f"device {name!r} is not a torch device ({err}): pass cpu, cuda or cuda:N") from err
+    """``name`` as a device the sink runs can train on: ``interp.models.loading.check_device``'s checks
+    (a torch device, CUDA present, index in range), then the CPU or CUDA only; else one ``InputError``."""
+    device = torch.device(check_device(name))
     if device.type not in ("cpu", "cuda"):
         raise InputError(f"device {name!r}: the sink runs are tested on cpu and cuda only; pass one of them")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device {name!r}: torch sees no CUDA device on this machine; pass cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise InputError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s); pass cuda:0")
     return device
 
 
