@@ -22,6 +22,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from interp.errors import InputError
+from interp.plot_checks import check_table
 
 
 @dataclass(frozen=True)
@@ -49,26 +50,80 @@ class TopTable:
 
 
 def rows_of(df: pd.DataFrame, query: str) -> pd.DataFrame:
-    return df.query(query) if query else df
+    """The rows of ``df`` that the pandas ``query`` picks ("" = all); a query pandas cannot run is one
+    ``InputError``."""
+    if not query:
+        return df
+    try:
+        return df.query(query)
+    except Exception as exc:  # pandas raises many kinds (UndefinedVariableError, SyntaxError, TypeError)
+        raise InputError(f"the query {query!r} cannot run on this table ({type(exc).__name__}: {exc}); its columns: "
+                         f"{', '.join(map(str, df.columns))}") from None
 
 
-def heatmap_grids(df: pd.DataFrame, spec: Heatmap) -> dict[str, pd.DataFrame]:
-    """The layer x head grid of each panel (what the heatmap draws, and what a test compares)."""
-    df = rows_of(df, spec.query)
+PER_HEAD = "a per-head analyzer (interp.origin_shift, score_decomposition, frequency_profile, ablate_bias, ...)"
+
+
+def heatmap_rows(df: pd.DataFrame, spec: Heatmap, figure: str = "the heatmap", analyzer: str = PER_HEAD,
+                 ) -> pd.DataFrame:
+    """The rows a heatmap draws: those ``spec.query`` picks that have a head (a layer-level row has none).
+    Checked as ``interp.plots`` checks its tables (``check_table``): the table has layer, head, the value
+    (and facet) columns and rows of one model; layers and heads are integers; and each (layer, head, facet)
+    is drawn from one row, so two runs' or two models' tables concatenated are refused, never averaged
+    into a cell neither produced."""
+    columns = ["layer", "head", spec.value] + ([spec.facet] if spec.facet else [])
+    check_table(df, figure, analyzer, columns)
+    part = rows_of(df, spec.query)
+    if part.empty:
+        raise InputError(f"{figure}: the query {spec.query!r} picks none of the table's {len(df)} rows: is it the "
+                         f"table of {analyzer}?")
+    for column in ("layer", "head"):
+        _check_index_column(part, column, figure)
+    part = part[part["head"].notna()]
+    if not (pd.api.types.is_numeric_dtype(part[spec.value]) or pd.api.types.is_bool_dtype(part[spec.value])):
+        raise InputError(f"{figure} draws numbers; column {spec.value!r} holds {part[spec.value].dtype} values "
+                         f"(e.g. {part[spec.value].iloc[0]!r}): pass the analyzer's table, or convert the column")
+    if spec.facet and part[spec.facet].isna().any():
+        raise InputError(f"{figure}: {int(part[spec.facet].isna().sum())} rows have no {spec.facet} (NaN): "
+                         f"drop them or fill in their {spec.facet}")
+    return check_table(part, figure, analyzer, columns, keys=columns[:2] + columns[3:])
+
+
+def _check_index_column(df: pd.DataFrame, column: str, figure: str) -> None:
+    """``column`` (layer or head) holds whole numbers; NaN only in ``head`` (a layer-level row, not drawn)."""
+    values = df[column]
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        raise InputError(f"{figure}: column {column!r} holds {values.dtype} values (e.g. {values.iloc[0]!r}), not "
+                         f"integer indices: convert it, e.g. df[{column!r}].astype(int)")
+    if column == "layer" and values.isna().any():
+        raise InputError(f"{figure}: {int(values.isna().sum())} rows have no layer (NaN): drop them, e.g. "
+                         "df.dropna(subset=['layer'])")
+    finite = values.dropna()
+    if not (np.isfinite(finite) & (finite == np.round(finite))).all():
+        raise InputError(f"{figure}: column {column!r} holds non-integer values (e.g. "
+                         f"{finite[finite != np.round(finite)].iloc[0]!r}): layers and heads are whole numbers")
+
+
+def heatmap_grids(df: pd.DataFrame, spec: Heatmap, figure: str = "the heatmap",
+                  analyzer: str = PER_HEAD) -> dict[str, pd.DataFrame]:
+    """The layer x head grid of each panel (what the heatmap draws, and what a test compares): each cell
+    the value of the one row of that layer, head (and facet value); rows checked by ``heatmap_rows``."""
+    df = heatmap_rows(df, spec, figure, analyzer)
     facets = [None] if spec.facet is None else list(dict.fromkeys(df[spec.facet]))
     grids = {}
     for f in facets:
         part = df if f is None else df[df[spec.facet] == f]
-        part = part[part["head"].notna()] if "head" in part else part
-        grids[str(f) if f is not None else spec.value] = part.pivot_table(
-            index="layer", columns="head", values=spec.value, aggfunc="mean").sort_index()
+        grid = part.pivot(index="layer", columns="head", values=spec.value)
+        grids[str(f) if f is not None else spec.value] = grid.sort_index().sort_index(axis=1).astype(float)
     return grids
 
 
-def heatmap_figure(df: pd.DataFrame, spec: Heatmap) -> go.Figure:
+def heatmap_figure(df: pd.DataFrame, spec: Heatmap, figure: str = "the heatmap",
+                   analyzer: str = PER_HEAD) -> go.Figure:
     """One panel per facet, each with its own colour scale (values of q, k and v can differ by
-    orders of magnitude); hover shows layer, head and the exact value."""
-    grids = heatmap_grids(df, spec)
+    orders of magnitude); hover shows layer, head and the exact value. ``figure`` / ``analyzer``: what
+    an error about the table names (the figure, and what makes the table it draws)."""
+    grids = heatmap_grids(df, spec, figure, analyzer)
     fig = make_subplots(rows=1, cols=len(grids), subplot_titles=[
         f"{spec.facet} = {name}" if spec.facet else name for name in grids], horizontal_spacing=0.16)
     for i, (name, grid) in enumerate(grids.items(), start=1):
@@ -92,60 +147,70 @@ def heatmap_figure(df: pd.DataFrame, spec: Heatmap) -> go.Figure:
 
 
 def layer_head_heatmap(df: pd.DataFrame, value: str, *, facet: Optional[str] = "kind", label: str = "",
-                       title: str = "", query: str = "") -> go.Figure:
+                       title: str = "", query: str = "", figure: str = "layer_head_heatmap",
+                       analyzer: str = PER_HEAD) -> go.Figure:
     """An interactive plotly heatmap (hover: layer, head, value; one panel and colour scale per ``facet``
     value; no facet when the table lacks that column) of ``value`` from a table of interp's: what
     ``report.html`` shows, as a figure a notebook displays inline. ``query`` picks rows (pandas query).
-    The drawn numbers are the table's (``heatmap_grids``): rows that repeat a layer and head in a panel
-    are averaged; use ``query`` (or ``facet``) to keep them apart."""
-    if not isinstance(df, pd.DataFrame):
-        raise InputError(f"layer_head_heatmap draws a DataFrame of interp's (origin_shift, frequency_profile, ...); "
-                         f"got {type(df).__name__}")
-    missing = [c for c in ("layer", "head", value) if c not in df.columns]
-    if missing:
-        raise InputError(f"the table has no column(s) {missing}: it needs layer, head and {value!r} (columns: "
-                         f"{', '.join(map(str, df.columns))})")
-    facet = facet if facet is not None and facet in df.columns else None
-    return heatmap_figure(df, Heatmap("", value, label or value, facet, title, query))
+    Each cell is the value of the one row with that layer, head (and facet value); a table holding a
+    cell twice (two runs or two models concatenated), an empty table or another analyzer's table is one
+    ``InputError`` (``heatmap_rows``), as in ``interp.plots``: pick one run's rows with ``query``."""
+    if isinstance(df, pd.DataFrame):
+        facet = facet if facet is not None and facet in df.columns else None
+    return _drawn(df, value, facet, label, title, query, figure, analyzer)
+
+
+def _drawn(df: pd.DataFrame, value: str, facet: Optional[str], label: str, title: str, query: str, figure: str,
+           analyzer: str) -> go.Figure:
+    """``heatmap_figure`` of ``value``; the table must hold the ``facet`` column (an analyzer's always does)."""
+    return heatmap_figure(df, Heatmap("", value, label or value, facet, title, query), figure, analyzer)
+
+
+ORIGIN = "interp.origin_shift(model, stats)"
 
 
 def shift_ratio(origin: pd.DataFrame, title: str = "shift ratio per head") -> go.Figure:
     """``origin_shift``'s shift_ratio, a panel per kind (the report's heatmap)."""
-    return layer_head_heatmap(origin, "shift_ratio", label="||b|| / RMS(XW)", title=title)
+    return _drawn(origin, "shift_ratio", "kind", "||b|| / RMS(XW)", title, "", "interactive.shift_ratio", ORIGIN)
 
 
 def bias_share(origin: pd.DataFrame, title: str = "bias share of each head's origin") -> go.Figure:
-    return layer_head_heatmap(origin, "bias_share", label="||b|| / (||b|| + ||E[X]W||)", title=title)
+    return _drawn(origin, "bias_share", "kind", "||b|| / (||b|| + ||E[X]W||)", title, "", "interactive.bias_share",
+                  ORIGIN)
 
 
 def key_prior_share(decomposition: pd.DataFrame, title: str = "key-prior share of score variance") -> go.Figure:
     """``score_decomposition``'s key_prior share per head."""
-    return layer_head_heatmap(decomposition, "share", facet="term", query="term == 'key_prior'",
-                              label="share of score variance", title=title)
+    return _drawn(decomposition, "share", "term", "share of score variance", title, "term == 'key_prior'",
+                  "interactive.key_prior_share", "interp.score_decomposition(model, data)")
 
 
 def frequency(profile: pd.DataFrame, value: str = "hf_ratio", title: str = "") -> go.Figure:
     """A ``frequency_profile`` column per head (hf_ratio, mean_attention_distance, entropy, sink_mass)."""
-    return layer_head_heatmap(profile, value, facet=None, title=title or f"{value} per head")
+    return _drawn(profile, value, None, "", title or f"{value} per head", "", "interactive.frequency",
+                  "interp.frequency_profile(model, data)")
 
 
 def sink_mass(profile: pd.DataFrame, title: str = "attention mass on each position class") -> go.Figure:
     """``sink_profile``'s mass, a panel per position class."""
-    return layer_head_heatmap(profile, "mass", facet="position", label="mean attention mass", title=title)
+    return _drawn(profile, "mass", "position", "mean attention mass", title, "", "interactive.sink_mass",
+                  "interp.sink_profile(model, data)")
 
 
 def ablation_delta(results: pd.DataFrame, estimate: Optional[str] = None, title: str = "") -> go.Figure:
     """``ablate_bias``'s per-head delta, a panel per kind, for one estimate (default: the first, the one
     that covers every head under ``estimate="auto"``)."""
+    figure, analyzer = "interactive.ablation_delta", "interp.ablate_bias(model, data)"
+    check_table(results, figure, analyzer, ["layer", "head", "kind", "delta", "estimate", "scope"])
     estimate = estimate or str(results.estimate.iloc[0])
-    return layer_head_heatmap(results, "delta", query=f"scope == 'head' and estimate == {estimate!r}",
-                              label="delta (ablated - intact)", title=title or f"effect of removing each bias "
-                              f"({estimate})")
+    return _drawn(results, "delta", "kind", "delta (ablated - intact)", title or f"effect of removing each bias "
+                  f"({estimate})", f"scope == 'head' and estimate == {estimate!r}", figure, analyzer)
 
 
 def heatmap_html(df: pd.DataFrame, spec: Heatmap, element_id: str) -> str:
     """The heatmap as a ``<div>`` plus its figure JSON; drawn by the page's embedded plotly.js."""
-    figure = heatmap_figure(df, spec).to_plotly_json()
+    figure = heatmap_figure(df, spec, f"the report's {spec.table} heatmap",
+                            f"the pipeline's {spec.table} step").to_plotly_json()
     payload = json.dumps(dict(table=spec.table, value=spec.value, facet=spec.facet, query=spec.query,
                               figure=figure),
                          default=_json_default).replace("</", "<\\/")

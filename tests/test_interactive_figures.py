@@ -66,7 +66,66 @@ def test_query_and_facet_pick_the_rows_drawn():
 
 
 def test_a_table_it_cannot_draw_is_refused():
-    with pytest.raises(InputError, match=r"no column\(s\) \['shift_ratio'\]"):
+    with pytest.raises(InputError, match=r"interactive.shift_ratio draws the table of interp.origin_shift.*lacks "
+                                         r"shift_ratio"):
         interactive.shift_ratio(pd.DataFrame({"layer": [0], "head": [0]}))
-    with pytest.raises(InputError, match="draws a DataFrame"):
+    with pytest.raises(InputError, match="not a DataFrame"):
         interactive.layer_head_heatmap([1, 2], "x")
+
+
+def _sinks(mass, data="a"):
+    return _table(facet=("first", "top_content"), name="position", value="mass").assign(
+        mass=mass, model="m", data_fingerprint=data)
+
+
+@pytest.mark.parametrize("column,other", [("data_fingerprint", "b"), ("model", "another model")])
+def test_two_runs_or_models_concatenated_are_refused_not_averaged(column, other):
+    # issue 38: the mean of two runs' cells (0.3623 from 0.3146 and 0.4101) is a number neither run produced
+    one, two = _sinks(0.3146), _sinks(0.4101).assign(**{column: other})
+    both = pd.concat([one, two], ignore_index=True)
+    with pytest.raises(InputError, match=r"interactive.sink_mass draws .*sink_profile.*(each \(layer, head, "
+                                         r"position\) once|for one model)"):
+        interactive.sink_mass(both)
+    _check_panels(interactive.sink_mass(one), one, "mass", "position")  # each run alone draws its own numbers
+    origin = _table().assign(bias_share=0.5)
+    twice = pd.concat([origin, origin.assign(shift_ratio=origin.shift_ratio + 1)], ignore_index=True)
+    for draw in (interactive.shift_ratio, interactive.bias_share,
+                 lambda t: interactive.layer_head_heatmap(t, "shift_ratio")):
+        with pytest.raises(InputError, match=r"each \(layer, head, kind\) once.*two runs"):
+            draw(twice)
+    abl = _table(value="delta").assign(estimate="exact", scope="head")
+    with pytest.raises(InputError, match=r"interactive.ablation_delta .*each \(layer, head, kind\) once"):
+        interactive.ablation_delta(pd.concat([abl, abl], ignore_index=True))
+    spec = interactive.Heatmap("sink_profile", "mass", "mass", facet="position")
+    with pytest.raises(InputError, match="the report's sink_profile heatmap.*once"):
+        interactive.heatmap_html(pd.concat([one, _sinks(0.4101, "b")]), spec, "x")
+
+
+@pytest.mark.parametrize("draw,table,words", [
+    (interactive.sink_mass, _sinks(0.3).iloc[:0], "has no rows"),
+    (interactive.sink_mass, _table(facet=("x",), name="unused", value="implicit_norm"), "lacks mass, position"),
+    (interactive.shift_ratio, _sinks(0.3), "lacks shift_ratio.*origin_shift"),
+    (interactive.ablation_delta, _sinks(0.3), "ablation_delta draws .*ablate_bias.*lacks kind, delta, estimate, "
+                                              "scope"),
+    (interactive.ablation_delta, _table(value="delta").assign(estimate="exact", scope="layer"), "picks none"),
+    (lambda t: interactive.layer_head_heatmap(t, "shift_ratio", query="nope == 1"), _table(), "query 'nope == 1' "
+                                                                                                "cannot run"),
+    (interactive.shift_ratio, _table().assign(layer=lambda t: t.layer.astype(str)), "'layer' holds .* not "
+                                                                                     "integer indices"),
+    (interactive.shift_ratio, _table().assign(layer=lambda t: t.layer.where(t.index != 2)), "1 rows have no layer"),
+    (interactive.shift_ratio, _table().assign(head=lambda t: t["head"] + 0.5), "'head' holds non-integer"),
+    (interactive.shift_ratio, _table().assign(shift_ratio="big"), "draws numbers"),
+    (interactive.shift_ratio, _table().assign(kind=lambda t: t.kind.where(t.index != 0)), "1 rows have no kind"),
+], ids=["empty", "another analyzer's", "sinks as origin", "sinks as ablation", "query picks nothing", "bad query",
+        "string layers", "NaN layer", "fractional heads", "string values", "NaN facet"])
+def test_tables_it_cannot_draw_are_one_input_error(draw, table, words):
+    with pytest.raises(InputError, match=words):
+        draw(table)
+
+
+def test_a_head_without_any_value_keeps_its_column():
+    origin = _table()
+    origin.loc[origin["head"] == 2, "shift_ratio"] = np.nan  # every value of head 2 missing: a gap, not a lost head
+    fig = interactive.shift_ratio(origin)
+    assert all(list(trace.x) == [0, 1, 2, 3] for trace in fig.data)
+    assert all(row[2] is None for trace in fig.data for row in trace.z)
