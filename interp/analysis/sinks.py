@@ -310,6 +310,26 @@ def _implicit_table(acc: dict, weights: dict, group: list[int], layers: Sequence
 
 # ----- massive activations ------------------------------------------------------------------------------
 
+#: The residual point a layer index names (docs/DESIGN.md, "one residual convention"): ``post``, the stream
+#: after block l (``blocks.{l}.hook_resid_post``; HF's ``hidden_states[l + 1]``), the default of
+#: ``massive_activations`` and ``high_norm_tokens``; or ``pre``, the stream entering block l
+#: (``blocks.{l}.hook_resid_pre``; ``hidden_states[l]``, the embeddings for l = 0). Post of l is pre of l + 1.
+RESID_POINTS = ("post", "pre")
+
+
+def check_resid_point(point: Any) -> str:
+    """``point`` if it is ``"post"`` or ``"pre"``; otherwise one InputError that says what each means."""
+    if not isinstance(point, str) or point not in RESID_POINTS:
+        raise InputError(f"point must be 'post' (layer l is the residual stream after block l, {resid_hook(0, 'post')} "
+                         f"for l = 0) or 'pre' (the stream entering block l, {resid_hook(0, 'pre')}); got {point!r}")
+    return point
+
+
+def resid_hook(layer: int, point: str) -> str:
+    """``blocks.{layer}.hook_resid_{point}``: the residual point read, and the ``hook`` column of the tables."""
+    return block_hook(layer, f"hook_resid_{point}")
+
+
 
 def _top_entries(absval: Float[Tensor, "batch pos d_model"], real: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(token, channel) of the ``k`` largest |values| of real tokens, ties in data order, largest first.
@@ -359,12 +379,14 @@ def _token_label(model: InterpBridge, position: int, token_id: int) -> Optional[
 
 @public
 def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int]] = None, top_k: int = 3,
-                        abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
+                        abs_threshold: float = 100.0, ratio_threshold: float = 1000.0, point: str = "post",
                         max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
     """Per layer: the ``top_k`` largest |values| of the residual stream and Sun et al.'s flag.
 
-    ``layer`` l is the residual stream after block l (``blocks.{l}.hook_out``; for a post-LN model
-    such as BERT, after the block's output layer norm). Over real tokens (padding left out) and
+    ``layer`` l is the residual stream after block l with ``point="post"`` (the default, as in
+    ``high_norm_tokens``; for a post-LN model such as BERT, after the block's output layer norm) or
+    entering block l with ``point="pre"`` (l = 0: the embeddings); the ``hook`` column names it
+    (``blocks.{l}.hook_resid_post`` / ``hook_resid_pre``, ``RESID_POINTS``). Over real tokens (padding left out) and
     every channel: the entries with the largest |h_ic|, with ``value`` (signed), ``sequence``
     (index in the data), ``position`` (among the sequence's real tokens), ``token``, ``channel``;
     ``median_abs`` = lower median of |h_ic| (from a histogram of float32 bit patterns, within a
@@ -375,19 +397,21 @@ def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequ
     (histogram, as above), ``norm_max`` with its ``norm_max_sequence`` / ``norm_max_position``.
     """
     require_bridge(model, "massive_activations")
-    part = _massive_part(model, layers, top_k, abs_threshold, ratio_threshold)
+    part = _massive_part(model, layers, top_k, abs_threshold, ratio_threshold, point)
     return run_parts(model, data, max_batches, [part], "massive activations", progress)[0]
 
 
-def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: Any, ratio_threshold: Any) -> Part:
+def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: Any, ratio_threshold: Any,
+                  point: Any = "post") -> Part:
     info = model.interp
-    layers, top_k = check_layers(layers, info), check_top_k(top_k)
+    layers, top_k, point = check_layers(layers, info), check_top_k(top_k), check_resid_point(point)
+    hooks = {layer: resid_hook(layer, point) for layer in layers}
     abs_threshold = check_positive(abs_threshold, "abs_threshold")
     ratio_threshold = check_positive(ratio_threshold, "ratio_threshold")
     acc: dict = {"sequences": 0}
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
-        h0 = store[block_hook(layers[0], "hook_out")]
+        h0 = store[hooks[layers[0]]]
         real, _ = class_masks(model, batch, h0.shape[1], h0.device)
         ids = batch.inputs if info.modality == "text" else torch.full(real.shape, -1)
         seq = torch.arange(real.shape[0], device=h0.device)[:, None].expand_as(real) + acc["sequences"]
@@ -395,15 +419,14 @@ def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: A
         acc["rows"] = acc.get("rows", 0) + real.sum()
         acc["sequences"] += real.shape[0]
         for layer in layers:
-            acc.setdefault(layer, _LayerActivations(top_k, h0.device)).add(store[block_hook(layer, "hook_out")],
-                                                                           real, payload)
+            acc.setdefault(layer, _LayerActivations(top_k, h0.device)).add(store[hooks[layer]], real, payload)
 
     def finish(n_batches: int, data_fp: str, max_batches: Optional[int]) -> pd.DataFrame:
         meta = dict(abs_threshold=abs_threshold, ratio_threshold=ratio_threshold,
                     **provenance(model, data_fp, n_batches, max_batches))
-        return _massive_table(model, acc, layers, meta)
+        return _massive_table(model, acc, hooks, meta)
 
-    return Part([block_hook(layer, "hook_out") for layer in layers], consume, finish, max(layers) + 1)
+    return Part(list(hooks.values()), consume, finish, max(layers) + 1)
 
 
 @public
@@ -444,10 +467,10 @@ def run_parts(model: InterpBridge, data: Any, max_batches: Optional[int], parts:
     return [part.finish(n_batches, data_fp, max_batches) for part in parts]
 
 
-def _massive_table(model: InterpBridge, acc: dict, layers: Sequence[int], meta: dict) -> pd.DataFrame:
+def _massive_table(model: InterpBridge, acc: dict, hooks: dict[int, str], meta: dict) -> pd.DataFrame:
     n_rows = rows_or_fail(acc.get("rows", 0))
     rows = []
-    for layer in layers:
+    for layer, hook in hooks.items():
         stats: _LayerActivations = acc[layer]
         median, norm_median = stats.values.lower_median(), stats.norms.lower_median()
         (norm_max, _, (norm_seq, norm_pos, _)), = stats.norm_top.rows()
@@ -457,10 +480,10 @@ def _massive_table(model: InterpBridge, acc: dict, layers: Sequence[int], meta: 
         for rank, (magnitude, value, (seq, pos, token_id, channel)) in enumerate(stats.top.rows(), start=1):
             ratio = magnitude / median if median > 0 else math.inf
             rows.append(dict(
-                layer=layer, rank=rank, value=value, abs_value=magnitude, ratio_to_median=ratio,
+                layer=layer, hook=hook, rank=rank, value=value, abs_value=magnitude, ratio_to_median=ratio,
                 massive=magnitude > meta["abs_threshold"] and ratio > meta["ratio_threshold"], sequence=seq,
                 position=pos, token_id=token_id if token_id >= 0 else None,
                 token=_token_label(model, pos, token_id), channel=channel, **per_layer, **meta))
-    first = ["model", "layer", "rank", "value", "abs_value", "ratio_to_median", "massive", "sequence", "position",
-             "token_id", "token", "channel", "median_abs"]
+    first = ["model", "layer", "hook", "rank", "value", "abs_value", "ratio_to_median", "massive", "sequence",
+             "position", "token_id", "token", "channel", "median_abs"]
     return pd.DataFrame(rows)[first + [c for c in rows[0] if c not in first]]
