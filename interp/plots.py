@@ -11,6 +11,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from interp.errors import InputError
 from interp.io import atomic_path
 from interp.plot_checks import check_table
 
@@ -430,11 +431,22 @@ def implicit_vs_explicit(frame: pd.DataFrame, *, model_name: Optional[str] = Non
     return fig
 
 
+def resid_axis_label(frame: pd.DataFrame) -> str:
+    """The x label of a per-layer residual table: which residual point its ``hook`` column names
+    (``hook_resid_post``: after block l; ``hook_resid_pre``: entering block l)."""
+    points = set(frame.hook.str.rsplit(".", n=1).str[-1])
+    if len(points) != 1:
+        raise InputError(f"the table mixes residual points {sorted(points)}: draw one (its 'hook' column) at a time")
+    point = points.pop()
+    where = {"hook_resid_post": "after block l", "hook_resid_pre": "entering block l"}.get(point, point)
+    return f"layer l (residual stream {where}: blocks.l.{point})"
+
+
 def massive_activations_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
     """From ``massive_activations``: the top |residual values| per layer and the median |value|, log scale
     (Sun et al. 2024, Fig. 1); ringed points are flagged massive."""
     check_table(frame, "massive_activations_plot", "interp.massive_activations(model, data)",
-                ["layer", "rank", "abs_value", "median_abs", "massive", "abs_threshold", "ratio_threshold"],
+                ["layer", "hook", "rank", "abs_value", "median_abs", "massive", "abs_threshold", "ratio_threshold"],
                 keys=["layer", "rank"])
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for rank, part in frame.groupby("rank"):
@@ -447,7 +459,7 @@ def massive_activations_plot(frame: pd.DataFrame, *, model_name: Optional[str] =
                    label=f"massive (> {frame.abs_threshold.iloc[0]:g} and > {frame.ratio_threshold.iloc[0]:g}x median)")
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("layer (residual stream after the block)")
+    ax.set_xlabel(resid_axis_label(frame))
     ax.set_ylabel("|residual-stream value| (log scale)")
     ax.legend(fontsize=8)
     ax.set_title(f"{_model_of(frame, model_name)}: largest residual-stream magnitudes per layer"
@@ -462,8 +474,8 @@ def token_norm_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, da
     max) and the kept outliers (norm > k x median) as points coloured by the attention mass they receive;
     log scale when the largest norm is over 20x the median."""
     check_table(frame, "token_norm_plot", "interp.high_norm_tokens(model, data)",
-                ["layer", "rank", "norm", "mass", "k", "n_outliers", "norm_q05", "norm_q25", "norm_median", "norm_q75",
-                 "norm_q95", "norm_max"], keys=["layer", "rank"])
+                ["layer", "hook", "rank", "norm", "mass", "k", "n_outliers", "norm_q05", "norm_q25", "norm_median",
+                 "norm_q75", "norm_q95", "norm_max"], keys=["layer", "rank"])
     per_layer = frame.drop_duplicates("layer").sort_values("layer")
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     x = per_layer.layer
@@ -474,17 +486,22 @@ def token_norm_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, da
     k = float(frame.k.iloc[0])
     ax.plot(x, k * per_layer.norm_median, color="#d95f02", lw=1, ls="--", label=f"outlier cut: {k:g} x median")
     kept = frame.dropna(subset=["norm"])
-    if len(kept):
-        points = ax.scatter(kept.layer, kept.norm, c=kept.mass, cmap="rocket_r", vmin=0, s=28, edgecolors="k",
+    unread = kept[kept.mass.isna()]  # after the last block: no attention reads them
+    if len(kept) > len(unread):
+        read = kept.dropna(subset=["mass"])
+        points = ax.scatter(read.layer, read.norm, c=read.mass, cmap="rocket_r", vmin=0, s=28, edgecolors="k",
                             linewidths=0.4, zorder=3, label=f"outliers ({int(per_layer.n_outliers.sum())} in all)")
-        fig.colorbar(points, ax=ax, label="attention mass received (mean over heads and queries)")
-    else:
+        fig.colorbar(points, ax=ax, label="attention mass received from the block reading them (mean over heads)")
+    if len(unread):
+        ax.scatter(unread.layer, unread.norm, facecolors="none", edgecolors="k", s=28, zorder=3,
+                   label="outliers no block reads (after the last)")
+    if kept.empty:
         ax.text(0.98, 0.5, f"no token above {k:g} x median\nin any layer", transform=ax.transAxes, ha="right",
                 fontsize=9, bbox=dict(boxstyle="round", facecolor="#f2f2f2", edgecolor="#999999"))
     if float(per_layer.norm_max.max()) > 20 * float(per_layer.norm_median.min()):
         ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("layer (residual stream entering the block)")
+    ax.set_xlabel(resid_axis_label(frame))
     ax.set_ylabel("token norm ||x_i|| (residual-stream units" + (", log scale)" if ax.get_yscale() == "log" else ")"))
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title(f"{_model_of(frame, model_name)}: token norms per layer and high-norm tokens"
