@@ -9,6 +9,8 @@ images).
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
@@ -18,7 +20,7 @@ from torch import Tensor
 from interp.checks import check_max_batches
 from interp.data.batch import Batch
 from interp.data.builtin import builtin_batches, builtin_options
-from interp.data.sources import DataSource, data_kind, is_dataset, resolve_data
+from interp.data.sources import DataSource, data_kind, empty_texts_warning, is_dataset, resolve_data
 from interp.errors import InputError, public
 from interp.models.bridge import InterpBridge, require_bridge
 
@@ -53,32 +55,66 @@ def to_device(t: Tensor, device: torch.device) -> Tensor:
 
 def to_batch(model: InterpBridge, item: Any) -> Batch:
     """One item of a data iterable as a ``Batch``: a Batch, a dict with input_ids/pixel_values, an (ids, mask)
-    or (pixels, labels) pair, a tensor, or text (tokenised)."""
+    or (pixels, labels) pair, a tensor, or text (tokenised; empty texts dropped with a warning)."""
+    batch, dropped = _counted_batch(model, item)
+    if dropped:
+        warnings.warn(empty_texts_warning(dropped), UserWarning, stacklevel=2)
+    return batch
+
+
+def _counted_batch(model: InterpBridge, item: Any) -> tuple[Batch, int]:
+    """(``item`` as a Batch, how many empty texts it dropped)."""
     info = model.interp
     if isinstance(item, Batch):
-        return item
+        return item, 0
     if isinstance(item, dict):
         key = "pixel_values" if "pixel_values" in item else "input_ids"
         if key not in item:
             raise InputError(f"a dict batch needs 'input_ids' or 'pixel_values'; got keys {sorted(item)}")
-        return Batch(item[key], item.get("attention_mask"), item.get("labels"))
+        return Batch(item[key], item.get("attention_mask"), item.get("labels")), 0
     if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(t, Tensor) for t in item):
-        return Batch(item[0], labels=item[1]) if info.modality == "vision" else Batch(item[0], item[1])
+        return (Batch(item[0], labels=item[1]) if info.modality == "vision" else Batch(item[0], item[1])), 0
     if isinstance(item, Tensor):
-        return Batch(item)
-    if isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], str)):
+        return Batch(item), 0
+    texts = [item] if isinstance(item, str) else text_list(item)
+    if texts is not None:
         if info.modality != "text":
             raise InputError(f"{info.name} is a vision model: text cannot be its data")
         if model.tokenizer is None:
             raise InputError(f"{info.name} has no tokenizer, so text cannot be tokenised: pass token ids, or load it "
                              "with interp.load_model(model, tokenizer=AutoTokenizer.from_pretrained(...))")
-        texts = [item] if isinstance(item, str) else item
-        enc = model.tokenizer(texts, return_tensors="pt", padding=True)
-        return Batch(enc["input_ids"], enc["attention_mask"])
+        kept, dropped = checked_texts(texts)
+        enc = model.tokenizer(kept, return_tensors="pt", padding=True)
+        return Batch(enc["input_ids"], enc["attention_mask"]), dropped
     raise InputError(
         f"cannot make a batch from {type(item).__name__}: expected a tensor, a dict with "
         "input_ids/pixel_values, text, or a built-in dataset name"
     )
+
+
+def text_list(data: Any) -> Optional[list]:
+    """``data`` as a list when it is a list, tuple or pandas Series holding at least one str (texts, to be
+    checked by ``checked_texts``); None otherwise."""
+    pandas = sys.modules.get("pandas")
+    if isinstance(data, (list, tuple)) or (pandas is not None and isinstance(data, pandas.Series)):
+        items = list(data)
+        return items if any(isinstance(t, str) for t in items) else None
+    return None
+
+
+def checked_texts(texts: list) -> tuple[list[str], int]:
+    """(the texts analysed, how many were dropped): every item a str (else one ``InputError`` naming the
+    first that is not); empty texts (nothing but whitespace) dropped, as a table's or a dataset's rows are,
+    so the same texts give the same numbers through every entry point (the caller warns once,
+    ``empty_texts_warning``); none left is one ``InputError``."""
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputError(f"item {i} of the list of texts is {type(text).__name__} {repr(text)[:40]}, not a "
+                             "str: every item must be text; drop it, or convert it first (str(x))")
+    kept = [t for t in texts if t.strip()]
+    if not kept:
+        raise InputError(f"every text given ({len(texts)}) is empty (nothing but whitespace): nothing to analyse")
+    return kept, len(texts) - len(kept)
 
 
 def check_data_name(data: Any) -> None:
@@ -123,8 +159,12 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
         return [data]
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
         return [data]  # one (input_ids, attention_mask) or (pixel_values, labels) pair, not two batches
-    if isinstance(data, list) and data and isinstance(data[0], str):
-        return [data]
+    texts = text_list(data)
+    if texts is not None:  # a list (tuple, Series) of texts: one batch, checked here once
+        kept, dropped = checked_texts(texts)
+        if dropped:
+            warnings.warn(empty_texts_warning(dropped), UserWarning, stacklevel=2)
+        return [kept]
     if isinstance(data, Iterable):
         return data
     raise InputError(f"data must be a dataset name, a tensor or an iterable of batches; got {type(data).__name__}")
@@ -142,11 +182,19 @@ def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = No
 
 
 def _batches(model: InterpBridge, items: Iterable[Any], max_batches: Optional[int]) -> Iterator[Batch]:
-    count = 0
+    """Each item as a batch; an item that is one empty text (an iterable of texts) is dropped and counted."""
+    count, empty = 0, 0
     for item in items:
         if max_batches is not None and count >= max_batches:
-            return
-        yield to_batch(model, item)
+            break
+        if isinstance(item, str) and not item.strip():
+            empty += 1
+            continue
+        batch, dropped = _counted_batch(model, item)
+        empty += dropped
+        yield batch
         count += 1
+    if empty:
+        warnings.warn(empty_texts_warning(empty), UserWarning, stacklevel=2)
     if count == 0:
-        raise InputError("data is empty: no batches to process")
+        raise InputError("data is empty: no batches to process" + (" (every text was empty)" if empty else ""))

@@ -98,9 +98,11 @@ class DataSource:
     skipped: int = 0
     skipped_items: list[str] = field(default_factory=list)  # the first few, named
     max_tokens: Optional[int] = None
+    empty_texts: int = 0  # texts of only whitespace, dropped (empty_texts_warning)
 
     def __iter__(self) -> Iterator[Batch]:
         tokens, self.skipped, self.skipped_items, produced = 0, 0, [], False  # counted afresh on every pass
+        self.empty_texts = 0
         items = self.items()
         while True:
             chunk = list(itertools.islice(items, self.batch_size))
@@ -118,6 +120,8 @@ class DataSource:
         if self.skipped:
             warnings.warn(f"{self.skipped} item(s) could not be read and were skipped: {self._skipped_list()}",
                           UserWarning, stacklevel=2)
+        if self.empty_texts:
+            warnings.warn(empty_texts_warning(self.empty_texts), UserWarning, stacklevel=2)
 
     def _skipped_list(self) -> str:
         return f"{', '.join(self.skipped_items)}{' ...' if self.skipped > len(self.skipped_items) else ''}"
@@ -219,13 +223,22 @@ def _collate_text(pad_id: int) -> Callable[[list], Batch]:
     return collate
 
 
-def _tokenise(model: InterpBridge, texts: Iterable[str]) -> Iterator[list[int]]:
+def empty_texts_warning(n: int) -> str:
+    """What every entry point (a list of texts, a table, a dataset) says when it drops ``n`` empty texts."""
+    return (f"{n} empty text(s) (nothing but whitespace) were dropped: an empty text has no tokens to analyse (the "
+            "tokenizer would give its special tokens alone, a row that puts all its mass on the first token)")
+
+
+def _tokenise(model: InterpBridge, texts: Iterable[str], src: Optional[DataSource] = None) -> Iterator[list[int]]:
+    """Each text's token ids; an empty text (only whitespace) is dropped and counted in ``src.empty_texts``."""
     if model.tokenizer is None:
         raise InputError(f"{model.interp.name} has no tokenizer, so text cannot be tokenised: load it with "
                          "interp.load_model(model, tokenizer=AutoTokenizer.from_pretrained(...))")
     for text in texts:
         if text and text.strip():
             yield model.tokenizer(text, add_special_tokens=True)["input_ids"]
+        elif src is not None:
+            src.empty_texts += 1
 
 
 def _text_file(path: Path) -> Iterator[str]:
@@ -255,13 +268,23 @@ def _missing_column(path: Path, column: Optional[str], columns: list[str], what:
                       f"(name one with {hint})")
 
 
+def _check_column(path: Path, column: Optional[str], names: list[str], what: str, where: str = "") -> None:
+    """``column`` is among the table's column ``names`` exactly once: a name held twice is refused (a
+    reader would silently take one of the two columns: the CSV reader the last, Parquet the first)."""
+    if column not in names:
+        raise _missing_column(path, column, names, what)
+    at = [i + 1 for i, name in enumerate(names) if name == column]
+    if len(at) > 1:
+        raise InputError(f"{path}{where} has {len(at)} columns named {column!r} (columns {', '.join(map(str, at))}), "
+                         f"so which one holds the {what} is ambiguous: rename all but one, or name another column "
+                         f"with {what}_column= / --{what}-column")
+
+
 def _parquet_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
-    names = pf.schema_arrow.names
-    if column not in names:
-        raise _missing_column(path, column, names, what)
+    _check_column(path, column, pf.schema_arrow.names, what)
     row = 0
     for record_batch in pf.iter_batches(columns=[column], batch_size=256):
         for value in record_batch.column(0).to_pylist():
@@ -272,8 +295,7 @@ def _parquet_rows(path: Path, column: Optional[str], what: str) -> Iterator[tupl
 def _csv_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
     with open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
-        if column not in (reader.fieldnames or []):
-            raise _missing_column(path, column, list(reader.fieldnames or []), what)
+        _check_column(path, column, list(reader.fieldnames or []), what)
         for row in reader:
             yield f"line {reader.line_num}", row[column]
 
@@ -284,15 +306,27 @@ def _jsonl_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row, keys = _json_line(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path} line {number} is not JSON ({exc.msg})") from None
             if not isinstance(row, dict):
                 raise InputError(f"{path} line {number} is a JSON {type(row).__name__}, not an object: each line "
                                  f"must be an object with a {column!r} field")
-            if column not in row:
-                raise _missing_column(path, column, list(row), what)
+            _check_column(path, column, keys, what, f" line {number}")
             yield f"line {number}", row[column]
+
+
+def _json_line(line: str) -> tuple[Any, list[str]]:
+    """(the line's JSON value, the keys of its top-level object with repeats kept: ``json`` keeps only a
+    repeated key's last value)."""
+    seen: list[list[str]] = []
+
+    def pairs_hook(pairs: list) -> dict:
+        seen.append([key for key, _ in pairs])
+        return dict(pairs)
+
+    value = json.loads(line, object_pairs_hook=pairs_hook)
+    return value, seen[-1] if seen else []  # the top-level object closes last
 
 
 def _table_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
@@ -393,8 +427,9 @@ def _text_source(model: InterpBridge, texts: Callable[[], Iterable[str]], where:
     pad = 0 if tok is None else (tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id or 0)
     text = (f"text from {where}, tokenised with the model's tokenizer into windows of {opts.seq_len} tokens "
             f"(longer texts chunked), right-padded with attention masks{_rank_note(opts)}")
-    items = lambda: _shard(_windows(_tokenise(model, texts()), opts.seq_len), opts)  # noqa: E731
-    return DataSource(text, items, _collate_text(pad), opts.batch_size, max_tokens=opts.max_tokens)
+    src = DataSource(text, lambda: iter(()), _collate_text(pad), opts.batch_size, max_tokens=opts.max_tokens)
+    src.items = lambda: _shard(_windows(_tokenise(model, texts(), src), opts.seq_len), opts)
+    return src
 
 
 def _folder(model: InterpBridge, root: Path, opts: Options) -> DataSource:

@@ -235,3 +235,28 @@ def test_a_sentence_is_data_for_a_language_model_with_a_tokenizer(vit, lm):
         interp.record_qkv(bare, sentence, progress=False)
     with pytest.raises(InputError, match="unknown dataset or path"):
         interp.record_qkv(vit, sentence, progress=False)  # a vision model never reads a string as text
+
+
+@pytest.mark.parametrize("name,content", [
+    ("dup.csv", 'text,id,text\n"the first column",1,"the last column"\n'),
+    ("dup.jsonl", '{"text": "the first value", "text": "the last value"}\n'),
+    ("dup.parquet", None),
+])
+def test_a_text_column_named_twice_is_refused_not_guessed(lm, tmp_path, name, content):
+    # issue 38: csv.DictReader took the last column of the name, json the last value, Parquet the first
+    path = tmp_path / name
+    if content is None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table([pa.array(["first"]), pa.array(["last"])], names=["text", "text"]), path)
+    else:
+        path.write_text(content)
+    with pytest.raises(InputError, match=r"2 columns named 'text' \(columns 1, [23]\).*ambiguous.*text_column="):
+        interp.record_qkv(lm, path, progress=False)
+
+
+def test_a_repeated_name_of_another_column_reads_as_before(lm, tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text('text,n,n\n"one two",1,2\n')
+    assert interp.record_qkv(lm, path, progress=False).count(0) == len(lm.tokenizer("one two")["input_ids"])
