@@ -41,7 +41,7 @@ _PUBLIC = {
     "implicit_value_bias": "interp.analysis.sinks", "massive_activations": "interp.analysis.sinks",
     "sink_profile": "interp.analysis.sinks", "sink_shares": "interp.analysis.sinks",
     "high_norm_tokens": "interp.analysis.high_norm",
-    "sink_pass": "interp.analysis.sinks",
+    "sink_pass": "interp.analysis.sinks", "sink_counts": "interp.analysis.sinks",
     "SingleInput": "interp.analysis.one_input", "single_input": "interp.analysis.one_input",
     "Batch": "interp.data", "builtin_batches": "interp.data", "iter_batches": "interp.data",
     "attention_weights": "interp.heads", "bias_spec": "interp.heads",

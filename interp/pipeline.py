@@ -23,7 +23,9 @@ from interp.analysis.frequency import cluster_heads, frequency_profile, frequenc
 from interp.analysis.one_input import single_input
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
-from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_profile, sink_shares
+from interp.analysis.sinks import (
+    SINK_THRESHOLD, implicit_value_bias, massive_activations, sink_profile, sink_shares,
+)
 from interp.bootstrap import Resampler
 from interp.data import open_data
 from interp.checks import check_heads, check_layers, check_max_batches
@@ -278,13 +280,13 @@ def _sinks_text(n: dict[str, Any]) -> str:
 
 
 def sinks_step(ctx: Context) -> list[Section]:
-    """Attention sinks (threshold 0.3), the implicit value bias beside b_v W_O, and massive activations,
+    """Attention sinks (threshold ``SINK_THRESHOLD``), the implicit value bias beside b_v W_O, and massive activations,
     on the batches ``Context.first`` gives (all of them on the command line; in the demo the first 2, 1 in quick
     mode); no removal runs (``sink_profile(remove=...)`` is costly)."""
     batches = ctx.first(2)
     label = ctx.data_label(batches)
     aim = dict(layers=ctx.layers, heads=ctx.heads)
-    profile = sink_profile(ctx.model, batches, threshold=0.3, progress=False, **aim)
+    profile = sink_profile(ctx.model, batches, threshold=SINK_THRESHOLD, progress=False, **aim)
     shares = sink_shares(profile)
     implicit = implicit_value_bias(ctx.model, batches, progress=False, **aim)
     massive = massive_activations(ctx.model, batches, layers=ctx.layers, progress=False)

@@ -4,10 +4,12 @@ from interp.analysis.high_norm import high_norm_tokens
 from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
-from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_pass, sink_profile, sink_shares
+from interp.analysis.sinks import (
+    implicit_value_bias, massive_activations, sink_counts, sink_pass, sink_profile, sink_shares,
+)
 from interp.analysis.one_input import SingleInput, single_input
 
 __all__ = ["bias_invariances", "cluster_heads", "frequency_profile", "frequency_shift_under_ablation",
            "implicit_value_bias", "massive_activations", "origin_shift", "score_decomposition", "sink_profile",
            "sink_shares"]
-__all__ += ["SingleInput", "single_input", "high_norm_tokens", "sink_pass"]
+__all__ += ["SingleInput", "single_input", "high_norm_tokens", "sink_pass", "sink_counts"]

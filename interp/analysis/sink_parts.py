@@ -44,6 +44,7 @@ from interp.patching import run_until_kept
 
 __all__ = ["Consumer", "evaluating", "run_until_kept", "stream_batches"]  # re-exported: the one capture loop
 
+SINK_THRESHOLD = 0.3  # Gu et al. 2024: a head sinks on a position when its mean mass there exceeds 0.3
 SPECIAL_TOKENS = (("cls", "cls_token_id"), ("sep", "sep_token_id"), ("bos", "bos_token_id"))
 ClassMasks = dict[str, Bool[Tensor, "batch key_pos"]]
 
@@ -177,6 +178,12 @@ def check_positions(model: InterpBridge, positions: Any) -> list[str]:
     have = position_classes(model)
     if positions is None:
         return have
+    if not isinstance(positions, (str, list, tuple, set, frozenset)) or \
+            any(not isinstance(p, str) for p in ([] if isinstance(positions, str) else positions)):
+        first = "" if model.interp.modality == "vision" else " (position 0, the first real token, is 'first')"
+        raise InputError(f"positions= names position classes (strings), not token indices; got {positions!r} "
+                         f"({type(positions).__name__}). {model.interp.name}'s classes are {', '.join(have)}{first}: "
+                         "pass one name or a list of them")
     names = [positions] if isinstance(positions, str) else list(positions)
     bad = [p for p in names if p not in have]
     if bad or not names:
@@ -252,7 +259,7 @@ def check_threshold(threshold: Any, name: str = "threshold") -> float:
     number = as_real(threshold)
     if number is None or not 0 < number <= 1:
         raise InputError(f"{name} must be a number in (0, 1] (a share of a row's attention; Gu et al. 2024 "
-                         f"use 0.3); got {threshold!r}")
+                         f"use {SINK_THRESHOLD}); got {threshold!r}")
     return number
 
 

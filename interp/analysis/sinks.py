@@ -8,9 +8,12 @@ also ``cls`` or ``bos``), so the masses of one head need not add up to 1.
 Weighting: every mean is over real query rows (padded queries and padded keys never count), each
 row once whatever batch it came in, so the same sequences give the same numbers in one padded
 batch, in several, or one at a time. With A the head's pattern and R the set of real query rows
-over the whole data:
+over the whole data, R_c = R without the class's own positions (the query row at a sink position is
+left out: under a causal mask the first position's row can attend only to itself, mass 1 by
+construction) and K_i the keys row i may attend (causal mask, padding, sliding window):
 
-    mass(c)        = (1/|R|) sum_{i in R} sum_{j in S_c(i)} A_ij            (sink_profile)
+    mass(c)        = (1/|R_c|) sum_{i in R_c} sum_{j in S_c(i)} A_ij        (sink_profile)
+    uniform_mass(c) = (1/|R_c|) sum_{i in R_c} |S_c(i) & K_i| / |K_i|        (its floor: uniform attention)
     c_i            = sum_{j in S} A_ij v_j W_O[h]                           (implicit_value_bias)
     implicit_norm  = ||m||,  m = (1/|R|) sum_{i in R} c_i
     constancy      = ||m||^2 / ((1/|R|) sum_{i in R} ||c_i||^2)              (1: c_i is one constant)
@@ -49,12 +52,13 @@ from interp.analysis.sink_parts import (
     check_positions,
     check_threshold,
     class_masks,
+    SINK_THRESHOLD,
     default_sink_positions,
     prefix_names,
     run_until_kept,
     stream_batches,
 )
-from interp.checks import check_heads, check_layers
+from interp.checks import as_real, check_heads, check_layers
 from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError, public
 from interp.heads import attention_weights, kv_group
@@ -63,7 +67,7 @@ from interp.models.bridge import InterpBridge, require_bridge
 from interp.patching import bias_patch_hooks
 
 REMOVALS = {None: (), "key_prior": ("key_prior", "b_q"), "b_q": ("b_q",)}
-MASS_METRIC = "mean attention mass over real query rows"
+MASS_METRIC = "mean attention mass over real query rows, the class's own rows left out"
 
 
 def _check_remove(model: InterpBridge, remove: Any) -> tuple[str, ...]:
@@ -107,20 +111,48 @@ def _pattern_without_b_q(model: InterpBridge, x: Tensor, kw: dict, layer: int) -
     return run_until_kept(model, x, kw, [name], hooks)[name]  # ends at the pattern: ViT/BERT blocks too
 
 
-def _class_sums(pattern: Tensor, real: Tensor, masks: ClassMasks, names: Sequence[str]) -> dict[str, Tensor]:
-    """Per class: sum over real query rows of the attention on the class's keys [head_index]."""
-    col = column_sums(pattern, real)
-    return {name: (col * sink_weights(col, real, masks, [name])).sum((0, 2)) for name in names}
+def _class_sums(pattern: Tensor, real: Tensor, masks: ClassMasks, names: Sequence[str],
+                allowed: Optional[Tensor] = None) -> dict[tuple[str, str], Tensor]:
+    """Per class c and head, over the real query rows outside the class's own positions (R_c, module
+    doc): ``(c, "mass")`` = sum_i sum_{j in S_c} A_ij, ``(c, "rows")`` = |R_c|, and with ``allowed``
+    [batch, 1, query, key] (the keys each row may attend) ``(c, "uniform")`` = sum_i |S_c & K_i| / |K_i|.
+    The own rows' part is taken off the column sums: sum_j w_j (col_j - sum_{i in S_c} A_ij)."""
+    a, r = pattern.double(), real.double()
+    col = column_sums(a, real)
+    per_row = None
+    if allowed is not None:
+        keys = allowed[:, 0].double()
+        per_row = keys / keys.sum(-1, keepdim=True).clamp_min(1)  # uniform attention of each row [b, q, k]
+    out = {}
+    for name in names:
+        w = sink_weights(col, real, masks, [name])  # [b, h, k], 0/1 on real keys only
+        own = w * r[:, None, :]  # the class's own query rows
+        own_col = torch.einsum("bhq,bhqk->bhk", own, a)
+        keep = r[:, None, :] - own
+        out[(name, "mass")] = (w * (col - own_col)).sum((0, 2))
+        out[(name, "rows")] = keep.sum((0, 2))
+        if per_row is not None:
+            out[(name, "uniform")] = torch.einsum("bhq,bqk,bhk->h", keep, per_row, w)
+    return out
 
 
 @public
-def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, layers: Optional[Sequence[int]] = None,
-                 heads: Optional[Sequence[int]] = None, positions: Any = None, max_batches: Optional[int] = None,
+def sink_profile(model: InterpBridge, data: Any, *, threshold: float = SINK_THRESHOLD,
+                 layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
+                 positions: Any = None, max_batches: Optional[int] = None,
                  remove: Optional[str] = None, progress: bool = True) -> pd.DataFrame:
     """Per layer x head x position class: the attention mass the class receives (module doc).
 
-    ``mass`` = (1/|R|) sum_{i in R} sum_{j in S_c} A_ij over the real query rows R of all the data;
-    ``sink`` = mass > ``threshold`` (Gu et al. 2024: 0.3). ``remove="key_prior"`` adds
+    ``mass`` = (1/|R_c|) sum_{i in R_c} sum_{j in S_c} A_ij over the real query rows R_c of all the
+    data other than the class's own: the query row at a sink position itself is dropped from the
+    average (for the first position under a causal mask that row has mass 1 by construction);
+    ``n_query_rows`` = |R_c| (per head: top_content's position differs by head). ``uniform_mass`` =
+    (1/|R_c|) sum_{i in R_c} |S_c & K_i| / |K_i|, the mass the class would get if every one of those
+    rows attended uniformly over the keys K_i it may attend (causal mask, padding and sliding window
+    included; for the first token of causal sequences of length n without padding, (H_n - 1)/(n - 1)
+    with H_n = sum_{k<=n} 1/k); ``mass_over_uniform`` = mass - uniform_mass and ``mass_to_uniform`` =
+    mass / uniform_mass (NaN where uniform_mass is 0). ``sink`` = mass > ``threshold`` (Gu et al.
+    2024: ``SINK_THRESHOLD``; ``sink_counts`` shows how many heads sit near it). ``remove="key_prior"`` adds
     ``mass_without_key_prior`` (the pattern recomputed, in float64, from the scores with the term
     b_q . c_k / sqrt(d) removed exactly; refused where the four score terms do not make the
     score) and ``mass_without_b_q`` (the layer's b_q zeroed by ``bias_patch_hooks``, the layers
@@ -128,7 +160,9 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = 0.3, laye
     ``remove="b_q"`` adds the latter only. In a layer without b_q both equal ``mass``. A text
     sequence that does not begin with a special token (a window cut from a longer text) has a
     ``first`` token that is not ``cls``/``bos``. Columns: model, layer, head, position, mass, sink,
-    [removal columns], has_b_q, threshold, metric, n_rows, n_batches, max_batches, model_fingerprint, data_fingerprint.
+    uniform_mass, mass_over_uniform, mass_to_uniform, [removal columns: their own patterns, the same
+    rows left out], has_b_q, threshold, metric, n_rows (all real query rows), n_query_rows, n_batches,
+    max_batches, model_fingerprint, data_fingerprint.
     ``layers`` / ``heads`` (None: all): only those rows, equal to the same rows of the full table.
     """
     require_bridge(model, "sink_profile")
@@ -150,7 +184,8 @@ def _profile_part(model: InterpBridge, threshold: Any, layers: Any, heads: Any, 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
         patterns, real, masks = patterns_and_classes(model, batch, store, layers, acc)
         for layer in layers:
-            add_sums(acc, (layer, "mass"), _class_sums(patterns[layer], real, masks, names))
+            allowed = _key_mask(model, batch, patterns[layer].shape[-1], patterns[layer].device, layer)
+            add_sums(acc, (layer, "mass"), _class_sums(patterns[layer], real, masks, names, allowed))
             if "key_prior" in removals and has_b_q[layer]:
                 pattern = _pattern_without_key_prior(model, store, layer, batch)
                 add_sums(acc, (layer, "mass_without_key_prior"), _class_sums(pattern, real, masks, names))
@@ -176,16 +211,28 @@ def _profile_table(acc: dict, layers: Sequence[int], names: Sequence[str], colum
     rows = []
     for layer in layers:
         sums = {col: acc.get((layer, col), acc[(layer, "mass")]) for col in columns}  # no b_q: nothing removed
-        sums = {col: {n: (s[n] / n_rows).cpu().tolist() for n in names} for col, s in sums.items()}
+        main = sums["mass"]
+        mean = {col: {n: _per_row(s[(n, "mass")], s[(n, "rows")]) for n in names} for col, s in sums.items()}
         for h in range(n_heads):
             for name in names:
                 row = dict(model=meta["model"], layer=layer, head=h, position=name)
-                row.update({col: sums[col][name][h] for col in columns})
-                row["sink"] = row["mass"] > meta["threshold"]
+                row.update({col: mean[col][name][h] for col in columns})
+                uniform = _per_row(main[(name, "uniform")], main[(name, "rows")])[h]
+                row.update(sink=row["mass"] > meta["threshold"], uniform_mass=uniform,
+                           mass_over_uniform=row["mass"] - uniform,
+                           mass_to_uniform=row["mass"] / uniform if uniform > 0 else float("nan"),
+                           n_query_rows=int(main[(name, "rows")][h]))
                 rows.append(dict(row, has_b_q=has_b_q[layer], n_rows=n_rows, **meta))
-    order = ["model", "layer", "head", "position", "mass", "sink", *columns[1:], "has_b_q", "threshold", "metric",
-             "n_rows", "n_batches", "max_batches", "model_fingerprint", "data_fingerprint"]
+    order = ["model", "layer", "head", "position", "mass", "sink", "uniform_mass", "mass_over_uniform",
+             "mass_to_uniform", *columns[1:], "has_b_q", "threshold", "metric", "n_rows", "n_query_rows",
+             "n_batches", "max_batches", "model_fingerprint", "data_fingerprint"]
     return pd.DataFrame(rows)[order]
+
+
+def _per_row(total: Tensor, rows: Tensor) -> list[float]:
+    """total / rows per head (NaN where no row counts)."""
+    rows = rows.double().cpu()
+    return torch.where(rows > 0, total.double().cpu() / rows.clamp_min(1), float("nan")).tolist()
 
 
 @public
@@ -223,6 +270,45 @@ def sink_shares(profile: pd.DataFrame) -> pd.DataFrame:
         row.update({"share" + c.removeprefix("mass"): float((part[c] > threshold).mean()) for c in extra})
         rows.append(dict(row, threshold=threshold, model_fingerprint=part.model_fingerprint.iloc[0],
                          data_fingerprint=part.data_fingerprint.iloc[0]))
+    return pd.DataFrame(rows)
+
+
+THRESHOLDS = (0.2, SINK_THRESHOLD, 0.4)
+NEAR_BAND = 0.05
+
+
+@public
+def sink_counts(table: pd.DataFrame, *, value: str = "mass", by: Sequence[str] = ("position",),
+                thresholds: Sequence[float] = THRESHOLDS, band: float = NEAR_BAND) -> pd.DataFrame:
+    """How many heads sink at several thresholds, and how many sit near each: a count over a threshold
+    reads as robust only when few heads are within ``band`` of it.
+
+    ``table``: one row per head and group (``sink_profile``'s, or a training ``heads.csv``), its
+    ``value`` column a mass. Per group of ``by`` and threshold t: n_heads, n_sinks = #(value > t),
+    share = n_sinks / n_heads, n_near = #(|value - t| <= band), band, largest = max value (the
+    largest head), and, where ``table`` has ``uniform_mass``, the group's mean uniform_mass. Long form:
+    [*by, threshold, n_heads, n_sinks, share, n_near, band, largest, (uniform_mass)]. A head whose
+    value is NaN (not measured) is refused.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    if not isinstance(table, pd.DataFrame) or not {value, *by} <= set(table.columns):
+        raise InputError(f"sink_counts takes a DataFrame with the columns {value!r} and {by} (e.g. "
+                         "interp.sink_profile's, value='mass', by=['position'])")
+    ts = [check_threshold(t, "each threshold") for t in thresholds]
+    width = as_real(band)
+    if width is None or not 0 <= width < 1:
+        raise InputError(f"band must be a number in [0, 1) (a share of a row's attention); got {band!r}")
+    if table[value].isna().any():
+        raise InputError(f"{int(table[value].isna().sum())} row(s) have no {value!r}: drop them (or pick the "
+                         "groups that were measured) before counting")
+    rows = []
+    for key, part in table.groupby(by, sort=False):
+        v = part[value].to_numpy(float)
+        extra = {"uniform_mass": float(part.uniform_mass.mean())} if "uniform_mass" in part else {}
+        for t in ts:
+            rows.append(dict(zip(by, key if isinstance(key, tuple) else (key,)), threshold=t, n_heads=len(v),
+                             n_sinks=int((v > t).sum()), share=float((v > t).mean()),
+                             n_near=int((abs(v - t) <= width).sum()), band=width, largest=float(v.max()), **extra))
     return pd.DataFrame(rows)
 
 
@@ -430,7 +516,7 @@ def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: A
 
 
 @public
-def sink_pass(model: InterpBridge, data: Any, *, threshold: float = 0.3, positions: Any = None,
+def sink_pass(model: InterpBridge, data: Any, *, threshold: float = SINK_THRESHOLD, positions: Any = None,
               remove: Optional[str] = None, top_k: int = 3, abs_threshold: float = 100.0,
               ratio_threshold: float = 1000.0, max_batches: Optional[int] = None,
               progress: bool = True) -> dict[str, pd.DataFrame]:

@@ -91,19 +91,36 @@ def brute_force(ref, family, info, batches, class_ids, sink="first"):
             keys = class_ids(inputs[s][idx] if not inputs.is_floating_point() else None, len(idx))
             for l in range(n_layers):
                 A = got["attn"][l][s][:, idx][:, :, idx].double()  # [head, query, key], real rows and keys
-                for name, total in masses_of_rows(A, keys).items():
-                    mass[(l, name)] = mass.get((l, name), 0) + total
+                for name, sums in masses_of_rows(A, keys, info.causal).items():
+                    mass[(l, name)] = [a + b for a, b in zip(mass.get((l, name), (0, 0, 0)), sums)]
                 _brute_implicit(impl, l, A, got, s, idx, keys[sink], weights[l][0], group, d)
                 resid[l].append((seq_index, got["out"][l][s][idx].double()))
             seq_index += 1
-    return ({k: v / rows for k, v in mass.items()}, {k: v / rows for k, v in impl.items()}, resid, weights, group)
+    mass = {k: (m / r, u / r) for k, (m, r, u) in mass.items()}  # (mass, uniform mass) per head
+    return mass, {k: v / rows for k, v in impl.items()}, resid, weights, group
 
 
-def masses_of_rows(A, keys):
-    """Per class: the attention its keys receive, summed over the rows of A [head, query, key] (one sequence)."""
-    out = {name: A[:, :, k].sum((1, 2)) for name, k in keys.items()}
+def masses_of_rows(A, keys, causal):
+    """Per class, over the rows of A [head, query, key] (one sequence) other than the class's own: (the
+    attention its keys receive, how many rows, the attention they would give it if uniform), per head."""
+    n_heads, n = A.shape[0], A.shape[-1]
+    visible = torch.ones(n, n, dtype=torch.float64)
+    visible = visible.tril() if causal else visible
+    uniform = visible / visible.sum(-1, keepdim=True)
+    out = {}
+    for name, k in keys.items():
+        r = ~k
+        out[name] = (A[:, r][:, :, k].sum((1, 2)), torch.full((n_heads,), float(r.sum())),
+                     torch.full((n_heads,), float(uniform[r][:, k].sum())))
     content = ~torch.stack(list(keys.values())).any(0)
-    out["top_content"] = A.sum(1)[:, content].max(1).values if content.any() else torch.zeros(A.shape[0])
+    col = A.sum(1)  # [head, key]: over every row
+    top = col.masked_fill(~content, -1.0).argmax(1)  # each head's most-attended content key
+    sums = [torch.zeros(n_heads, dtype=torch.float64) for _ in range(3)]
+    for h, j in enumerate(top.tolist()):
+        if content.any():
+            r = torch.arange(n) != j
+            sums[0][h], sums[1][h], sums[2][h] = A[h, r, j].sum(), float(r.sum()), uniform[r, j].sum()
+    out["top_content"] = tuple(sums)
     return out
 
 
@@ -123,11 +140,11 @@ def assert_matches_brute_force(model, ref, family, batches, class_ids, sink="fir
     """The three analyzers against ``brute_force``; returns the largest differences seen."""
     info = model.interp
     mass, impl, resid, weights, group = brute_force(ref, family, info, batches, class_ids, sink)
-    profile = interp.sink_profile(model, batches, progress=False)
-    got = profile.set_index(["layer", "head", "position"]).mass
-    diffs = {"mass": max(abs(got[(l, h, name)] - float(v[h])) for (l, name), v in mass.items()
-                         for h in range(info.n_heads))}
-    assert set(profile.position) == {name for _, name in mass}, "position classes"
+    profile = interp.sink_profile(model, batches, progress=False).set_index(["layer", "head", "position"])
+    got, floor = profile.mass, profile.uniform_mass
+    diffs = {"mass": max(max(abs(got[(l, h, name)] - float(v[h])), abs(floor[(l, h, name)] - float(u[h])))
+                         for (l, name), (v, u) in mass.items() for h in range(info.n_heads))}
+    assert set(profile.index.get_level_values("position")) == {name for _, name in mass}, "position classes"
     assert diffs["mass"] <= tol, diffs
     implicit = interp.implicit_value_bias(model, batches, positions=sink, progress=False).set_index(["layer", "head"])
     d_impl = 0.0
@@ -459,11 +476,12 @@ def test_key_prior_removal_is_exact(family):
             totals = {}
             for s in range(3):
                 idx = real[s].nonzero()[:, 0]
-                for name, v in masses_of_rows(P[s][:, idx][:, :, idx], text_classes()(None, len(idx))).items():
-                    totals[name] = totals.get(name, 0) + v
-            for name, v in totals.items():
+                classes = text_classes()(None, len(idx))
+                for name, (v, r, _) in masses_of_rows(P[s][:, idx][:, :, idx], classes, info.causal).items():
+                    totals[name] = [a + b for a, b in zip(totals.get(name, (0, 0)), (v, r))]
+            for name, (v, r) in totals.items():
                 for h in range(info.n_heads):
-                    assert abs(profile.loc[(l, h, name), column] - float(v[h]) / int(real.sum())) <= 1e-6
+                    assert abs(profile.loc[(l, h, name), column] - float(v[h]) / float(r[h])) <= 1e-6
 
 
 # ----- (f) bad inputs -----------------------------------------------------------------------------------
