@@ -43,6 +43,7 @@ import torch.nn.functional as F
 import transformers as tf
 from torch import Tensor, nn
 
+from interp.analysis.sinks import NEAR_BAND, SINK_THRESHOLD
 from interp.errors import CheckpointError, InputError
 from interp.models.sink_arms import LMShape, add_slots, has_slot, set_slot_gate
 from interp.training.sink_metrics import direct_tables
@@ -51,7 +52,6 @@ from interp.training.sinks import checkpoint_path, lm_adamw, read_checkpoint, ru
 ARMS = ("none", "kv_slot", "k_slot_v0", "none_no_start")
 SLOT_ARMS = ("kv_slot", "k_slot_v0")
 RECIPE_VERSION = 1
-SINK_THRESHOLD = 0.3  # Gu et al.'s: a head sinks on a position when its mean mass there exceeds 0.3
 
 
 @dataclass(frozen=True)
@@ -215,14 +215,17 @@ def evaluate(model: nn.Module, task: BackcopyTask, seq: Tensor, arm: str) -> dic
 
 
 def head_masses(model: nn.Module, task: BackcopyTask, seq: Tensor, arm: str) -> pd.DataFrame:
-    """Per layer and head: ``mass_start`` (on ``<s>``; in ``none_no_start`` on x_0, the first position),
-    ``mass_slot``, and the same split by query: on the trigger queries (``_active``: where a copy
-    head has work) and the others (``_dormant``), with ``mass_prev_*`` on the token just before the
+    """Per layer and head: ``mass_start`` (on ``<s>``; in ``none_no_start`` on x_0, the first position;
+    the first position's own query row left out, ``sink_metrics``), ``mass_slot``, their floors under
+    uniform causal attention ``uniform_start`` / ``uniform_slot``, and the same masses split by query:
+    on the trigger queries (``_active``: where a copy head has work) and the others (``_dormant``; for
+    ``start`` without the first position's own row), with ``mass_prev_*`` on the token just before the
     query (on a trigger query: the token to copy); plus ``sink_metrics.direct_tables``' value and
     output columns."""
     probe = with_start(seq, arm, task.start_id)
     heads, _ = direct_tables(model, probe, "text", arm)
-    heads = heads.rename(columns={"mass_first": "mass_start"}).drop(columns=["mass_first_text", "mass_registers"])
+    heads = heads.rename(columns={"mass_first": "mass_start", "uniform_first": "uniform_start"}).drop(
+        columns=["mass_first_text", "mass_registers", "uniform_first_text", "uniform_registers"])
     with torch.no_grad():
         attentions = model(input_ids=probe, output_attentions=True).attentions
     slot = int(has_slot(model))
@@ -235,7 +238,9 @@ def head_masses(model: nn.Module, task: BackcopyTask, seq: Tensor, arm: str) -> 
         for part, queries in (("active", trigger), ("dormant", ~trigger)):
             w = queries[:, None, :].double()
             denominator = w.sum((0, 2)).clamp_min(1)
-            start = (a[..., slot] * w).sum((0, 2)) / denominator
+            w_start = w.clone()
+            w_start[..., 0] = 0  # the first position's own row (its mass there is 1 without a slot)
+            start = (a[..., slot] * w_start).sum((0, 2)) / w_start.sum((0, 2)).clamp_min(1)
             on_slot = (a[..., 0] * w).sum((0, 2)) / denominator if slot else torch.full((a.shape[1],), np.nan)
             on_prev = (prev * w).sum((0, 2)) / denominator
             for h in range(a.shape[1]):
@@ -248,13 +253,16 @@ def head_masses(model: nn.Module, task: BackcopyTask, seq: Tensor, arm: str) -> 
 
 
 def shares(heads: pd.DataFrame) -> dict:
-    """Gu et al.'s shares of heads (mean mass > 0.3) on ``<s>`` and on the slot, mean and largest masses."""
+    """Gu et al.'s shares and counts of heads (mean mass > ``SINK_THRESHOLD``) on ``<s>`` and on the slot,
+    ``sink_near_<t>`` (heads within ``NEAR_BAND`` of the threshold), mean and largest masses, the floor."""
     out = {}
     for what in ("start", "slot"):
         col = heads[f"mass_{what}"]
         known = col.notna().all()
         out[f"sink_share_{what}"] = float((col > SINK_THRESHOLD).mean()) if known else np.nan
         out[f"sink_heads_{what}"] = float((col > SINK_THRESHOLD).sum()) if known else np.nan
+        out[f"sink_near_{what}"] = float(((col - SINK_THRESHOLD).abs() <= NEAR_BAND).sum()) if known else np.nan
+        out[f"uniform_{what}"] = float(heads[f"uniform_{what}"].iloc[0])
         out[f"mean_mass_{what}"] = float(col.mean()) if known else np.nan
         out[f"max_mass_{what}"] = float(col.max()) if known else np.nan
     return out

@@ -9,7 +9,8 @@ import math
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from interp.training.backcopy import ARMS, SINK_THRESHOLD
+from interp.analysis.sinks import SINK_THRESHOLD
+from interp.training.backcopy import ARMS
 from interp.training.backcopy_results import common_step, summarise
 
 ADDS = {

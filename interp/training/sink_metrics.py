@@ -10,9 +10,13 @@ where the bridge can run the arm, the direct ones for the rest, and records how 
 disagree on what both measure (``analyzer_vs_direct``; tests hold it near rounding).
 
 With A[b, h, i, j] the attention of query i to key j (rows sum to 1, slot included), the means
-over every query row i of the probe (b, i):
+over the query rows i of the probe (b, i) other than the class's own positions (the query row at a
+sink position itself is left out: under the causal mask the first position's row can attend only to
+itself, and to the slot, so without a slot its mass there is 1 by construction; the slot has no row):
 
-    mass_c[l, h]        = mean_{b,i} sum_{j in S_c} A[b, h, i, j]
+    mass_c[l, h]        = mean_{b, i not in S_c} sum_{j in S_c} A[b, h, i, j]
+    uniform_c           = mean_{i not in S_c} |S_c & K_i| / |K_i|      (K_i: the keys row i may attend,
+                                                                        slot included; the floor of mass_c)
     c_i                 = sum_{j in S} A_ij v_j W_O[h]                 (S: the first position)
     implicit_norm       = ||mean_i c_i||,   constancy = ||mean_i c_i||^2 / mean_i ||c_i||^2
     slot_norm           = ||mean_i A_i* v* W_O[h]||                    (the slot's learned constant)
@@ -34,13 +38,17 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from interp.analysis.sinks import implicit_value_bias, massive_activations, sink_profile
+from interp.analysis.sinks import (
+    NEAR_BAND, SINK_THRESHOLD, implicit_value_bias, massive_activations, sink_profile,
+)
 from interp.models.loading import load_model
 from interp.models.sink_arms import N_REGISTERS, attention_modules, has_slot, n_prefix
 
 BRIDGEABLE = {("text", "none"), ("text", "qkv"), ("text", "sink_token"), ("vision", "none"), ("vision", "qkv")}
+CLASSES = ("first", "first_text", "slot", "registers")
 HEAD_COLUMNS = ["layer", "head", "mass_first", "mass_first_text", "mass_slot", "mass_registers", "implicit_norm",
-                "constancy", "slot_norm", "explicit_norm", "output_rms"]
+                "constancy", "slot_norm", "explicit_norm", "output_rms", "uniform_first", "uniform_first_text",
+                "uniform_slot", "uniform_registers"]
 LAYER_COLUMNS = ["layer", "max_abs", "median_abs", "max_over_median"]
 
 
@@ -65,6 +73,25 @@ def _forward_with_captures(model: nn.Module, inputs: Tensor, domain: str) -> tup
     return out, outs, values
 
 
+def visible_keys(n_query: int, slot: int, causal: bool) -> Tensor:
+    """Bool [query, slot + key]: the keys each query row may attend (the slot, in column 0, by every row)."""
+    keys = torch.ones(n_query, slot + n_query, dtype=torch.bool)
+    if causal:
+        keys[:, slot:] = torch.ones(n_query, n_query, dtype=torch.bool).tril()
+    return keys
+
+
+def class_mass(a: Tensor, cols: list[int], slot: int, causal: bool) -> tuple[Tensor, float]:
+    """(mass [head], uniform floor) of the key columns ``cols`` of a [b, h, query, slot + key] (module
+    doc): over the query rows other than the class's own (column c >= slot is row c - slot's key)."""
+    own = [c - slot for c in cols if c >= slot]
+    rows = torch.ones(a.shape[2], dtype=torch.bool)
+    rows[own] = False
+    keys = visible_keys(a.shape[2], slot, causal).double()
+    uniform = keys[:, cols].sum(-1) / keys.sum(-1)
+    return a[..., cols].sum(-1)[..., rows].mean((0, 2)), float(uniform[rows].mean())
+
+
 def _head_rows(model: nn.Module, out: Any, values: list, domain: str, arm: str) -> list[dict]:
     slot, prefix = int(has_slot(model)), n_prefix(domain, arm)
     rows = []
@@ -74,7 +101,9 @@ def _head_rows(model: nn.Module, out: Any, values: list, domain: str, arm: str) 
         v = v.double().unflatten(-1, (n_heads, d_head))  # [b, pos, h, d]
         W_o = attn.o_proj.weight.double().T.reshape(n_heads, d_head, -1)  # [h, d, model]
         first_text = slot + (prefix if domain == "text" else 0)
-        mass = lambda cols: a[..., cols].sum(-1).mean((0, 2))  # noqa: E731
+        masses = {"first": [slot], "first_text": [first_text], "slot": [0] if slot else None,
+                  "registers": list(range(1, 1 + N_REGISTERS)) if arm == "registers" else None}
+        masses = {k: class_mass(a, c, slot, domain == "text") if c else (None, np.nan) for k, c in masses.items()}
         c = torch.einsum("bhq,bhd,hdm->bhqm", a[..., slot], v[:, 0], W_o)  # S = the first position
         z = torch.einsum("bhqk,bkhd->bqhd", a[..., slot:], v)
         if slot:
@@ -87,14 +116,13 @@ def _head_rows(model: nn.Module, out: Any, values: list, domain: str, arm: str) 
             if b_v is not None else torch.zeros(n_heads, dtype=torch.float64)
         slot_norm = torch.einsum("bhq,hd,hdm->hm", a[..., 0], attn.slot_value.double(), W_o).div(
             a.shape[0] * a.shape[2]).norm(dim=-1) if slot else torch.full((n_heads,), np.nan)
-        cols = {"mass_first": mass([slot]), "mass_first_text": mass([first_text]),
-                "mass_slot": mass([0]) if slot else None,
-                "mass_registers": mass(list(range(1, 1 + N_REGISTERS))) if arm == "registers" else None,
+        cols = {**{f"mass_{k}": t for k, (t, _) in masses.items()},
                 "implicit_norm": m.norm(dim=-1), "constancy": constancy, "slot_norm": slot_norm,
                 "explicit_norm": explicit, "output_rms": o_rms}
+        floors = {f"uniform_{k}": u for k, (_, u) in masses.items()}
         for h in range(n_heads):
             values = {k: np.nan if t is None else float(t[h].detach()) for k, t in cols.items()}
-            rows.append(dict(layer=layer, head=h, **values))
+            rows.append(dict(layer=layer, head=h, **values, **floors))
     return rows
 
 
@@ -138,8 +166,9 @@ def _relative_gap(a: pd.DataFrame, b: pd.DataFrame, columns: list[str]) -> float
 
 def measure(model: nn.Module, inputs: Tensor, domain: str, arm: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(heads, layers, summary) of one arm on ``inputs``: the analyzer's numbers where the bridge runs
-    the arm, else the direct ones (module doc). Summary: Gu et al.'s shares (mass > 0.3) per class,
-    mean masses, the largest max_over_median over layers, the head means of implicit_norm,
+    the arm, else the direct ones (module doc). Summary: per class, Gu et al.'s shares (mass >
+    ``SINK_THRESHOLD``), ``sink_near_<c>`` (heads within ``NEAR_BAND`` of it), mean masses and the
+    floor ``uniform_<c>``; the largest max_over_median over layers, the head means of implicit_norm,
     explicit_norm and slot_norm, ``measured_by``, ``analyzer_vs_direct``."""
     heads, layers = direct_tables(model, inputs, domain, arm)
     by, gap = "direct", np.nan
@@ -155,6 +184,9 @@ def measure(model: nn.Module, inputs: Tensor, domain: str, arm: str) -> tuple[pd
                    slot_norm=float(heads.slot_norm.mean()))
     for cls in ("first", "first_text", "slot", "registers"):
         col = heads[f"mass_{cls}"]
-        summary[f"sink_share_{cls}"] = float((col > 0.3).mean()) if col.notna().all() else np.nan
-        summary[f"mean_mass_{cls}"] = float(col.mean()) if col.notna().all() else np.nan
+        known = col.notna().all()
+        summary[f"sink_share_{cls}"] = float((col > SINK_THRESHOLD).mean()) if known else np.nan
+        summary[f"sink_near_{cls}"] = float(((col - SINK_THRESHOLD).abs() <= NEAR_BAND).sum()) if known else np.nan
+        summary[f"mean_mass_{cls}"] = float(col.mean()) if known else np.nan
+        summary[f"uniform_{cls}"] = float(heads[f"uniform_{cls}"].iloc[0])
     return heads, layers, summary

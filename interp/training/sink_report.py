@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from interp.analysis.sinks import SINK_THRESHOLD
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
 from interp.training.sink_results import t_interval
 
@@ -112,8 +113,9 @@ def value_bias_table(summary: pd.DataFrame) -> str:
 
 def findings_tables(summary: pd.DataFrame) -> str:
     """Both Table-4-style tables and the value-bias table (markdown) from ``summary.csv``: means over
-    seeds at the last step; shares = % of heads with mean mass > 0.3 on the position; "largest head"
-    = the largest mean mass one head puts there (mean over seeds); 95% t-intervals."""
+    seeds at the last step; shares = % of heads with mean mass > ``SINK_THRESHOLD`` on the position;
+    "largest head" = the mean over seeds of each seed's largest head (the largest mean mass one head
+    puts there); 95% t-intervals."""
     out = []
     for domain in [d for d in ARMS if d in set(summary.domain)]:
         part = summary[summary.domain == domain]
@@ -135,7 +137,7 @@ POSITION_LABELS = {"first_text": "first byte", "first": "CLS", "slot": "slot", "
 def sink_candidates(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
     """Long form: per run, step and candidate position (first byte or CLS; the slot, the sink token
     or the registers where the arm has one): ``mean_mass`` (mean over heads), ``largest_head`` (the
-    largest mean mass one head puts there) and ``sink_share`` (heads above 0.3)."""
+    largest mean mass one head puts there) and ``sink_share`` (heads above ``SINK_THRESHOLD``)."""
     keys = ["domain", "arm", "seed", "step"]
     top = heads.groupby(keys)[[f"mass_{c}" for c in POSITION_LABELS]].max().reset_index()
     merged = runs.merge(top, on=keys, how="left")
@@ -152,13 +154,13 @@ def sink_candidates(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
 
 PANELS = [("mean_mass", "mean attention mass, mean over heads (share of a row)"),
           ("largest_head", "largest head's mean attention mass (share of a row)"),
-          ("sink_share", "heads with mean mass > 0.3 (share of heads)")]
+          ("sink_share", f"heads with mean mass > {SINK_THRESHOLD} (share of heads)")]
 
 
 def sink_share_figure(runs: pd.DataFrame, heads: pd.DataFrame, scale: str,
                       context: Optional[int] = None) -> plt.Figure:
     """Attention on each arm's sink candidates vs training step: mean over heads, the largest head
-    and Gu et al.'s sink share, per domain, arm and position; the mass panels mark the 0.3 threshold
+    and Gu et al.'s sink share, per domain, arm and position; the mass panels mark the threshold
     and, for text, the first byte's mass under uniform causal attention, (1/n) sum_{i=1..n} 1/i."""
     long = sink_candidates(runs, heads)
     domains = [d for d in ARMS if d in set(long.domain)]
@@ -172,7 +174,7 @@ def sink_share_figure(runs: pd.DataFrame, heads: pd.DataFrame, scale: str,
             ax.set_xlabel("training step (optimiser updates)")
             ax.set_ylabel(label)
             if value != "sink_share":
-                ax.axhline(0.3, color="0.4", ls="--", lw=0.8, label="sink threshold 0.3")
+                ax.axhline(SINK_THRESHOLD, color="0.4", ls="--", lw=0.8, label=f"sink threshold {SINK_THRESHOLD}")
                 if domain == "text" and context:
                     ax.axhline(sum(1 / k for k in range(1, context + 1)) / context, color="0.6", ls=":", lw=1,
                                label="first byte, uniform attention")
@@ -231,7 +233,7 @@ def table_figure(summary: pd.DataFrame) -> plt.Figure:
         for i, arm in enumerate(text.index):
             for j, col in enumerate(text.columns):
                 ax.text(j + 0.5, i + 0.5, text.loc[arm, col], ha="center", va="center", fontsize=8)
-        ax.set_xlabel("measure (mean over seeds at the last step; shares: heads with mean mass > 0.3)")
+        ax.set_xlabel(f"measure (mean over seeds at the last step; shares: heads with mean mass > {SINK_THRESHOLD})")
         ax.set_ylabel("arm")
         ax.tick_params(axis="x", labelsize=8, labelrotation=0)
         ax.tick_params(axis="y", labelrotation=0)
@@ -293,7 +295,7 @@ def baseline_table(baseline: pd.DataFrame) -> str:
 
 def seed_rows(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
     """Long form, per text arm, seed and measured step: ``n_heads``, the heads sinking (mean mass
-    > 0.3) on the first byte and on the arm's own target (slot or sink token; NaN where none), the
+    > ``SINK_THRESHOLD``) on the first byte and on the arm's own target (slot or sink token; NaN where none), the
     largest head's mass on each, the validation loss and the largest max/median activation ratio."""
     keys = ["arm", "seed", "step"]
     h = heads[heads.domain == "text"].copy()
@@ -303,8 +305,8 @@ def seed_rows(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
     g = h.groupby(keys)
     frame = pd.DataFrame({
         "n_heads": g.size(),
-        "sinks_first_byte": g.mass_first_text.apply(lambda m: int((m > 0.3).sum())),
-        "sinks_target": g.target.apply(lambda m: float((m > 0.3).sum()) if m.notna().all() else np.nan),
+        "sinks_first_byte": g.mass_first_text.apply(lambda m: int((m > SINK_THRESHOLD).sum())),
+        "sinks_target": g.target.apply(lambda m: float((m > SINK_THRESHOLD).sum()) if m.notna().all() else np.nan),
         "largest_first_byte": g.mass_first_text.max(),
         "largest_target": g.target.max(),
     }).reset_index()
@@ -314,7 +316,7 @@ def seed_rows(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
 
 def seed_table(runs: pd.DataFrame, heads: pd.DataFrame, rule: Optional[pd.DataFrame] = None) -> str:
     """Every text run at the last step (markdown): validation loss, whether it met the stopping rule
-    (with ``rule``), the heads sinking (mean mass > 0.3) on the first byte and on the slot or sink
+    (with ``rule``), the heads sinking (mean mass > ``SINK_THRESHOLD``) on the first byte and on the slot or sink
     token, the largest head's mass on each, and the max / median activation ratio at step 0 and at
     the end (step 0 is that ratio's noise floor: an untrained model's)."""
     rows = seed_rows(runs, heads)
