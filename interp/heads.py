@@ -21,7 +21,7 @@ from einops import einsum, rearrange
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from interp.checks import check_dtype, check_kind
+from interp.checks import as_index, check_dtype, check_kind, index_selection
 from interp.errors import InputError, UnsupportedModelError, public
 from interp.hooks import attn_hook
 from interp.models.bridge import InterpBridge, require_bridge
@@ -72,10 +72,15 @@ def kv_group(n_heads: int, n_kv_heads: int) -> list[int]:
 
 
 def _projection(model: InterpBridge, layer: int, kind: str) -> nn.Module:
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < model.interp.n_layers:
-        raise InputError(f"layer {layer!r} out of range: {model.interp.name} has {model.interp.n_layers} layers "
-                         f"(an integer in 0..{model.interp.n_layers - 1})")
-    return getattr(model.blocks[layer].attn, kind).original_component
+    """The bridge's q/k/v/o module of ``layer``: an integer (a Python int, a numpy integer, a 0-d integer
+    array or tensor, as ``interp.checks.as_index`` reads one) in 0..n_layers-1."""
+    index, n = as_index(layer), model.interp.n_layers
+    if index is None:
+        raise InputError(f"layer must be an integer in 0..{n - 1} ({model.interp.name} has {n} layers); got "
+                         f"{type(layer).__name__} {layer!r}")
+    if not 0 <= index < n:
+        raise InputError(f"layer {index} out of range: {model.interp.name} has {n} layers (an integer in 0..{n - 1})")
+    return getattr(model.blocks[index].attn, kind).original_component
 
 
 def _linear(model: InterpBridge, layer: int, kind: str) -> tuple[Tensor, Tensor | None]:
@@ -128,7 +133,7 @@ def v_fold_vector(model: InterpBridge, layer: int, heads: list[int] | None = Non
     info = require_bridge(model, "v_fold_vector").interp
     w = attention_weights(model, layer, dtype)
     group = kv_group(info.n_heads, info.n_kv_heads)
-    query_heads = list(range(info.n_heads)) if heads is None else list(heads)
+    query_heads = index_selection(heads, info.n_heads, "heads")
     b_v = w.b_V[[group[h] for h in query_heads]]
     return einsum(b_v, w.W_O[query_heads], "h d, h d m -> m")
 

@@ -54,6 +54,9 @@ class QKVStats:
     captured: Optional[dict[tuple[int, str], list[Tensor]]] = None
     model_fingerprint: Optional[str] = None  # interp.fingerprint.model_fingerprint of the recorded model
     data_fingerprint: Optional[str] = None  # the batches recorded (interp.fingerprint.DataHasher)
+    # the data fingerprints of the shards merged into these statistics (this session; a file holds only the
+    # combined data_fingerprint): merging a shard already in them would count its data twice
+    data_parts: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:
         count = self.count(self.layers[0]) if self.layers else 0
@@ -134,13 +137,23 @@ class QKVStats:
         for key, b in self.biases.items():
             if not torch.equal(b.cpu(), other.biases[key].cpu()):
                 raise InputError(f"cannot merge: biases differ at layer {key[0]}, kind {key[1]}")
+        mine, theirs = self._parts(), other._parts()
+        if mine & theirs:
+            raise InputError(f"cannot merge statistics of the same data twice (data fingerprint "
+                             f"{', '.join(sorted(mine & theirs))} is in both): its counts would double. Merge the "
+                             "statistics of distinct shards (each rank's own batches), each once")
         for key, mom in self.moments.items():
             mom.merge(other.moments[key])
             self.nonfinite[key] = self.nonfinite[key] | other.nonfinite[key].to(self.nonfinite[key].device)
         for layer, mom in self.input_moments.items():
             mom.merge(other.input_moments[layer])
         self.data_fingerprint = combine(str(self.data_fingerprint), str(other.data_fingerprint))
+        self.data_parts = mine | theirs
         return self
+
+    def _parts(self) -> frozenset:
+        """The data fingerprints of the shards in these statistics (none known: an empty set)."""
+        return self.data_parts or frozenset({self.data_fingerprint} - {None})
 
     def all_reduce(self, group: Any = None) -> "QKVStats":
         """Merge the statistics of every rank of ``group`` (torch.distributed), in rank order; each
@@ -150,7 +163,7 @@ class QKVStats:
             part = QKVStats(**fields_from_state(state, next(iter(self.moments.values())).mean.device))
             merged = part if merged is None else merged.merge(part)
         self.moments, self.input_moments, self.nonfinite = merged.moments, merged.input_moments, merged.nonfinite
-        self.data_fingerprint = merged.data_fingerprint
+        self.data_fingerprint, self.data_parts = merged.data_fingerprint, merged.data_parts
         return self
 
     # ----- tidy output ---------------------------------------------------------------

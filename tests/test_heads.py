@@ -1,5 +1,6 @@
 """interp.heads: per-head weights as TransformerLens names them, checked against the HF modules."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,3 +57,26 @@ def test_folding_b_v_into_b_o_leaves_the_block_output_unchanged():
         attn.c_proj.bias += fold
         after = hf(ids).logits
     assert (before - after).abs().max().item() <= 1e-10
+
+
+@pytest.mark.parametrize("layer", [np.int64(1), np.int32(1), np.uint8(1), np.array(1), torch.tensor(1)],
+                         ids=["np.int64", "np.int32", "np.uint8", "0-d array", "0-d tensor"])
+def test_a_numpy_or_torch_integer_names_a_layer(qwen, layer):
+    # issue 38: np.int64(1) (what iterating a numpy array or a DataFrame column gives) was "out of range"
+    _, model = qwen
+    want, got = attention_weights(model, 1), attention_weights(model, layer)
+    assert all(torch.equal(getattr(want, n), getattr(got, n)) for n in ("W_Q", "b_Q", "W_K", "b_K", "W_O", "b_O"))
+    assert torch.equal(v_fold_vector(model, layer, heads=np.array([0, 2])), v_fold_vector(model, 1, heads=[0, 2]))
+
+
+@pytest.mark.parametrize("layer,words", [
+    (np.float64(1.0), "layer must be an integer in 0..1 .*got float64"), (True, "got bool True"),
+    ("1", "got str '1'"), (np.int64(2), "layer 2 out of range"), (-1, "layer -1 out of range")])
+def test_a_layer_that_is_not_an_index_in_range_is_refused(qwen, layer, words):
+    with pytest.raises(InputError, match=words):
+        attention_weights(qwen[1], layer)
+
+
+def test_fold_vector_heads_are_checked(qwen):
+    with pytest.raises(InputError, match=r"heads must lie in 0..3"):
+        v_fold_vector(qwen[1], 1, heads=[7])

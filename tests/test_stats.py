@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import interp
-from interp.errors import InterpError
+from interp.errors import InputError, InterpError
 from interp.hooks import hook_name
 from interp.models import tiny_hf_model
 from interp.stats import QKVStats
@@ -66,3 +66,22 @@ def test_a_file_with_a_changed_count_is_refused(recorded, tmp_path):
     save_file(tensors, str(path), metadata=meta)
     with pytest.raises(InterpError, match="counts of L0"):
         QKVStats.load(path)
+
+
+def test_merging_the_same_data_twice_is_refused_and_counts_stay(recorded, tmp_path):
+    # issue 38: merging a shard with (a copy of) itself doubled every count
+    model, ids, mask, whole = recorded
+    half = [(ids[:2], mask[:2])]
+    a, again = (interp.record_qkv(model, half, progress=False) for _ in range(2))
+    b = interp.record_qkv(model, [(ids[2:], mask[2:])], progress=False)
+    n = a.count(0)
+    for other in (again, a, QKVStats.load(again.save(tmp_path / "a.safetensors"))):
+        with pytest.raises(InputError, match="same data twice.*counts would double"):
+            a.merge(other)
+        assert a.count(0) == n  # refused before any moment changed
+    a.merge(b)
+    assert a.count(0) == whole.count(0)
+    with pytest.raises(InputError, match=f"data fingerprint {again.data_fingerprint} is in both"):
+        a.merge(again)  # a shard already merged in, merged again
+    with pytest.raises(InputError, match="same data twice"):
+        interp.record_qkv(model, [(ids[2:], mask[2:])], progress=False).merge(a)
