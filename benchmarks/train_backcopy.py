@@ -11,7 +11,7 @@ token ``<s>``, and ``none_no_start`` without), a 2-layer x 4-head LLaMA of width
 ``--work/<recipe fingerprint>/`` (git-ignored cache): a killed run resumes where it stopped, a finished
 one is read back, and since the learning rate is constant after warm-up a larger ``--steps`` extends
 finished runs. Writes into ``--out`` (``docs/results/backcopy``): runs.csv, heads.csv, gate.csv,
-summary.csv, task.json, tables.md; the figure into ``--figures`` (``docs/figures/backcopy``). Several
+summary.csv, task.json, tables.md, counts.csv (``interp.sink_counts`` per run and step); the figure into ``--figures`` (``docs/figures/backcopy``). Several
 processes may train disjoint parts of the plan (``--arms`` / ``--seeds`` with ``--collect-seeds``):
 each writes the tables of every checkpoint found. One thread per process.
 """
@@ -35,7 +35,10 @@ from interp.io import atomic_path  # noqa: E402
 from interp.training.backcopy import ARMS, BackcopyRecipe, make_task, recipe_fingerprint  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
 from interp.training.backcopy_report import findings_tables, sink_share_figure  # noqa: E402
-from interp.training.backcopy_results import check_results_folder, run_all, summarise  # noqa: E402
+from interp.analysis.sinks import sink_counts  # noqa: E402
+from interp.training.backcopy_results import (  # noqa: E402
+    check_results_folder, floor_gate, floor_heads, floor_runs, run_all, summarise,
+)
 
 
 def arguments() -> argparse.Namespace:
@@ -66,6 +69,18 @@ def outputs(out: Path, figures: Path) -> str:
     """summary.csv, tables.md and the figure from runs.csv, heads.csv and gate.csv."""
     runs, heads = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "heads.csv")
     gate = pd.read_csv(out / "gate.csv", dtype={"gate": str})
+    recipe = BackcopyRecipe()  # tables measured before issue 37: the own row dropped from the stored masses
+    heads = floor_heads(heads, recipe)
+    runs, gate = floor_runs(runs, heads), floor_gate(gate, recipe)
+    for name, frame in (("runs", runs), ("heads", heads), ("gate", gate)):
+        with atomic_path(out / f"{name}.csv") as tmp:
+            frame.to_csv(tmp, index=False)
+    exact = heads[heads.mass_start.notna()]
+    counts = pd.concat([sink_counts(exact, value="mass_start", by=["arm", "seed", "step"]).assign(target="start"),
+                        sink_counts(heads[heads.mass_slot.notna()], value="mass_slot", by=["arm", "seed", "step"])
+                        .assign(target="slot")])
+    with atomic_path(out / "counts.csv") as tmp:
+        counts.to_csv(tmp, index=False)
     with atomic_path(out / "summary.csv") as tmp:
         summarise(runs).to_csv(tmp, index=False)
     tables = findings_tables(runs, heads, gate)

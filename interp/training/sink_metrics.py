@@ -31,7 +31,7 @@ vision), ``first_text`` = the first byte of text (position 1 after a sink token,
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -90,6 +90,30 @@ def class_mass(a: Tensor, cols: list[int], slot: int, causal: bool) -> tuple[Ten
     keys = visible_keys(a.shape[2], slot, causal).double()
     uniform = keys[:, cols].sum(-1) / keys.sum(-1)
     return a[..., cols].sum(-1)[..., rows].mean((0, 2)), float(uniform[rows].mean())
+
+
+def uniform_floor(n_query: int, cols: list[int], slot: int, causal: bool) -> float:
+    """The floor of ``class_mass`` for ``n_query`` query rows (``class_mass``'s uniform part alone)."""
+    keys = torch.ones(1, 1, n_query, slot + n_query, dtype=torch.float64)
+    return class_mass(keys, cols, slot, causal)[1]
+
+
+def drop_own_rows(with_self: pd.Series, n_rows: int, n_own: int,
+                  own_sum: Optional[float] = None) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """A mass measured over every one of ``n_rows`` query rows (before issue 37), re-expressed over the
+    rows other than the class's ``n_own`` own rows: (mass, low, high). With ``own_sum`` (what the own
+    rows put on the class, known by construction: 1 per row for the first position under a causal
+    mask without a slot) mass = (n_rows m - own_sum) / (n_rows - n_own), exactly, and low = high = mass;
+    without it mass is NaN and [low, high] = [(n_rows m - n_own) / (n_rows - n_own), n_rows m /
+    (n_rows - n_own)] clipped to [0, 1] (each own row puts between 0 and 1 there)."""
+    if n_own == 0:
+        return with_self, with_self, with_self
+    rest = n_rows - n_own
+    if own_sum is not None:
+        exact = (with_self * n_rows - own_sum) / rest
+        return exact, exact, exact
+    low, high = ((with_self * n_rows - n_own) / rest).clip(lower=0), (with_self * n_rows / rest).clip(upper=1)
+    return pd.Series(np.nan, index=with_self.index), low, high
 
 
 def _head_rows(model: nn.Module, out: Any, values: list, domain: str, arm: str) -> list[dict]:

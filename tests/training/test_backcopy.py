@@ -149,8 +149,13 @@ def test_the_shipped_runs_cover_every_arm_and_seed_of_one_recipe(shipped):
     # the gate check's open-slot row is the run's own last measurement, re-read from its checkpoint
     last = runs.merge(gate[gate.gate == "0.0"], on=["arm", "seed", "step"], suffixes=("", "_gate"))
     assert len(last) == 12
-    for col in ("loss", "copy_accuracy", "mean_mass_start", "sink_heads_start"):
+    for col in ("loss", "copy_accuracy"):
         np.testing.assert_allclose(last[col], last[f"{col}_gate"], rtol=1e-9)
+    measured = heads[heads.step == 3000].groupby(["arm", "seed"]).mass_start_with_self.mean()  # the own row in
+    gated = gate[gate.gate == "0.0"].set_index(["arm", "seed"]).mean_mass_start_with_self
+    np.testing.assert_allclose(measured.sort_index(), gated.sort_index(), rtol=1e-9)
+    exact = last[last.mean_mass_start.notna()]  # without the own row: runs.csv from heads.csv, gate.csv exact
+    np.testing.assert_allclose(exact.mean_mass_start, exact.mean_mass_start_gate, rtol=1e-9)
     closed = gate[gate.gate == "-inf"]
     assert set(closed.arm) == set(SLOT_ARMS) and len(closed) == 6 and (closed.mean_mass_slot == 0).all()
 
@@ -167,7 +172,19 @@ def test_the_findings_prose_follows_the_csvs(shipped):
     counts = runs.pivot_table(index=["arm", "step"], columns="seed", values="sink_heads_start")
     assert (counts.loc["none"].loc[[1500, 1750, 2000, 3000]] == 4).all().all()  # half the heads, every seed
     assert (counts.loc["none"].loc[2500, 0], counts.loc["none"].loc[2000, 0]) == (0, 4)
-    assert (runs[runs.arm != "none"].sink_heads_start == 0).all()  # no sink on <s> or x_0 outside `none`
+    assert (runs[runs.arm == "none_no_start"].sink_heads_start == 0).all()  # no sink on x_0
+    slot_start = heads[heads.arm.isin(SLOT_ARMS)]
+    assert (slot_start.mass_start_high <= 0.3).all()  # no sink on <s> with a slot, even at the upper bound
+    near = runs[(runs.arm == "none") & (runs.seed == 0)].set_index("step").sink_near_start
+    assert [int(near[s]) for s in (2000, 2500, 3000)] == [4, 2, 3]
+    assert (runs[(runs.arm == "none") & (runs.seed > 0) & (runs.step >= 1500)].sink_near_start == 0).all()
+    final = heads[heads.step == 3000].groupby("arm")
+    assert f"{final.mass_start.max()['none']:.3f} {final.mass_start.mean()['none']:.3f}" == "0.603 0.288"
+    assert f"{final.uniform_start.first()['none']:.3f} {final.uniform_start.first()['kv_slot']:.3f}" == "0.059 0.051"
+    assert f"{final.mass_start.mean()['none_no_start']:.3f} {final.mass_start.max()['none_no_start']:.3f}" \
+        == "0.059 0.061"
+    assert f"{final.mass_start_high.mean()['kv_slot']:.3f} {final.mass_start_high.mean()['k_slot_v0']:.3f}" \
+        == "0.027 0.009"
     last = runs[runs.step == 3000]
     mean_accuracy = last.groupby("arm").copy_accuracy.mean()
     assert (mean_accuracy.round(3) >= 0.999).all()
@@ -175,8 +192,47 @@ def test_the_findings_prose_follows_the_csvs(shipped):
     rise = (closed.loss - opened.loss).dropna()
     assert (rise > 0).all() and (rise["k_slot_v0"] > rise["kv_slot"]).all()  # more in every seed
     assert f"{100 * closed.copy_accuracy.min():.1f}-{100 * closed.copy_accuracy.max():.1f}%" == "63.6-89.0%"
-    assert f"{closed.mean_mass_start.min():.3f}-{closed.mean_mass_start.max():.3f}" == "0.085-0.262"
+    assert f"{closed.mean_mass_start.min():.3f}-{closed.mean_mass_start.max():.3f}" == "0.071-0.251"
+    k = closed.loc["k_slot_v0"]
+    assert list(k.sink_heads_start_low) == [1, 1, 1] and list(k.sink_heads_start_high) == [1, 1, 4]
     doc = (Path(__file__).resolve().parents[2] / "docs" / "findings.md").read_text()
-    for phrase in ("copy accuracy falls to 63.6-89.0%", "mean mass 0.085-0.262", "largest head 0.522",
-                   "(mean mass on `<s>` 0.027 and 0.009 against 0.299 in `none`)"):
+    for phrase in ("copy accuracy falls to 63.6-89.0%", "mean mass 0.071-0.251", "largest head of any seed 0.603",
+                   "mean over heads 0.288 against a uniform floor of 0.059", "mean 0.059, largest head 0.061",
+                   "(mean mass on `<s>` at most 0.027 and 0.009 against 0.288 in `none`)",
+                   "at those steps 4, 2 and 3 of its heads are within 0.05 of 0.3", "0.059 on `<s>`",
+                   "0.051 with a slot", "one head of seeds 0 and 1 sinks on it, and 1 to 4 of seed 2"):
         assert phrase in " ".join(doc.split()), phrase
+
+
+@pytest.mark.parametrize("arm", ["none", "none_no_start", "kv_slot"])
+def test_floor_heads_recovers_the_new_masses_from_ones_measured_with_the_own_row(arm):
+    """floor_heads turns masses measured over every query row (before issue 37) into the current ones:
+    equal to a fresh measurement where the first position's own row has mass 1 by construction, bounding
+    it with a slot; the floors equal the fresh measurement's."""
+    from interp.training.backcopy import head_masses, with_start
+    from interp.training.backcopy_results import floor_heads
+
+    run = BackcopyRun(arm, 0, TINY)
+    model = run.build().eval()
+    seq = run.eval_seq[: TINY.probe_sequences]
+    new = head_masses(model, run.task, seq, arm)
+    probe = with_start(seq, arm, run.task.start_id)
+    with torch.no_grad():
+        attentions = model(input_ids=probe, output_attentions=True).attentions
+    slot = int(arm in SLOT_ARMS)
+    dormant = ~run.task.is_trigger(probe)
+    old = new.drop(columns=["uniform_start", "uniform_slot"]).assign(arm=arm, seed=0, step=0)
+    old["mass_start"] = [float(a.double()[..., slot].mean((0, 2))[h])
+                         for a in attentions for h in range(a.shape[1])]
+    old["mass_start_dormant"] = [float((a.double()[..., slot] * dormant[:, None]).sum((0, 2))[h] / dormant.sum())
+                                 for a in attentions for h in range(a.shape[1])]
+    got = floor_heads(old, TINY)
+    np.testing.assert_allclose(got.uniform_start, new.uniform_start, rtol=1e-12)
+    if slot:
+        assert got.mass_start.isna().all()
+        assert (got.mass_start_low <= new.mass_start + 1e-9).all() and (new.mass_start <= got.mass_start_high + 1e-9).all()
+        assert (got.mass_start_low < got.mass_start_high).all()
+    else:
+        np.testing.assert_allclose(got.mass_start, new.mass_start, rtol=1e-6)
+        np.testing.assert_allclose(got.mass_start_dormant, new.mass_start_dormant, rtol=1e-6)
+        assert (old.mass_start > got.mass_start).all()  # the own row (mass 1) had raised every head's mean
