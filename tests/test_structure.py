@@ -30,7 +30,7 @@ LAYERS = [
     ["interp.patching", "interp.prefix"], ["interp.capture"], ["interp.record", "interp.analysis.origin_intervals"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log"],
-    ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"], ["interp.analysis.high_norm"],
+    ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"], ["interp.analysis.high_norm", "interp.analysis.sink_intervals"],
     ["interp.analysis", "interp.ablation.attribution", "interp.ablation.implicit"],
     ["interp.ablation.distance"],
     ["interp.ablation.sweep"],

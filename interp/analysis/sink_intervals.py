@@ -1,0 +1,109 @@
+"""The share of sink heads with a bootstrap interval over items (texts or images).
+
+``sink_profile`` averages each head's attention mass over every real query row of the data, so its
+share of sink heads is one number with no spread. Here each item's profile is kept apart
+(``sink_profiles_by_item``: one ``sink_profile`` per item, keyed by a hash of the item's real tokens or
+pixels, ``interp.bootstrap.item_keys``), and the share is recomputed on resamples of the items. With
+r_th the query rows of item t that count for head h (``n_query_rows`` where the profile has it, else
+``n_rows``) and v_th the item's per-row mean of ``value`` (``mass`` by default), a resample b that draws
+item t w_bt times gives
+
+    v_bh    = sum_t w_bt r_th v_th / sum_t w_bt r_th          (the pooled mean: what sink_profile gives
+                                                               on the resampled items)
+    share_b = (1/H) sum_h [v_bh > threshold]
+
+``share`` is the same with every w = 1 (sink_profile's share over all the items), ``share_lo`` /
+``share_hi`` the 2.5th / 97.5th percentiles of share_b (``interp.bootstrap``: n_boot resamples fixed by
+``seed``, items in the canonical order of their keys, so the interval does not depend on batching).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from interp.analysis.sink_parts import check_threshold
+from interp.analysis.sinks import sink_profile
+from interp.bootstrap import Resampler, check_bootstrap, item_keys
+from interp.data import Batch, iter_batches
+from interp.errors import InputError, public
+from interp.models.bridge import InterpBridge, require_bridge
+
+KEYS = ["layer", "head", "position"]
+
+
+@public
+def sink_profiles_by_item(model: InterpBridge, data: Any, *, max_batches: Optional[int] = None,
+                          **profile_kw: Any) -> pd.DataFrame:
+    """``sink_profile`` of every item of ``data`` on its own, concatenated, with an ``item`` column (the
+    item's key: a hash of its real tokens or pixels and label, ``:index`` added to a repeated item) and
+    ``item_index`` (its place in the data).
+    ``profile_kw`` go to ``sink_profile`` (``threshold``, ``positions``, ``layers``, ``heads``, ``remove``)."""
+    require_bridge(model, "sink_profiles_by_item")
+    frames, seen = [], set()
+    for batch in iter_batches(model, data, max_batches):
+        for row, key in enumerate(item_keys(batch)):
+            one = Batch(*(None if t is None else t[row:row + 1] for t in (batch.inputs, batch.attention_mask,
+                                                                         batch.labels)))
+            key = key if key not in seen else f"{key}:{len(frames)}"  # the same item twice: two items
+            seen.add(key)
+            frames.append(sink_profile(model, [one], progress=False, **profile_kw).assign(
+                item=key, item_index=len(frames)))
+    if not frames:
+        raise InputError("sink_profiles_by_item got no items: pass at least one batch")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _per_item(table: pd.DataFrame, value: str, item: str) -> tuple[list[str], dict[str, tuple]]:
+    """Per position class: (heads, [items, heads] rows r_th, [items, heads] sums r_th v_th); the item keys."""
+    weight = "n_query_rows" if "n_query_rows" in table else "n_rows"
+    keys = list(dict.fromkeys(table[item].astype(str)))
+    out = {}
+    for position, part in table.groupby("position", sort=False):
+        grid = part.assign(_item=part[item].astype(str)).pivot_table(
+            index="_item", columns=["layer", "head"], values=[value, weight], aggfunc="first", dropna=False)
+        rows = grid[weight].reindex(keys).to_numpy(float)
+        if np.isnan(rows).any() or np.isnan(grid[value].reindex(keys).to_numpy(float)[rows > 0]).any():
+            raise InputError(f"position {position!r}: some item has no row for some head; every item's profile "
+                             "must cover the same layers, heads and classes (sink_profiles_by_item gives that)")
+        sums = np.nan_to_num(grid[value].reindex(keys).to_numpy(float)) * rows
+        out[str(position)] = (rows, sums, grid[weight].shape[1])
+    return keys, out
+
+
+def _check_table(table: Any, value: str, item: str) -> None:
+    need = {*KEYS, value, item}
+    if not isinstance(table, pd.DataFrame) or not need <= set(table.columns) or \
+            not {"n_rows", "n_query_rows"} & set(table.columns):
+        raise InputError(f"sink_share_intervals takes per-item sink profiles: a DataFrame with the columns "
+                         f"{sorted(need)} and n_query_rows or n_rows (interp.analysis.sink_intervals."
+                         "sink_profiles_by_item(model, data))")
+    if table.duplicated([item, *KEYS]).any():
+        raise InputError("some (item, layer, head, position) appears more than once: one profile per item")
+
+
+@public
+def sink_share_intervals(per_item: pd.DataFrame, *, value: str = "mass", threshold: Optional[float] = None,
+                         item: str = "item", n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per position class: the share of heads whose pooled ``value`` exceeds ``threshold`` and its 95%
+    bootstrap interval over items (module doc). ``per_item``: ``sink_profiles_by_item``'s table.
+    ``threshold`` None: the profile's own ``threshold`` column. Columns: position, value, threshold, n_items,
+    n_heads, n_sink_heads, share, share_lo, share_hi, n_boot, seed."""
+    _check_table(per_item, value, item)
+    t = check_threshold(per_item.threshold.iloc[0] if threshold is None and "threshold" in per_item else
+                        threshold, "threshold")
+    n_boot, seed = check_bootstrap(n_boot, seed)
+    keys, classes = _per_item(per_item, value, item)
+    boot = Resampler(keys, n_boot, seed)
+    rows = []
+    for position, (r, s, n_heads) in classes.items():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pooled = s.sum(0) / r.sum(0)
+            resampled = boot.sums(s) / boot.sums(r)  # [n_boot, heads]
+        lo, hi = boot.interval((resampled > t).mean(1)[:, None])
+        rows.append(dict(position=position, value=value, threshold=t, n_items=len(keys), n_heads=n_heads,
+                         n_sink_heads=int((pooled > t).sum()), share=float((pooled > t).mean()),
+                         share_lo=float(lo[0]), share_hi=float(hi[0]), n_boot=n_boot, seed=seed))
+    return pd.DataFrame(rows)
