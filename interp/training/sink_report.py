@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from interp.analysis.sinks import SINK_THRESHOLD
+from interp.analysis.sinks import NEAR_BAND, SINK_THRESHOLD, THRESHOLDS
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
 from interp.training.sink_results import t_interval
 
@@ -126,6 +126,44 @@ def findings_tables(summary: pd.DataFrame) -> str:
                 for arm in _arms(summary, domain)]
     out += ["", "Value biases (head means, residual-stream units):", "", value_bias_table(summary)]
     return "\n".join(line for line in out if line is not None)
+
+
+def _floor_row(part: pd.DataFrame, cls: str) -> list[str]:
+    """One position's cells of ``floor_table``."""
+    from interp.training.backcopy_report import bounds, count_cell, mass_cell
+
+    col = f"mass_{cls}"
+    low, high = bounds(part, col)
+    exact = part[col].notna().all()
+    mean = mass_cell(float(part[col].mean()) if exact else np.nan, float(high.mean()))
+    top = mass_cell(float(part[col].max()) if exact else np.nan, float(high.max()))
+    per_seed = " / ".join(count_cell(p, col) for _, p in part.sort_values("seed").groupby("seed"))
+    over = " / ".join(count_cell(part, col, t) for t in THRESHOLDS)
+    near = int((((low - SINK_THRESHOLD).abs() <= NEAR_BAND) & ((high - SINK_THRESHOLD).abs() <= NEAR_BAND)).sum())
+    return [f"{float(part[f'uniform_{cls}'].iloc[0]):.3f}", f"{mean} / {top}", per_seed, over, str(near)]
+
+
+def floor_table(heads: pd.DataFrame) -> str:
+    """Against the floor (issue 37), at each domain's last step, from ``heads.csv`` in the current schema
+    (``sink_results.floor_heads``): per arm and position (the first byte or CLS; the arm's own target),
+    the uniform floor, the mean mass over heads and seeds and the largest head of any seed (``<=``: an
+    upper bound, where the stored masses were measured with the position's own row), heads over
+    ``SINK_THRESHOLD`` per seed, over each of ``THRESHOLDS`` (all seeds; ``a-b`` where bounds leave it
+    open) and within ``NEAR_BAND`` of the threshold."""
+    seeds = " / ".join(str(s) for s in sorted(set(heads.seed)))
+    head = ["domain", "arm", "position", "uniform floor", "mass: mean / largest head of any seed",
+            f"heads over {SINK_THRESHOLD} (seeds {seeds})",
+            f"over {' / '.join(f'{t:g}' for t in THRESHOLDS)} (all seeds)",
+            f"within {NEAR_BAND} of {SINK_THRESHOLD}"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for domain in [d for d in ARMS if d in set(heads.domain)]:
+        last = heads[(heads.domain == domain) & (heads.step == heads[heads.domain == domain].step.max())]
+        for arm in _arms(last.assign(metric=""), domain):
+            part = last[last.arm == arm]
+            for cls in [FIRST[domain]] + ([TARGET[arm]] if arm in TARGET and TARGET[arm] != FIRST[domain] else []):
+                label = "sink token" if arm == "sink_token" and cls == "first" else POSITION_LABELS[cls]
+                lines.append(f"| {domain} | `{arm}` | {label} | " + " | ".join(_floor_row(part, cls)) + " |")
+    return "\n".join(lines)
 
 
 # ----- figures ------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from scipy import stats
 
 from interp.errors import StaleResultsError
 from interp.io import atomic_path
-from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS, save_lm_arm
+from interp.models.sink_arms import N_REGISTERS, TEXT_ARMS, VISION_ARMS, n_prefix, save_lm_arm
+from interp.training.sink_metrics import drop_own_rows, uniform_floor
 from interp.training.corpus import Corpus
 from interp.training.sinks import (
     TextRecipe, TextTask, VisionRecipe, VisionTask, read_checkpoint, recipe_fingerprint, run_arm,
@@ -164,3 +165,48 @@ def stopping_rule(runs: pd.DataFrame, baseline: pd.DataFrame, margin: float = RU
                          margin=margin, target=target, met=bool(last.val_loss <= target),
                          first_step_met=float(below.step.iloc[0]) if len(below) else np.nan))
     return pd.DataFrame(rows)
+
+
+# ----- tables measured before issue 37: the sink's own query row dropped from the stored masses ---------
+
+SLOTTED = ("kv_slot", "k_slot_v0")
+VISION_PATCHES = 49  # the MNIST ViT recipe: 28 x 28 images in 4 x 4 patches
+
+
+def _geometry(domain: str, arm: str, context: int) -> tuple[int, int, dict[str, tuple[list[int], int]]]:
+    """(query rows per sequence, slot, {class: (key columns, own rows)}) of one arm's probe."""
+    slot, prefix = int(arm in SLOTTED), n_prefix(domain, arm)
+    rows = (context if domain == "text" else VISION_PATCHES) + prefix
+    first_text = slot + (prefix if domain == "text" else 0)
+    classes = {"first": ([slot], 1), "first_text": ([first_text], 1)}
+    if slot:
+        classes["slot"] = ([0], 0)
+    if arm == "registers":
+        classes["registers"] = (list(range(1, 1 + N_REGISTERS)), N_REGISTERS)
+    return rows, slot, classes
+
+
+def floor_heads(heads: pd.DataFrame, context: int) -> pd.DataFrame:
+    """``heads.csv`` of the sink experiment measured before issue 37 (every query row counted) in the
+    current schema, from the stored masses alone (``sink_metrics.drop_own_rows``): per class c,
+    ``mass_<c>_with_self`` = the stored mass, ``mass_<c>`` = without the class's own query rows, exact
+    where their mass is 1 by construction (the first position of a causal text probe without a slot),
+    else NaN with the bounds ``mass_<c>_low`` / ``_high``; ``uniform_<c>`` = the floor (text: causal
+    windows of ``context`` bytes, after the sink token in ``sink_token``; vision: 49 patches after CLS
+    and the registers, all attending to all). The slot has no query row: its mass is as measured. A
+    table already in the current schema (``uniform_first`` present) is returned as is."""
+    if "uniform_first" in heads:
+        return heads
+    parts = []
+    for (domain, arm), part in heads.groupby(["domain", "arm"], sort=False):
+        part = part.copy()
+        rows, slot, classes = _geometry(domain, arm, context)
+        for cls, (cols, own) in classes.items():
+            col = f"mass_{cls}"
+            exact = domain == "text" and not slot and cols == [0]
+            part[f"{col}_with_self"] = part[col]
+            part[col], part[f"{col}_low"], part[f"{col}_high"] = drop_own_rows(
+                part[col], rows, own, float(own) if exact else None)
+            part[f"uniform_{cls}"] = uniform_floor(rows, cols, slot, domain == "text")
+        parts.append(part)
+    return pd.concat(parts).loc[heads.index]
