@@ -281,3 +281,17 @@ def check_not_blank(name: str, value: Any) -> None:
     (or, for ``demo --model``, the default model)."""
     if isinstance(value, str) and not value.strip():
         raise InputError(f"{name} is an empty string: give a folder or name, or leave the option out for its default")
+
+
+def check_frames(frames: Any, columns: Any, function: str, analyzer: str) -> None:
+    """Each of ``frames`` (a list of DataFrames) holds ``columns``, the key columns of ``analyzer``'s
+    table, else one ``InputError`` naming the frame, what it lacks and what makes the right table (another
+    analyzer's table, e.g. a sink profile given to ``merge_shards``, would fail deep in pandas)."""
+    for i, frame in enumerate(frames):
+        missing = [c for c in columns if c not in getattr(frame, "columns", ())]
+        if missing:
+            have = list(getattr(frame, "columns", []))
+            shown = ", ".join(map(str, have[:12])) + (", ..." if len(have) > 12 else "")
+            raise InputError(f"{function} takes tables of {analyzer}; frame {i} lacks {', '.join(missing)} (it has "
+                             f"{shown or 'no columns'}): is it another analyzer's table? Pass the frames that "
+                             f"{analyzer} returned")

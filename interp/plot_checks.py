@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import pandas as pd
 
 from interp.errors import InputError
@@ -20,11 +21,13 @@ MODEL_COLUMNS = ("model", "model_fingerprint")  # columns that say which model a
 
 
 def check_table(frame: Any, figure: str, analyzer: str, columns: Sequence[str],
-                keys: Optional[Sequence[str]] = None, prefix: Optional[str] = None) -> pd.DataFrame:
+                keys: Optional[Sequence[str]] = None, prefix: Optional[str] = None,
+                finite: Sequence[str] = ()) -> pd.DataFrame:
     """``frame`` if ``figure`` can draw it: a DataFrame with ``columns`` (and, with ``prefix``, a column
-    starting with it), at least one row, rows of one model (``model`` / ``model_fingerprint``), and each
-    ``keys`` combination once (two runs' tables concatenated hold them twice). ``analyzer``: what makes the
-    right table, e.g. ``"interp.sink_profile(model, data)"``."""
+    starting with it), at least one row, rows of one model (``model`` / ``model_fingerprint``), each
+    ``keys`` combination once (two runs' tables concatenated hold them twice), and numbers (no NaN, no inf)
+    in the ``finite`` columns, which the analyzer never leaves empty. ``analyzer``: what makes the right
+    table, e.g. ``"interp.sink_profile(model, data)"``."""
     want = f"{figure} draws the table of {analyzer}"
     if not isinstance(frame, pd.DataFrame):
         raise InputError(f"{want}; got {type(frame).__name__}, not a DataFrame")
@@ -42,6 +45,14 @@ def check_table(frame: Any, figure: str, analyzer: str, columns: Sequence[str],
             models = ", ".join(map(str, frame[column].dropna().unique()[:4]))
             raise InputError(f"{want} for one model; this table holds rows of {frame[column].nunique()} ({column}: "
                              f"{models}): draw each model's rows apart, e.g. frame[frame.{column} == ...]")
+    for column in finite:
+        values = pd.to_numeric(frame[column], errors="coerce").astype(float)
+        bad = ~np.isfinite(values.to_numpy())
+        if bad.any():
+            first = frame.loc[bad, [c for c in ("layer", "head", "position") if c in frame.columns]].iloc[0].to_dict()
+            raise InputError(f"{want}; its {column!r} is missing, not a number or infinite in {int(bad.sum())} rows, "
+                             f"e.g. {first or frame.loc[bad, column].iloc[0]!r} ({analyzer} leaves none empty): was "
+                             f"the table edited or merged? Draw the analyzer's own table, or drop those rows")
     keys = [k for k in keys or () if k in frame.columns]
     if keys:
         twice = frame.duplicated(keys, keep=False)

@@ -387,7 +387,7 @@ def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, d
     (the cell's label; * where its mass exceeds the profile's threshold, i.e. a sink) and that mass
     (the colour, on 0-1)."""
     check_table(profile, "sink_mass_grid", SINKS, ["layer", "head", "position", "mass", "sink", "threshold"],
-                keys=["layer", "head", "position"])
+                keys=["layer", "head", "position"], finite=["mass", "threshold"])
     threshold = float(profile.threshold.iloc[0])
     top = profile.loc[profile.groupby(["layer", "head"]).mass.idxmax()]
     grid = _grid(top, "mass")
@@ -411,7 +411,8 @@ def implicit_vs_explicit(frame: pd.DataFrame, *, model_name: Optional[str] = Non
     """From ``implicit_value_bias``: each head's implicit value bias ||mean c_i|| against its explicit
     ||b_v W_O||, both in residual-stream units on the same axes (y = x dashed)."""
     check_table(frame, "implicit_vs_explicit", "interp.implicit_value_bias(model, data)",
-                ["layer", "head", "explicit_norm", "implicit_norm", "positions", "has_b_v"], keys=["layer", "head"])
+                ["layer", "head", "explicit_norm", "implicit_norm", "positions", "has_b_v"], keys=["layer", "head"],
+                finite=["explicit_norm", "implicit_norm"])
     fig, ax = plt.subplots(figsize=(6, 5.5))
     sns.scatterplot(data=frame, x="explicit_norm", y="implicit_norm", hue="layer", palette="viridis", ax=ax, s=35)
     hi = 1.05 * float(max(frame.explicit_norm.max(), frame.implicit_norm.max(), 1e-12))

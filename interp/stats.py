@@ -137,11 +137,7 @@ class QKVStats:
         for key, b in self.biases.items():
             if not torch.equal(b.cpu(), other.biases[key].cpu()):
                 raise InputError(f"cannot merge: biases differ at layer {key[0]}, kind {key[1]}")
-        mine, theirs = self._parts(), other._parts()
-        if mine & theirs:
-            raise InputError(f"cannot merge statistics of the same data twice (data fingerprint "
-                             f"{', '.join(sorted(mine & theirs))} is in both): its counts would double. Merge the "
-                             "statistics of distinct shards (each rank's own batches), each once")
+        mine, theirs = _distinct_parts(self, other)
         for key, mom in self.moments.items():
             mom.merge(other.moments[key])
             self.nonfinite[key] = self.nonfinite[key] | other.nonfinite[key].to(self.nonfinite[key].device)
@@ -150,10 +146,6 @@ class QKVStats:
         self.data_fingerprint = combine(str(self.data_fingerprint), str(other.data_fingerprint))
         self.data_parts = mine | theirs
         return self
-
-    def _parts(self) -> frozenset:
-        """The data fingerprints of the shards in these statistics (none known: an empty set)."""
-        return self.data_parts or frozenset({self.data_fingerprint} - {None})
 
     def all_reduce(self, group: Any = None) -> "QKVStats":
         """Merge the statistics of every rank of ``group`` (torch.distributed), in rank order; each
@@ -217,3 +209,14 @@ def require_stats(stats: object) -> QKVStats:
     if not isinstance(stats, QKVStats):
         raise InputError(f"expected QKVStats from interp.record_qkv or QKVStats.load, got {type(stats).__name__}")
     return stats
+
+
+def _distinct_parts(a: QKVStats, b: QKVStats) -> tuple[frozenset, frozenset]:
+    """The data fingerprints of the shards in ``a`` and in ``b`` (``data_parts``, else the one
+    ``data_fingerprint``; none known: empty); shards in both (the same data merged twice) are refused."""
+    mine, theirs = (s.data_parts or frozenset({s.data_fingerprint} - {None}) for s in (a, b))
+    if mine & theirs:
+        raise InputError(f"cannot merge statistics of the same data twice (data fingerprint "
+                         f"{', '.join(sorted(mine & theirs))} is in both): its counts would double. Merge the "
+                         "statistics of distinct shards (each rank's own batches), each once")
+    return mine, theirs

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import interp
 import interp.data
+from interp import interactive
 from interp.cli import main as cli_main
 from interp.errors import (
     InputError,
@@ -399,6 +400,28 @@ def _two_runs_one_folder(c):
     interp.ablate_bias(c.lm, [c.ids], kinds=("q",), out=out, progress=False, estimate="exact")
     return interp.ablate_bias(c.lm2, [c.ids], kinds=("q",), out=out, progress=False, estimate="exact")
 
+
+CASES += [  # issue 38: inputs that failed deep inside (InternalError) or passed silently
+    ("sink_profile positions as an index", lambda c: interp.sink_profile(c.lm, [c.ids], positions=0, progress=False),
+     InputError, r"names position classes \(strings\), not token indices; got 0 \(int\).*is 'first'"),
+    ("sink_profile positions as indices", lambda c: interp.sink_profile(c.lm, [c.ids], positions=[0, 1],
+                                                                         progress=False), InputError, "not token indices"),
+    ("implicit_value_bias positions as an index", lambda c: interp.implicit_value_bias(
+        c.lm, [c.ids], positions=0, progress=False), InputError, "not token indices"),
+    ("ablate sink_v positions as an index", lambda c: interp.ablate_bias(
+        c.lm, [c.ids], kinds=("sink_v",), positions=0, progress=False), InputError, "not token indices"),
+    ("record texts with a number", lambda c: interp.record_qkv(c.lm, ["a b", 3], progress=False), InputError,
+     "item 1 of the list of texts is int 3, not a str"),
+    ("merge statistics with themselves", lambda c: c.stats.merge(c.stats), InputError, "same data twice"),
+    ("attention_weights float layer", lambda c: interp.attention_weights(c.vit, 1.0), InputError,
+     "layer must be an integer in 0..1"),
+    ("interactive heatmap of an empty table", lambda c: interactive.sink_mass(c.profile.iloc[:0]), InputError,
+     "sink_mass draws .*sink_profile.*lacks"),
+    ("interactive heatmap of another table", lambda c: interactive.sink_mass(c.profile), InputError,
+     r"sink_mass draws the table of interp.sink_profile\(model, data\); this table lacks"),
+    ("interactive ablation of another table", lambda c: interactive.ablation_delta(c.profile), InputError,
+     "ablation_delta draws the table of interp.ablate_bias"),
+]
 
 CLI_CASES = [
     ("cli inventory unknown model", ["inventory", "--model", "no-such-model"], "unknown model source 'no-such-model'"),

@@ -106,3 +106,19 @@ def test_a_bool_mask_is_refused_by_every_entry_point(entry):
     with pytest.raises(InputError, match="mask|True/False|scope must be") as raised:
         call(mask)
     assert not isinstance(raised.value, InternalError)
+
+
+def test_a_frame_of_another_analyzer_is_named_with_what_it_lacks():
+    # issue 38: merge_shards given a sink profile failed with a KeyError deep in pandas (an InternalError)
+    from interp.ablation.sweep import COLUMNS
+    from interp.checks import check_frames
+
+    key = ["layer", "head", "kind", "scope", "method", "estimate", "n_targets"]
+    ablation = pd.DataFrame(columns=COLUMNS)
+    profile = pd.DataFrame(columns=["model", "layer", "head", "position", "mass", "sink"])
+    check_frames([ablation, ablation], key, "merge_shards", "interp.ablate_bias")  # the right tables pass
+    with pytest.raises(InputError, match=r"merge_shards takes tables of interp.ablate_bias; frame 1 lacks kind, "
+                                         r"scope, method, estimate, n_targets \(it has model, layer, head, position"):
+        check_frames([ablation, profile], key, "merge_shards", "interp.ablate_bias")
+    with pytest.raises(InputError, match="frame 0 lacks layer.*no columns"):
+        check_frames([pd.DataFrame()], key, "merge_shards", "interp.ablate_bias")

@@ -100,3 +100,24 @@ def test_check_table_names_a_missing_column_family_and_passes_the_right_table_th
     assert check_table(clustered, "f", "a", ["layer", "head"], keys=["layer", "head"], prefix="bin_") is clustered
     with pytest.raises(InputError, match=r"lacks bin_\*"):
         check_table(clustered.drop(columns="bin_0"), "f", "a", ["layer"], prefix="bin_")
+
+
+IMPLICIT = pd.DataFrame([dict(model="m", **lh, explicit_norm=1.0 + lh["head"], implicit_norm=0.5, positions="first",
+                              has_b_v=True) for lh in HEADS])
+
+
+@pytest.mark.parametrize("rows", ["one", "all"])
+def test_a_missing_number_is_refused_not_drawn_around(rows):
+    """issue 38: sink_mass_grid labelled a head by its second-largest position when the largest mass was NaN
+    (and failed in pandas when all were); implicit_vs_explicit set NaN axis limits (a ValueError)."""
+    where = slice(None) if rows == "all" else 0
+    profile, implicit = SINK_PROFILE.copy(), IMPLICIT.copy()
+    profile.loc[where, "mass"] = float("nan")
+    implicit.loc[where, "implicit_norm"] = float("inf") if rows == "one" else float("nan")
+    with pytest.raises(InputError, match=r"sink_mass_grid .*'mass' is missing, not a number or infinite in "
+                                         rf"{12 if rows == 'all' else 1} rows, e.g. \{{'layer': 0, 'head': 0, "
+                                         r"'position': 'first'\}"):
+        plots.sink_mass_grid(profile)
+    with pytest.raises(InputError, match=r"implicit_vs_explicit .*'implicit_norm' is missing"):
+        plots.implicit_vs_explicit(implicit)
+    assert plots.implicit_vs_explicit(IMPLICIT).axes  # the analyzer's own table still draws
