@@ -12,6 +12,7 @@ import pandas as pd
 from interp.analysis.sinks import NEAR_BAND, SINK_THRESHOLD, THRESHOLDS, sink_counts
 from interp.training.backcopy import ARMS
 from interp.training.backcopy_results import common_step, summarise
+from interp.training.sink_report import bounds, count_cell, mass_cell
 
 ADDS = {
     "none": "`<s>`, no bias",
@@ -28,28 +29,6 @@ def _fmt(x: float, digits: int = 3) -> str:
 
 def _counts(part: pd.DataFrame, column: str) -> str:
     return " / ".join("-" if math.isnan(v) else f"{v:.0f}" for v in part.sort_values("seed")[column])
-
-
-def bounds(frame: pd.DataFrame, column: str) -> tuple[pd.Series, pd.Series]:
-    """(low, high) of a mass column: ``<column>_low`` / ``_high`` where a table measured before issue 37
-    could only bound it (``backcopy_results.floor_heads``), else the column itself twice."""
-    if f"{column}_low" not in frame:
-        return frame[column], frame[column]
-    return frame[f"{column}_low"].fillna(frame[column]), frame[f"{column}_high"].fillna(frame[column])
-
-
-def count_cell(frame: pd.DataFrame, column: str, threshold: float = SINK_THRESHOLD) -> str:
-    """Heads over ``threshold``: one number, or ``low-high`` where bounded masses leave it open; - if unmeasured."""
-    low, high = bounds(frame, column)
-    if high.isna().all():
-        return "-"
-    a, b = int((low > threshold).sum()), int((high > threshold).sum())
-    return str(a) if a == b else f"{a}-{b}"
-
-
-def mass_cell(exact: float, high: float) -> str:
-    """A mass, or its upper bound (``<=``) where only that is known."""
-    return _fmt(exact) if not math.isnan(exact) else ("-" if math.isnan(high) else f"<={high:.3f}")
 
 
 def _seed_counts(heads: pd.DataFrame, column: str) -> str:

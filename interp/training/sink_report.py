@@ -128,10 +128,30 @@ def findings_tables(summary: pd.DataFrame) -> str:
     return "\n".join(line for line in out if line is not None)
 
 
+def bounds(frame: pd.DataFrame, column: str) -> tuple[pd.Series, pd.Series]:
+    """(low, high) of a mass column: ``<column>_low`` / ``_high`` where a table measured before issue 37
+    could only bound it (``backcopy_results.floor_heads``), else the column itself twice."""
+    if f"{column}_low" not in frame:
+        return frame[column], frame[column]
+    return frame[f"{column}_low"].fillna(frame[column]), frame[f"{column}_high"].fillna(frame[column])
+
+
+def count_cell(frame: pd.DataFrame, column: str, threshold: float = SINK_THRESHOLD) -> str:
+    """Heads over ``threshold``: one number, or ``low-high`` where bounded masses leave it open; - if unmeasured."""
+    low, high = bounds(frame, column)
+    if high.isna().all():
+        return "-"
+    a, b = int((low > threshold).sum()), int((high > threshold).sum())
+    return str(a) if a == b else f"{a}-{b}"
+
+
+def mass_cell(exact: float, high: float) -> str:
+    """A mass, or its upper bound (``<=``) where only that is known."""
+    return _num(exact) if not math.isnan(exact) else ("-" if math.isnan(high) else f"<={high:.3f}")
+
+
 def _floor_row(part: pd.DataFrame, cls: str) -> list[str]:
     """One position's cells of ``floor_table``."""
-    from interp.training.backcopy_report import bounds, count_cell, mass_cell
-
     col = f"mass_{cls}"
     low, high = bounds(part, col)
     exact = part[col].notna().all()
