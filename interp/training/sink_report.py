@@ -65,10 +65,12 @@ FIRST = {"text": "first_text", "vision": "first"}
 
 HEADERS = {
     "text": ["heads sinking on the first byte (%)", "on the slot / sink token (%)",
-             "mass on the first byte: mean / largest head", "on the slot / sink token: mean / largest head",
+             "mass on the first byte: mean / mean of each seed's largest head",
+             "on the slot / sink token: mean / mean of each seed's largest head",
              "max / median activation", "validation loss (nats/byte) [95% CI]", "paired difference to `none` [95% CI]"],
-    "vision": ["heads sinking on CLS (%)", "on the slot / registers (%)", "mass on CLS: mean / largest head",
-               "on the slot / registers: mean / largest head", "max / median activation",
+    "vision": ["heads sinking on CLS (%)", "on the slot / registers (%)",
+               "mass on CLS: mean / mean of each seed's largest head",
+               "on the slot / registers: mean / mean of each seed's largest head", "max / median activation",
                "test accuracy (%) [95% CI]", "paired difference to `none` (pp) [95% CI]"],
 }
 
