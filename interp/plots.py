@@ -385,7 +385,8 @@ def _model_of(frame: pd.DataFrame, model_name: Optional[str]) -> str:
 def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
     """From ``sink_profile``: per layer x head, the position class that receives the most attention
     (the cell's label; * where its mass exceeds the profile's threshold, i.e. a sink) and that mass
-    (the colour, on 0-1)."""
+    (the colour, on 0-1). Where the profile has ``uniform_mass`` the title gives the range of the top
+    positions' floors (the mass uniform attention would give them, the position's own row left out)."""
     check_table(profile, "sink_mass_grid", SINKS, ["layer", "head", "position", "mass", "sink", "threshold"],
                 keys=["layer", "head", "position"], finite=["mass", "threshold"])
     threshold = float(profile.threshold.iloc[0])
@@ -400,9 +401,11 @@ def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, d
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     n_sinks = int(profile.groupby(["layer", "head"]).sink.any().sum())
+    floor = (f"; uniform floor {top.uniform_mass.min():.3f}-{top.uniform_mass.max():.3f}"
+             if "uniform_mass" in top else "")
     ax.set_title(f"{_model_of(profile, model_name)}: where each head parks its attention\n"
                  f"label: most-attended position (top = top content token)\n* = sink (mass > {threshold:g}): "
-                 f"{n_sinks} of {len(grid.stack())} heads" + (f"; {data}" if data else ""), fontsize=10)
+                 f"{n_sinks} of {len(grid.stack())} heads{floor}" + (f"; {data}" if data else ""), fontsize=10)
     fig.tight_layout()
     return fig
 

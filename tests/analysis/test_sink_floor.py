@@ -126,3 +126,14 @@ def test_sink_counts_counts_at_each_threshold_and_near_it():
         interp.sink_counts(table, value="nope")
     with pytest.raises(InputError, match="no 'mass'"):
         interp.sink_counts(table.assign(mass=[0.1, None, 0.3, 0.4, 0.5]))
+
+
+def test_the_sink_grid_title_gives_the_floor_of_the_top_positions():
+    from interp import plots
+
+    model = uniform_model("llama")
+    profile = interp.sink_profile(model, [torch.randint(3, 97, (2, 6))], progress=False)
+    title = plots.sink_mass_grid(profile).axes[0].get_title()
+    top = profile.loc[profile.groupby(["layer", "head"]).mass.idxmax()]
+    assert f"uniform floor {top.uniform_mass.min():.3f}-{top.uniform_mass.max():.3f}" in title
+    assert "0 of 8 heads" in title  # uniform heads: no sink once the own row is left out
