@@ -1,6 +1,6 @@
 """Implicit biases on the real zoo (issue 26, docs/findings.md "claim 4 revisited").
 
-For each model: ``sink_profile`` (threshold 0.3), ``sink_shares``, ``implicit_value_bias`` and
+For each model: ``sink_profile`` (threshold ``SINK_THRESHOLD``, 0.3), ``sink_shares``, ``implicit_value_bias`` and
 ``massive_activations`` over the first ``--batches`` batches of its modality's built-in data, written
 to ``docs/results/<model>/sinks_{profile,shares,implicit,massive}.csv``; with ``--remove`` on the
 models named there, the profile also carries the masses with the key prior removed and with b_q
@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 import interp
+from interp.analysis.sinks import SINK_THRESHOLD
 
 DATA = {"minilm-l6": "python-docs", "smollm2-135m": "python-docs", "dinov2-s14": "photos",
         "mnist-vit": "mnist", "mnist-vit-nobias": "mnist", "mnist-vit-qv": "mnist"}
@@ -29,7 +30,7 @@ def run_model(name: str, batches: int, remove: bool, out: Path, batch_size: int)
     data = interp.builtin_batches(model, DATA[name], batch_size=batch_size, n=batches * batch_size)[:batches]
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
-    profile = interp.sink_profile(model, data, threshold=0.3, remove="key_prior" if remove else None,
+    profile = interp.sink_profile(model, data, threshold=SINK_THRESHOLD, remove="key_prior" if remove else None,
                                   progress=False)
     tables = dict(profile=profile, shares=interp.sink_shares(profile),
                   implicit=interp.implicit_value_bias(model, data, progress=False),
