@@ -46,7 +46,7 @@ from torch import Tensor
 from interp.analysis.scores import _key_mask, score_terms
 from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names, run_until_kept
 from interp.capture import check_fits_dtype
-from interp.data.batch import Batch, image_norm, normalise, square_resize
+from interp.data.batch import Batch, image_norm, normalise, pil_pixels, square_resize
 from interp.checks import check_count, check_heads, check_layers
 from interp.data import iter_batches, model_inputs, open_data
 from interp.data.iterate import to_batch
@@ -112,7 +112,7 @@ def _literal(model: InterpBridge, item: Any) -> Any:
         if info.modality != "vision":
             raise InputError(f"{info.name} is a language model, so an image cannot be its input: pass a prompt "
                              "(str) or token ids [pos]")
-        return _image_batch(model, np.asarray(item.convert("RGB") if isinstance(item, Image.Image) else item))
+        return _image_batch(model, pil_pixels(item) if isinstance(item, Image.Image) else np.asarray(item))
     if isinstance(item, (list, tuple)) and item and all(isinstance(i, int) and not isinstance(i, bool) for i in item):
         item = torch.tensor(item)  # token ids as a list
     if isinstance(item, np.ndarray) and item.dtype.kind in "iu":

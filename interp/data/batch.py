@@ -44,7 +44,8 @@ class Batch:
 
 
 def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:
-    """Centre-crop to a square and resize to ``size`` (bilinear, antialiased); pixels in [0, 1].
+    """Centre-crop to a square and resize to ``size`` (bilinear, antialiased); pixels in [0, 1]
+    (``unit_pixels``: by the dtype's range).
 
     Grayscale becomes 3 channels; a 4th (alpha) channel is dropped.
     """
@@ -54,18 +55,38 @@ def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:
                          f"got {img.dtype} {img.shape}")
     if img.ndim == 2 or img.shape[-1] == 1:
         img = np.concatenate([img.reshape(*img.shape[:2], 1)] * 3, axis=-1)
-    img = img[..., :3]
-    if img.dtype == np.uint8:
-        img = img.astype(np.float32) / 255.0
-    else:
-        img = img.astype(np.float32)
-        lo, hi = float(img.min()), float(img.max())
-        img = (img - lo) / (hi - lo + 1e-12) if (lo < 0 or hi > 1) else img
+    img = unit_pixels(img[..., :3])
     h, w = img.shape[:2]
     s = min(h, w)
     top, left = (h - s) // 2, (w - s) // 2
     t = torch.from_numpy(np.ascontiguousarray(img[top : top + s, left : left + s])).permute(2, 0, 1)
     return F.interpolate(t[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+
+
+def unit_pixels(img: np.ndarray) -> np.ndarray:
+    """``img`` as float32 pixels in [0, 1], scaled by what its dtype's values mean, never by the image's own
+    range (which gave one picture other pixels as uint8 and as int64): uint8 / 255; uint16 / 65535 (a
+    16-bit PNG); another integer type / 255 when its values lie in 0..255 (8-bit values in a wider type),
+    / 65535 in 0..65535; bool 0 / 1; floats in [0, 1] as they are. Anything else is one ``InputError``."""
+    if img.dtype == np.uint8 or img.dtype == np.uint16:
+        return img.astype(np.float32) / float(np.iinfo(img.dtype).max)
+    if img.dtype.kind == "b":
+        return img.astype(np.float32)
+    lo, hi = float(img.min()), float(img.max())
+    if img.dtype.kind in "iu" and lo >= 0 and hi <= 65535:
+        return img.astype(np.float32) / (255.0 if hi <= 255 else 65535.0)
+    if img.dtype.kind == "f" and 0.0 <= lo and hi <= 1.0:
+        return img.astype(np.float32)
+    raise InputError(f"image pixels must be uint8 (0-255), uint16 (0-65535) or floats in [0, 1]; got {img.dtype} "
+                     f"values in {lo:g}..{hi:g}: scale them to [0, 1] first (e.g. x / 255 for 8-bit values)"
+                     + (" (NaN or inf among them)" if not np.isfinite([lo, hi]).all() else ""))
+
+
+def pil_pixels(img: Any) -> np.ndarray:
+    """A PIL image's pixels as an array for ``square_resize``: 16-bit, 32-bit integer and float images
+    (modes I;16*, I, F) keep their values (``convert("RGB")`` clips them at 255: a 16-bit PNG came out
+    white); every other mode (RGBA, LA, P, CMYK, 1, ...) is converted to RGB (alpha dropped)."""
+    return np.asarray(img) if img.mode.startswith("I") or img.mode == "F" else np.asarray(img.convert("RGB"))
 
 
 def normalise(x: Tensor, mean: tuple = IMAGENET_MEAN, std: tuple = IMAGENET_STD) -> Tensor:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from interp.data.batch import Batch, image_norm, normalise, square_resize
+from interp.data.batch import Batch, image_norm, normalise, pil_pixels, square_resize
 from interp.types import NORMALIZE
 from interp.errors import InputError, public
 from interp.models.bridge import InterpBridge, require_bridge
@@ -178,7 +178,7 @@ def _image_reader(model: InterpBridge, normalize: str) -> Callable[[Any], Tensor
         else:
             img = source if isinstance(source, Image.Image) else Image.open(source)
             img.load()  # a truncated file fails here, not later
-            pixels = np.asarray(img.convert("RGB"))
+            pixels = pil_pixels(img)
         x = square_resize(pixels, info.image_size)
         return x if mean is None else normalise(x, mean, std)
     return read
@@ -189,6 +189,8 @@ def _image_items(src: DataSource, paths: Iterable[tuple[Any, Any]], read: Callab
     for source, label in paths:
         try:
             yield read(source), label
+        except InputError:  # a readable image whose pixels cannot be read as pixels: said, not skipped
+            raise
         except (OSError, ValueError, SyntaxError) as exc:  # PIL: unidentified, truncated, decompression bomb
             src.skip(str(source), type(exc).__name__, strict)
 
@@ -549,7 +551,7 @@ def _unpadded(array: np.ndarray, pad: Optional[int], shared: bool) -> Iterator[l
 
 
 def _array_source(model: InterpBridge, array: np.ndarray, opts: Options) -> DataSource:
-    """uint8 images [N, H, W(, C)], float pixel values [N, C, H, W], or integer token ids [N, pos]."""
+    """uint8 / uint16 images [N, H, W(, C)], float pixel values [N, C, H, W], or integer token ids [N, pos]."""
     if model.interp.modality == "text":
         if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
             raise InputError(f"a numpy array for a language model must be integer token ids [N, pos]; got "
@@ -559,15 +561,15 @@ def _array_source(model: InterpBridge, array: np.ndarray, opts: Options) -> Data
         note = "" if pad is None else f", trailing pad id {pad} masked out"
         return DataSource(f"a numpy array of {len(array)} token-id rows{note}", rows, _collate_text(pad or 0),
                           opts.batch_size, max_tokens=opts.max_tokens)
-    if array.dtype == np.uint8 and array.ndim in (3, 4):
+    if array.dtype in (np.uint8, np.uint16) and array.ndim in (3, 4):
         return _image_source(model, lambda: ((img, None) for img in array), len(array),
-                             f"a numpy uint8 array {array.shape}", opts)
+                             f"a numpy {array.dtype} array {array.shape}", opts)
     if array.ndim == 4 and np.issubdtype(array.dtype, np.floating):
         rows = lambda: ((torch.from_numpy(x), None) for x in  # noqa: E731
                         _shard(iter(array), opts))
         return DataSource(f"a numpy float array {array.shape}, taken as pixel values as they are", rows,
                           _collate_images, opts.batch_size)
-    raise InputError(f"a numpy array for a vision model must be uint8 images [N, H, W(, C)] or float pixel "
+    raise InputError(f"a numpy array for a vision model must be uint8 or uint16 images [N, H, W(, C)] or float pixel "
                      f"values [N, C, H, W]; got {array.dtype} {array.shape}")
 
 

@@ -260,3 +260,60 @@ def test_a_repeated_name_of_another_column_reads_as_before(lm, tmp_path):
     path = tmp_path / "other.csv"
     path.write_text('text,n,n\n"one two",1,2\n')
     assert interp.record_qkv(lm, path, progress=False).count(0) == len(lm.tokenizer("one two")["input_ids"])
+
+
+def _picture(seed=0, size=(24, 40)):
+    return np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)
+
+
+def test_one_picture_gives_the_same_pixels_in_every_depth_and_container(vit, tmp_path):
+    """issue 38 (adversarial pass): a 16-bit PNG went through convert("RGB"), which clips at 255 (a white
+    image); an int64 or float copy of a uint8 picture was stretched by its own min and max."""
+    from interp.data.batch import square_resize
+
+    rgb = _picture()
+    want = square_resize(rgb, 32)
+    gray = rgb[..., 0]
+    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "g16.png")  # 16-bit grey: v * 257 = v / 255
+    Image.fromarray(gray).save(tmp_path / "g8.png")
+    assert Image.open(tmp_path / "g16.png").mode.startswith("I;16")
+    g16, g8 = (batches_of(resolve_data(vit, tmp_path / f"{n}.png"))[0].inputs for n in ("g16", "g8"))
+    torch.testing.assert_close(g16, g8, rtol=0, atol=1e-5)
+    for copy in (rgb.astype(np.int64), rgb.astype(np.float32) / 255, rgb.astype(np.uint16) * 257):
+        torch.testing.assert_close(square_resize(copy, 32), want, rtol=0, atol=1e-6)
+    rgba = np.concatenate([rgb, np.full((*rgb.shape[:2], 1), 7, np.uint8)], axis=-1)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
+    from_file = batches_of(resolve_data(vit, tmp_path / "a.png", normalize="none"))[0].inputs[0]
+    torch.testing.assert_close(from_file, want, rtol=0, atol=1e-6)  # alpha dropped, as from the array
+    stack = np.stack([rgb, rgb]).astype(np.uint16) * 257  # a uint16 array of images reads like uint8 ones
+    torch.testing.assert_close(batches_of(resolve_data(vit, stack, normalize="none"))[0].inputs[1], want,
+                               rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("pixels,words", [
+    (_picture().astype(np.float32), r"floats in \[0, 1\]; got float32 values in 0..255: scale them"),
+    (_picture().astype(np.int64) - 10, r"got int64 values in -10..245"),
+    (np.full((8, 8), np.nan, np.float32), r"NaN or inf among them"),
+])
+def test_pixels_that_are_not_pixel_values_are_one_input_error(vit, tmp_path, pixels, words):
+    from interp.data.batch import square_resize
+
+    with pytest.raises(InputError, match=words):
+        square_resize(pixels, 32)
+    with pytest.raises(InputError, match=words):
+        interp.single_input(vit, pixels)
+
+
+def test_a_float_image_file_out_of_range_is_said_not_skipped_as_unreadable(vit, tmp_path):
+    pd.DataFrame({"image": ["f.tiff"]}).to_csv(tmp_path / "t.csv", index=False)
+    Image.fromarray(_picture()[..., 0].astype(np.float32)).save(tmp_path / "f.tiff")  # mode F, values 0..255
+    with pytest.raises(InputError, match=r"floats in \[0, 1\]; got float32 values in 0..255"):
+        list(resolve_data(vit, tmp_path / "t.csv"))
+    Image.fromarray(_picture()[..., 0].astype(np.float32) / 255).save(tmp_path / "f.tiff")  # in [0, 1]: read
+    assert batches_of(resolve_data(vit, tmp_path / "t.csv"))[0].inputs.shape == (1, 3, 32, 32)
+
+
+def test_single_input_reads_a_16_bit_image_as_its_8_bit_twin(vit):
+    gray = _picture()[..., 0]
+    deep, flat = (interp.single_input(vit, Image.fromarray(g)) for g in (gray.astype(np.uint16) * 257, gray))
+    assert np.abs(deep.image - flat.image).max() <= 1e-5
