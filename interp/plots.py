@@ -96,7 +96,7 @@ def layer_head_heatmaps(
     in ``notes`` is drawn as a text panel ("no b_k in this model", "inert by identity")
     instead of a flat field; ``subtitle`` says the data (e.g. "photos, 2,056 patches").
     """
-    check_table(df, "layer_head_heatmaps", PER_HEAD, ["layer", "head", facet, value])
+    check_table(df, "layer_head_heatmaps", PER_HEAD, ["layer", "head", facet, value], keys=["layer", "head", facet])
     facets = [str(f) for f in (list(facets) if facets is not None else list(dict.fromkeys(df[facet])))]
     df = df.assign(**{facet: df[facet].astype(str)})
     notes = notes or {}

@@ -121,3 +121,11 @@ def test_a_missing_number_is_refused_not_drawn_around(rows):
     with pytest.raises(InputError, match=r"implicit_vs_explicit .*'implicit_norm' is missing"):
         plots.implicit_vs_explicit(implicit)
     assert plots.implicit_vs_explicit(IMPLICIT).axes  # the analyzer's own table still draws
+
+
+def test_the_generic_heatmap_refuses_a_cell_held_twice():
+    """issue 38 (adversarial pass): layer_head_heatmaps averaged two runs' rows of a cell into a number
+    neither produced, as interactive's heatmaps did."""
+    with pytest.raises(InputError, match=r"layer_head_heatmaps .*each \(layer, head, kind\) once"):
+        plots.layer_head_heatmaps(pd.concat([ORIGIN, ORIGIN.assign(shift_ratio=3.0)]), "shift_ratio")
+    assert plots.layer_head_heatmaps(ORIGIN, "shift_ratio").axes
