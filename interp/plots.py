@@ -495,7 +495,7 @@ def token_norm_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, da
         read = kept.dropna(subset=["mass"])
         points = ax.scatter(read.layer, read.norm, c=read.mass, cmap="rocket_r", vmin=0, s=28, edgecolors="k",
                             linewidths=0.4, zorder=3, label=f"outliers ({int(per_layer.n_outliers.sum())} in all)")
-        fig.colorbar(points, ax=ax, label="attention mass received from the block reading them (mean over heads)")
+        fig.colorbar(points, ax=ax, label="attention mass from the block reading them")
     if len(unread):
         ax.scatter(unread.layer, unread.norm, facecolors="none", edgecolors="k", s=28, zorder=3,
                    label="outliers no block reads (after the last)")
