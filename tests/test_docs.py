@@ -267,6 +267,9 @@ def test_findings_sinks_table_equals_its_csvs(model):
     value, layer = numbers(cells[8])[:2]
     assert agrees(value, top.abs_value) and agrees(layer, top.layer)
     assert agrees(cells[9], top.ratio_to_median) and agrees(cells[10], massive.massive.sum())
+    header = [line for line in FINDINGS.splitlines() if line.startswith("| model | QKV bias | heads | sink heads")]
+    assert "| largest residual value (layer l: `blocks.l.hook_resid_post`) |" in header[0]  # issue 37: one residual point
+    assert top.hook == f"blocks.{int(layer)}.hook_resid_post"
 
 
 IMPLICIT_MODELS = ("minilm-l6", "dinov2-s14", "smollm2-135m")
@@ -288,6 +291,9 @@ def test_findings_implicit_table_equals_its_csvs(model):
     assert agrees(n, int((per.n_outliers > 0).sum())) and agrees(total, len(per))
     top = per.loc[per.r.idxmax()]
     assert [agrees(q, v) for q, v in zip(numbers(cells[2]), (top.r, top.layer))] == [True, True]
+    header = row(FINDINGS, "model, implicit")
+    assert "(layer l: `blocks.l.hook_resid_post`)" in header[2] and set(per.hook) == {
+        f"blocks.{layer}.hook_resid_post" for layer in per.layer}  # issue 37: the massive table's convention
     kept = hn.dropna(subset=["norm"])
     if kept.empty:
         assert cells[3] == "none"
@@ -319,7 +325,7 @@ def test_findings_smollm2_high_norm_sentence_equals_its_csv():
     token's from layer 12): every number is read from sinks_high_norm.csv."""
     hn = pd.read_csv(RESULTS / "smollm2-135m" / "sinks_high_norm.csv")
     rows = hn.dropna(subset=["norm"])
-    text = " ".join(FINDINGS[FINDINGS.index("SmolLM2's high-norm tokens are its sink"):].split()[:90])
+    text = " ".join(FINDINGS[FINDINGS.index("SmolLM2's high-norm tokens are its sink"):].split()[:150])
     said = re.search(r"from layer (\d+) on, the first token of every window .* has a norm (\d+) to (\d+) times the "
                      r"layer's median \(the layer's largest: (\d+) at layer (\d+), falling layer by layer to (\d+) at "
                      r"layer (\d+) and (\d+) at layer (\d+)\) and receives on average ([\d.]+) of a head's attention, "
@@ -345,6 +351,15 @@ def test_findings_smollm2_high_norm_sentence_equals_its_csv():
     assert list(counts.index) == list(range(int(mild_a), int(mild_b) + 1)) and counts.index.max() < int(start)
     assert agrees(n_lo, counts.min()) and agrees(n_hi, counts.max())
     assert agrees(r_lo, mild.ratio_to_median.min()) and agrees(r_hi, mild.ratio_to_median.max())
+    same = re.search(r"the first massive value and the first sink-token outlier are both after block (\d+) "
+                     r"\(`blocks\.(\d+)\.hook_resid_post`.* after block (\d+) no block reads the token, so layer (\d+) "
+                     r"has no attention mass", text)
+    assert same, text
+    massive = pd.read_csv(RESULTS / "smollm2-135m" / "sinks_massive.csv")
+    flagged = massive[massive.massive]
+    assert int(same[1]) == int(same[2]) == flagged.layer.min() == int(start)  # one layer for the one jump
+    assert set(flagged.hook) == {f"blocks.{layer}.hook_resid_post" for layer in flagged.layer}
+    assert int(same[3]) == int(same[4]) == hn.layer.max() and rows[rows.layer == hn.layer.max()].mass.isna().all()
 
 
 def test_readme_key_prior_cls_sentence_equals_origin_shift_csv():
