@@ -70,15 +70,14 @@ def heatmap_rows(df: pd.DataFrame, spec: Heatmap, figure: str = "the heatmap", a
     Checked as ``interp.plots`` checks its tables (``check_table``): the table has layer, head, the value
     (and facet) columns and rows of one model; layers and heads are integers; and each (layer, head, facet)
     is drawn from one row, so two runs' or two models' tables concatenated are refused, never averaged
-    into a cell neither produced."""
+    into a cell neither produced (the model check applies to the rows the query picks)."""
     columns = ["layer", "head", spec.value] + ([spec.facet] if spec.facet else [])
-    check_table(df, figure, analyzer, columns)
+    check_table(df.head(1) if isinstance(df, pd.DataFrame) else df, figure, analyzer, columns)  # models: after query
     part = rows_of(df, spec.query)
     if part.empty:
         raise InputError(f"{figure}: the query {spec.query!r} picks none of the table's {len(df)} rows: is it the "
                          f"table of {analyzer}?")
-    for column in ("layer", "head"):
-        _check_index_column(part, column, figure)
+    part = part.assign(**{column: _index_column(part, column, figure) for column in ("layer", "head")})
     part = part[part["head"].notna()]
     if not (pd.api.types.is_numeric_dtype(part[spec.value]) or pd.api.types.is_bool_dtype(part[spec.value])):
         raise InputError(f"{figure} draws numbers; column {spec.value!r} holds {part[spec.value].dtype} values "
@@ -89,19 +88,27 @@ def heatmap_rows(df: pd.DataFrame, spec: Heatmap, figure: str = "the heatmap", a
     return check_table(part, figure, analyzer, columns, keys=columns[:2] + columns[3:])
 
 
-def _check_index_column(df: pd.DataFrame, column: str, figure: str) -> None:
-    """``column`` (layer or head) holds whole numbers; NaN only in ``head`` (a layer-level row, not drawn)."""
+def _index_column(df: pd.DataFrame, column: str, figure: str) -> pd.Series:
+    """``column`` (layer or head) as numbers: whole numbers (ints, floats such as 2.0, or strings and objects
+    that read as them, e.g. "12" from a text file, ordered as numbers, not as text); NaN only in ``head`` (a
+    layer-level row, not drawn). Bools, other text and fractions are one ``InputError``."""
     values = df[column]
-    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
-        raise InputError(f"{figure}: column {column!r} holds {values.dtype} values (e.g. {values.iloc[0]!r}), not "
-                         f"integer indices: convert it, e.g. df[{column!r}].astype(int)")
-    if column == "layer" and values.isna().any():
-        raise InputError(f"{figure}: {int(values.isna().sum())} rows have no layer (NaN): drop them, e.g. "
+    if pd.api.types.is_bool_dtype(values) or values.map(lambda v: isinstance(v, (bool, np.bool_))).any():
+        raise InputError(f"{figure}: column {column!r} holds True/False, not integer indices: pass the table's "
+                         f"own {column} numbers")
+    numbers = pd.to_numeric(values, errors="coerce")
+    unread = numbers.isna() & values.notna()
+    if unread.any():
+        raise InputError(f"{figure}: column {column!r} holds values that are not integer indices (e.g. "
+                         f"{values[unread].iloc[0]!r}): convert it, e.g. df[{column!r}].astype(int)")
+    if column == "layer" and numbers.isna().any():
+        raise InputError(f"{figure}: {int(numbers.isna().sum())} rows have no layer (NaN): drop them, e.g. "
                          "df.dropna(subset=['layer'])")
-    finite = values.dropna()
+    finite = numbers.dropna()
     if not (np.isfinite(finite) & (finite == np.round(finite))).all():
         raise InputError(f"{figure}: column {column!r} holds non-integer values (e.g. "
                          f"{finite[finite != np.round(finite)].iloc[0]!r}): layers and heads are whole numbers")
+    return numbers
 
 
 def heatmap_grids(df: pd.DataFrame, spec: Heatmap, figure: str = "the heatmap",

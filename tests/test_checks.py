@@ -122,3 +122,15 @@ def test_a_frame_of_another_analyzer_is_named_with_what_it_lacks():
         check_frames([ablation, profile], key, "merge_shards", "interp.ablate_bias")
     with pytest.raises(InputError, match="frame 0 lacks layer.*no columns"):
         check_frames([pd.DataFrame()], key, "merge_shards", "interp.ablate_bias")
+
+
+@pytest.mark.parametrize("given", ["first", ["first"], ("first",), np.array(["first"]), pd.Series(["first"]),
+                                   [np.str_("first")]], ids=["str", "list", "tuple", "array", "Series", "np.str_"])
+def test_positions_are_names_in_any_container(given):
+    from interp.analysis.sink_parts import check_positions
+
+    model = load_model(tiny_hf_model("gpt2"), device="cpu")
+    assert check_positions(model, given) == ["first"]
+    for index in (0, np.int64(0), [0], (0, "first")):  # issue 38: positions=0 was a TypeError (an InternalError)
+        with pytest.raises(InputError, match="not token indices.*position 0, the first real token, is 'first'"):
+            check_positions(model, index)

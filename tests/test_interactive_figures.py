@@ -110,14 +110,15 @@ def test_two_runs_or_models_concatenated_are_refused_not_averaged(column, other)
     (interactive.ablation_delta, _table(value="delta").assign(estimate="exact", scope="layer"), "picks none"),
     (lambda t: interactive.layer_head_heatmap(t, "shift_ratio", query="nope == 1"), _table(), "query 'nope == 1' "
                                                                                                 "cannot run"),
-    (interactive.shift_ratio, _table().assign(layer=lambda t: t.layer.astype(str)), "'layer' holds .* not "
-                                                                                     "integer indices"),
+    (interactive.shift_ratio, _table().assign(layer=lambda t: t.layer.map({0: "0", 1: "one", 2: "2"})),
+     "'layer' holds values that are not integer indices \\(e.g. 'one'\\)"),
+    (interactive.shift_ratio, _table().assign(head=lambda t: t["head"] > 1), "'head' holds True/False"),
     (interactive.shift_ratio, _table().assign(layer=lambda t: t.layer.where(t.index != 2)), "1 rows have no layer"),
     (interactive.shift_ratio, _table().assign(head=lambda t: t["head"] + 0.5), "'head' holds non-integer"),
     (interactive.shift_ratio, _table().assign(shift_ratio="big"), "draws numbers"),
     (interactive.shift_ratio, _table().assign(kind=lambda t: t.kind.where(t.index != 0)), "1 rows have no kind"),
 ], ids=["empty", "another analyzer's", "sinks as origin", "sinks as ablation", "query picks nothing", "bad query",
-        "string layers", "NaN layer", "fractional heads", "string values", "NaN facet"])
+        "text layers", "bool heads", "NaN layer", "fractional heads", "string values", "NaN facet"])
 def test_tables_it_cannot_draw_are_one_input_error(draw, table, words):
     with pytest.raises(InputError, match=words):
         draw(table)
@@ -129,3 +130,14 @@ def test_a_head_without_any_value_keeps_its_column():
     fig = interactive.shift_ratio(origin)
     assert all(list(trace.x) == [0, 1, 2, 3] for trace in fig.data)
     assert all(row[2] is None for trace in fig.data for row in trace.z)
+
+
+def test_layers_written_as_text_draw_in_number_order_and_a_query_can_pick_one_model():
+    origin = _table(layers=(2, 10, 9))
+    as_text = origin.assign(layer=origin.layer.astype(str))  # "10" < "2" < "9" as text
+    fig = interactive.shift_ratio(as_text)
+    _check_panels(fig, origin, "shift_ratio", "kind")
+    assert list(fig.data[0].y) == [2, 9, 10]
+    sinks = pd.concat([_sinks(0.3146), _sinks(0.4101).assign(model="other")], ignore_index=True)
+    picked = interactive.layer_head_heatmap(sinks, "mass", facet="position", query="model == 'other'")
+    assert {z for trace in picked.data for row in trace.z for z in row} == {0.4101}

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -178,13 +180,14 @@ def check_positions(model: InterpBridge, positions: Any) -> list[str]:
     have = position_classes(model)
     if positions is None:
         return have
-    if not isinstance(positions, (str, list, tuple, set, frozenset)) or \
-            any(not isinstance(p, str) for p in ([] if isinstance(positions, str) else positions)):
+    names = [positions] if isinstance(positions, str) else list(positions) if isinstance(
+        positions, (list, tuple, set, frozenset, np.ndarray, pd.Series)) else None  # a numpy array of names too
+    if names is None or any(not isinstance(p, str) for p in names):
         first = "" if model.interp.modality == "vision" else " (position 0, the first real token, is 'first')"
         raise InputError(f"positions= names position classes (strings), not token indices; got {positions!r} "
                          f"({type(positions).__name__}). {model.interp.name}'s classes are {', '.join(have)}{first}: "
                          "pass one name or a list of them")
-    names = [positions] if isinstance(positions, str) else list(positions)
+    names = [str(p) for p in names]  # numpy's str_ as str
     bad = [p for p in names if p not in have]
     if bad or not names:
         raise InputError(f"{model.interp.name} has no position class {bad or '(none given)'}; its classes are "

@@ -20,7 +20,8 @@ from torch import Tensor
 from interp.checks import check_max_batches
 from interp.data.batch import Batch
 from interp.data.builtin import builtin_batches, builtin_options
-from interp.data.sources import DataSource, data_kind, empty_texts_warning, is_dataset, resolve_data
+from interp.data.sources import DataSource, data_kind, empty_texts_warning, is_dataset, is_image_list, \
+    resolve_data
 from interp.errors import InputError, public
 from interp.models.bridge import InterpBridge, require_bridge
 
@@ -129,7 +130,8 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
     """What a ``data`` argument is, decided in one place (the API, ``make_context`` and the CLI call
     this): a built-in name (its batches, built with ``options``), a sentence for a language model, a
     path (a folder of images, an image, .txt, .jsonl/.csv/.parquet: a ``DataSource``), a
-    ``DataSource``, a numpy array or ``datasets.Dataset`` (a ``DataSource``), a Tensor | Batch | dict
+    ``DataSource``, a numpy array, a ``datasets.Dataset`` or a list of PIL images (a ``DataSource``),
+    a list, tuple or pandas Series of texts (one batch), a Tensor | Batch | dict
     | text | (ids, mask) (one batch), or an iterable of those (a torch ``DataLoader`` included).
 
     ``options``: ``resolve_data``'s keywords (``batch_size``, ``max_items``, ``text_column``, ...);
@@ -140,7 +142,7 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
     kind = data_kind(data, model.interp.modality == "text") if isinstance(data, (str, os.PathLike)) else ""
     if kind == "builtin":
         return builtin_batches(model, str(data), **builtin_options(str(data), options, n))
-    if kind == "path" or isinstance(data, np.ndarray) or is_dataset(data):
+    if kind == "path" or isinstance(data, np.ndarray) or is_dataset(data) or is_image_list(data):
         capped = {"max_items": n} if n is not None else {}
         return resolve_data(model, data, **{**capped, **options})
     if options:

@@ -554,8 +554,9 @@ def _array_source(model: InterpBridge, array: np.ndarray, opts: Options) -> Data
     """uint8 / uint16 images [N, H, W(, C)], float pixel values [N, C, H, W], or integer token ids [N, pos]."""
     if model.interp.modality == "text":
         if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
+            texts = "; texts go in a list: array.tolist()" if array.dtype.kind in "UO" else ""
             raise InputError(f"a numpy array for a language model must be integer token ids [N, pos]; got "
-                             f"{array.dtype} {array.shape}")
+                             f"{array.dtype} {array.shape}{texts}")
         pad, shared = _pad_id(model)
         rows = lambda: _shard(_unpadded(array, pad, shared), opts)  # noqa: E731
         note = "" if pad is None else f", trailing pad id {pad} masked out"
@@ -580,8 +581,9 @@ def is_dataset(data: Any) -> bool:
 
 @public
 def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
-    """A folder of images, an image, a .txt file, a .jsonl/.csv/.parquet table, a ``datasets.Dataset``
-    or a numpy array, resolved for ``model`` (see the module doc; ``options``: ``Options`` fields)."""
+    """A folder of images, an image, a .txt file, a .jsonl/.csv/.parquet table, a ``datasets.Dataset``,
+    a numpy array or a list of PIL images, resolved for ``model`` (see the module doc; ``options``:
+    ``Options`` fields)."""
     require_bridge(model, "resolve_data")
     unknown = set(options) - set(Options.__dataclass_fields__)
     if unknown:
@@ -599,4 +601,13 @@ def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
         return _array_source(model, data, opts)
     if is_dataset(data):
         return _dataset_source(model, data, opts)
+    if is_image_list(data):
+        return _image_source(model, lambda: ((img, None) for img in data), len(data),
+                             f"a {type(data).__name__} of {len(data)} PIL images", opts)
     raise InputError(f"cannot resolve {type(data).__name__} as data")
+
+
+def is_image_list(data: Any) -> bool:
+    """A non-empty list or tuple of PIL images (read like a folder of them)."""
+    return isinstance(data, (list, tuple)) and bool(data) and all(hasattr(x, "convert") and hasattr(x, "mode")
+                                                                    for x in data)

@@ -317,3 +317,17 @@ def test_single_input_reads_a_16_bit_image_as_its_8_bit_twin(vit):
     gray = _picture()[..., 0]
     deep, flat = (interp.single_input(vit, Image.fromarray(g)) for g in (gray.astype(np.uint16) * 257, gray))
     assert np.abs(deep.image - flat.image).max() <= 1e-5
+
+
+def test_a_list_of_pil_images_reads_like_the_folder_of_them(vit, tmp_path):
+    paths = write_images(tmp_path, 3, size=(40, 30))
+    opened = [Image.open(p) for p in paths]
+    folder, listed = (batches_of(resolve_data(vit, x))[0].inputs for x in (tmp_path, opened))
+    torch.testing.assert_close(listed, folder, rtol=0, atol=0)
+    a, b = (interp.record_qkv(vit, x, progress=False) for x in (tmp_path, tuple(opened)))
+    torch.testing.assert_close(a.mean(0, "q"), b.mean(0, "q"), rtol=0, atol=0)
+
+
+def test_a_numpy_array_of_texts_says_to_pass_a_list(lm):
+    with pytest.raises(InputError, match=r"integer token ids \[N, pos\]; got <U3 \(2,\); texts go in a list"):
+        interp.record_qkv(lm, np.array(["a b", "c d"]), progress=False)
