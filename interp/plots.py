@@ -309,7 +309,7 @@ def spectrum_clustermap(clustered: pd.DataFrame, model_name: str, data: str = ""
     """Heads x radial-frequency bins (cycles per patch or token), rows grouped by k-means family
     (so the strip and the rows agree; no dendrogram), with a legend for the family strip."""
     check_table(clustered, "spectrum_clustermap", CLUSTERS, ["layer", "head", "cluster"], keys=["layer", "head"],
-                prefix="bin_")
+                prefix="bin_", finite=["layer", "head", "cluster"])
     bins = [c for c in clustered.columns if c.startswith("bin_")]
     ordered = clustered.sort_values(["cluster", "layer", "head"])
     data_rows = ordered.set_index(ordered.apply(lambda r: f"L{int(r.layer)}H{int(r['head'])}", axis=1))[bins]
@@ -358,7 +358,8 @@ def attention_distance_figure(profile: pd.DataFrame, model_name: str, hue: Optio
 
 def cluster_grid_figure(clustered: pd.DataFrame, model_name: str, data: str = "") -> plt.Figure:
     """Layer x head grid coloured by head family (cluster 0 = most low-pass)."""
-    check_table(clustered, "cluster_grid_figure", CLUSTERS, ["layer", "head", "cluster"], keys=["layer", "head"])
+    check_table(clustered, "cluster_grid_figure", CLUSTERS, ["layer", "head", "cluster"], keys=["layer", "head"],
+                finite=["layer", "head", "cluster"])
     grid = _grid(clustered, "cluster")
     k = int(clustered.cluster.max()) + 1
     fig, ax = plt.subplots(figsize=(0.5 * grid.shape[1] + 3, 0.35 * grid.shape[0] + 2))
@@ -388,7 +389,7 @@ def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, d
     (the colour, on 0-1). Where the profile has ``uniform_mass`` the title gives the range of the top
     positions' floors (the mass uniform attention would give them, the position's own row left out)."""
     check_table(profile, "sink_mass_grid", SINKS, ["layer", "head", "position", "mass", "sink", "threshold"],
-                keys=["layer", "head", "position"], finite=["mass", "threshold"])
+                keys=["layer", "head", "position"], finite=["layer", "head", "mass", "threshold"])
     threshold = float(profile.threshold.iloc[0])
     top = profile.loc[profile.groupby(["layer", "head"]).mass.idxmax()]
     grid = _grid(top, "mass")
@@ -451,7 +452,7 @@ def massive_activations_plot(frame: pd.DataFrame, *, model_name: Optional[str] =
     (Sun et al. 2024, Fig. 1); ringed points are flagged massive."""
     check_table(frame, "massive_activations_plot", "interp.massive_activations(model, data)",
                 ["layer", "hook", "rank", "abs_value", "median_abs", "massive", "abs_threshold", "ratio_threshold"],
-                keys=["layer", "rank"])
+                keys=["layer", "rank"], finite=["layer", "abs_value", "median_abs"])
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for rank, part in frame.groupby("rank"):
         ax.plot(part.layer, part.abs_value, marker="o", ms=4, label=f"top {rank}")
@@ -524,7 +525,7 @@ def key_prior_sink_plot(profile: pd.DataFrame, *, model_name: Optional[str] = No
     scores, and with b_q zeroed; the label gives the key prior's share (intact - removed) / intact."""
     check_table(profile, "key_prior_sink_plot", "interp.sink_profile(model, data, remove='key_prior')",
                 ["layer", "head", "position", "mass", "sink", "has_b_q", "threshold"],
-                keys=["layer", "head", "position"])
+                keys=["layer", "head", "position"], finite=["layer", "head", "mass", "threshold"])
     name = _model_of(profile, model_name)
     fig, ax = plt.subplots(figsize=(7.5, max(3.0, 0.32 * min(top, 40) + 1.8)))
     title = f"{name}: how much of each sink the query bias writes (key prior b_q W_k^T x_j)"

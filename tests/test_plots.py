@@ -129,3 +129,18 @@ def test_the_generic_heatmap_refuses_a_cell_held_twice():
     with pytest.raises(InputError, match=r"layer_head_heatmaps .*each \(layer, head, kind\) once"):
         plots.layer_head_heatmaps(pd.concat([ORIGIN, ORIGIN.assign(shift_ratio=3.0)]), "shift_ratio")
     assert plots.layer_head_heatmaps(ORIGIN, "shift_ratio").axes
+
+
+def test_figures_refuse_missing_keys_and_values_the_analyzers_never_leave_empty():
+    """Adversarial pass: a NaN cluster failed inside spectrum_clustermap (TypeError) and drew a gap in
+    cluster_grid_figure; a NaN layer dropped a row of sink_mass_grid, so another position took its label."""
+    clustered = pd.DataFrame([dict(**lh, cluster=lh["head"] % 2, bin_0=1.0, bin_1=0.5) for lh in HEADS])
+    no_cluster = clustered.assign(cluster=clustered.cluster.where(clustered.index != 0))
+    for draw in (plots.spectrum_clustermap, plots.cluster_grid_figure):
+        with pytest.raises(InputError, match=r"'cluster' is missing, not a number or infinite in 1 rows"):
+            draw(no_cluster, "m")
+        assert draw(clustered, "m") is not None
+    no_layer = SINK_PROFILE.assign(layer=SINK_PROFILE.layer.where(SINK_PROFILE.index != 0))
+    for draw in (plots.sink_mass_grid, plots.key_prior_sink_plot):
+        with pytest.raises(InputError, match=r"'layer' is missing"):
+            draw(no_layer)
