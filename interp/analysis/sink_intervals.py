@@ -15,6 +15,8 @@ item t w_bt times gives
 ``share`` is the same with every w = 1 (sink_profile's share over all the items), ``share_lo`` /
 ``share_hi`` the 2.5th / 97.5th percentiles of share_b (``interp.bootstrap``: n_boot resamples fixed by
 ``seed``, items in the canonical order of their keys, so the interval does not depend on batching).
+``sink_share_difference`` compares two tables (two models): diff_b = share_b(first) - share_b(second) over
+independent resamples of each table's items, and its percentile interval.
 """
 
 from __future__ import annotations
@@ -84,6 +86,24 @@ def _check_table(table: Any, value: str, item: str) -> None:
         raise InputError("some (item, layer, head, position) appears more than once: one profile per item")
 
 
+def _resampled_shares(per_item: Any, value: str, threshold: Optional[float], item: str, n_boot: Any,
+                      seed: Any) -> tuple[Resampler, float, dict[str, tuple]]:
+    """(resampler, threshold, per class: (share, [n_boot] resampled shares, heads, sink heads)) (module doc)."""
+    _check_table(per_item, value, item)
+    t = check_threshold(per_item.threshold.iloc[0] if threshold is None and "threshold" in per_item else
+                        threshold, "threshold")
+    n_boot, seed = check_bootstrap(n_boot, seed)
+    keys, classes = _per_item(per_item, value, item)
+    boot = Resampler(keys, n_boot, seed)
+    out = {}
+    for position, (r, s, n_heads) in classes.items():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pooled = s.sum(0) / r.sum(0)
+            resampled = boot.sums(s) / boot.sums(r)  # [n_boot, heads]
+        out[position] = (float((pooled > t).mean()), (resampled > t).mean(1), n_heads, int((pooled > t).sum()))
+    return boot, t, out
+
+
 @public
 def sink_share_intervals(per_item: pd.DataFrame, *, value: str = "mass", threshold: Optional[float] = None,
                          item: str = "item", n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -91,19 +111,34 @@ def sink_share_intervals(per_item: pd.DataFrame, *, value: str = "mass", thresho
     bootstrap interval over items (module doc). ``per_item``: ``sink_profiles_by_item``'s table.
     ``threshold`` None: the profile's own ``threshold`` column. Columns: position, value, threshold, n_items,
     n_heads, n_sink_heads, share, share_lo, share_hi, n_boot, seed."""
-    _check_table(per_item, value, item)
-    t = check_threshold(per_item.threshold.iloc[0] if threshold is None and "threshold" in per_item else
-                        threshold, "threshold")
-    n_boot, seed = check_bootstrap(n_boot, seed)
-    keys, classes = _per_item(per_item, value, item)
-    boot = Resampler(keys, n_boot, seed)
+    boot, t, classes = _resampled_shares(per_item, value, threshold, item, n_boot, seed)
     rows = []
-    for position, (r, s, n_heads) in classes.items():
-        with np.errstate(divide="ignore", invalid="ignore"):
-            pooled = s.sum(0) / r.sum(0)
-            resampled = boot.sums(s) / boot.sums(r)  # [n_boot, heads]
-        lo, hi = boot.interval((resampled > t).mean(1)[:, None])
-        rows.append(dict(position=position, value=value, threshold=t, n_items=len(keys), n_heads=n_heads,
-                         n_sink_heads=int((pooled > t).sum()), share=float((pooled > t).mean()),
-                         share_lo=float(lo[0]), share_hi=float(hi[0]), n_boot=n_boot, seed=seed))
+    for position, (share, resampled, n_heads, n_sinks) in classes.items():
+        lo, hi = boot.interval(resampled[:, None])
+        rows.append(dict(position=position, value=value, threshold=t, n_items=boot.weights.shape[1],
+                         n_heads=n_heads, n_sink_heads=n_sinks, share=share, share_lo=float(lo[0]),
+                         share_hi=float(hi[0]), n_boot=boot.n_boot, seed=boot.seed))
+    return pd.DataFrame(rows)
+
+
+@public
+def sink_share_difference(first: pd.DataFrame, second: pd.DataFrame, *, value: str = "mass",
+                          threshold: Optional[float] = None, item: str = "item", n_boot: int = 1000,
+                          seed: int = 0) -> pd.DataFrame:
+    """Per position class both tables have: share(first) - share(second) and its 95% interval, from
+    independent resamples of each table's own items (``seed`` for ``first``, ``seed + 1`` for ``second``;
+    two models read different texts, so nothing pairs them): diff_b = share_b(first) - share_b(second).
+    The interval excludes 0 where the data tell the two shares apart. Columns: position, value, threshold,
+    share_first, share_second, diff, diff_lo, diff_hi, n_items_first, n_items_second, n_boot, seed."""
+    boot_a, t, a = _resampled_shares(first, value, threshold, item, n_boot, seed)
+    boot_b, _, b = _resampled_shares(second, value, t, item, n_boot, seed + 1)
+    rows = []
+    for position in [p for p in a if p in b]:
+        lo, hi = boot_a.interval((a[position][1] - b[position][1])[:, None])
+        rows.append(dict(position=position, value=value, threshold=t, share_first=a[position][0],
+                         share_second=b[position][0], diff=a[position][0] - b[position][0], diff_lo=float(lo[0]),
+                         diff_hi=float(hi[0]), n_items_first=boot_a.weights.shape[1],
+                         n_items_second=boot_b.weights.shape[1], n_boot=boot_a.n_boot, seed=boot_a.seed))
+    if not rows:
+        raise InputError("the two tables share no position class: profile the same classes (positions=...)")
     return pd.DataFrame(rows)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import interp
-from interp.analysis.sink_intervals import sink_profiles_by_item, sink_share_intervals
+from interp.analysis.sink_intervals import sink_profiles_by_item, sink_share_difference, sink_share_intervals
 from interp.bootstrap import PERCENTILES, item_keys, resample_indices
 from interp.data import Batch
 from interp.errors import InputError
@@ -33,6 +33,13 @@ def share(profile, threshold):
     return profile.groupby("position", sort=False).mass.apply(lambda m: float((m > threshold).mean()))
 
 
+def brute_shares(model, ids, mask, keys, n_boot, seed, threshold):
+    """Each resample's share, from sink_profile on the resampled items (one padded batch, repeats included)."""
+    order = np.argsort(np.asarray(keys, dtype=object), kind="stable")
+    return pd.DataFrame([share(interp.sink_profile(model, [Batch(ids[d], mask[d])], progress=False), threshold)
+                         for d in order[resample_indices(len(keys), n_boot, seed)]])
+
+
 @pytest.fixture(scope="module")
 def setup():
     model = interp.load_model(copy.deepcopy(tiny_hf_model("llama", n_layers=2, n_heads=4)), device="cpu")
@@ -51,16 +58,26 @@ def test_share_equals_sink_profile_over_all_items_and_interval_equals_profiles_o
     want = share(pooled, threshold)
     assert np.allclose(table.share.loc[want.index], want.to_numpy()), (table.share, want)
     assert 0 < table.share["first"] < 1  # the threshold splits the heads: the check is not vacuous
-    keys = [k for b in batches for k in item_keys(b)]
-    order = np.argsort(np.asarray(keys, dtype=object), kind="stable")  # the canonical order of interp.bootstrap
-    draws = order[resample_indices(len(keys), n_boot, 3)]
     # each resample's items (repeats included) as one padded batch: sink_profile does not depend on batching
-    shares = pd.DataFrame([share(interp.sink_profile(model, [Batch(ids[draw], mask[draw])], progress=False),
-                                 threshold) for draw in draws])
+    shares = brute_shares(model, ids, mask, [k for b in batches for k in item_keys(b)], n_boot, 3, threshold)
     lo, hi = np.percentile(shares.to_numpy(), PERCENTILES, axis=0)
     assert np.allclose(table.share_lo.loc[shares.columns], lo) and np.allclose(table.share_hi.loc[shares.columns], hi)
     assert (shares.std() > 0).any()  # resamples differ: the interval has width somewhere
     assert set(table.n_items) == {7} and set(table.n_heads) == {8}
+
+
+def test_difference_of_two_item_sets_equals_the_brute_force_difference_of_their_resamples(setup):
+    model, batches, _, _, threshold, (ids, mask) = setup
+    other, _, (ids_b, mask_b) = items(n=5, seed=1)
+    table = sink_share_difference(sink_profiles_by_item(model, batches), sink_profiles_by_item(model, other),
+                                  threshold=threshold, n_boot=12, seed=4).set_index("position")
+    a = brute_shares(model, ids, mask, [k for b in batches for k in item_keys(b)], 12, 4, threshold)
+    b = brute_shares(model, ids_b, mask_b, [k for x in other for k in item_keys(x)], 12, 5, threshold)
+    lo, hi = np.percentile((a - b).to_numpy(), PERCENTILES, axis=0)
+    assert np.allclose(table.diff_lo.loc[a.columns], lo) and np.allclose(table.diff_hi.loc[a.columns], hi)
+    pooled = [share(interp.sink_profile(model, x, progress=False), threshold) for x in (batches, other)]
+    assert np.allclose(table["diff"].loc[a.columns], (pooled[0] - pooled[1]).loc[a.columns])
+    assert (table.diff_hi > table.diff_lo).any() and set(table.n_items_second) == {5}
 
 
 def test_interval_does_not_depend_on_batching(setup):
