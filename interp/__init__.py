@@ -36,7 +36,8 @@ from interp.errors import public as _public
 _PUBLIC = {
     "ablate_bias": "interp.ablation.sweep", "merge_shards": "interp.ablation.sweep",
     "bias_invariances": "interp.analysis.scores", "score_decomposition": "interp.analysis.scores",
-    "cluster_heads": "interp.analysis.frequency", "frequency_profile": "interp.analysis.frequency",
+    "cluster_heads": "interp.analysis.frequency", "family_test": "interp.analysis.frequency",
+    "frequency_profile": "interp.analysis.frequency",
     "frequency_shift_under_ablation": "interp.analysis.frequency", "origin_shift": "interp.analysis.origin",
     "implicit_value_bias": "interp.analysis.sinks", "massive_activations": "interp.analysis.sinks",
     "sink_profile": "interp.analysis.sinks", "sink_shares": "interp.analysis.sinks",

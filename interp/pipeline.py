@@ -19,7 +19,9 @@ import pandas as pd
 from interp import plots
 from interp.interactive import Heatmap, TopTable
 from interp.ablation.sweep import ablate_bias, one_pass_estimate
-from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
+from interp.analysis.frequency import (
+    cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation, one_family,
+)
 from interp.analysis.one_input import single_input
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
@@ -164,19 +166,21 @@ def invariance_step(ctx: Context) -> list[Section]:
                     tables={"bias_invariances": inv})]
 
 
-def _families(profile: pd.DataFrame) -> pd.DataFrame:
-    """``cluster_heads``, or one family said as such when fewer than 3 heads are selected (--heads)."""
-    if len(profile) >= 3:
-        return cluster_heads(profile)
-    return profile.assign(cluster=0, silhouette=np.nan, silhouette_mean=np.nan, k=1, null_silhouette=np.nan,
-                          p_value=np.nan, separation=np.nan, structure=False)
+def _families(profile: pd.DataFrame, model: Any = None, batches: Any = None,
+              aim: Optional[dict] = None) -> pd.DataFrame:
+    """``family_test`` (with the model and its batches: families must replicate on halves of them) or
+    ``cluster_heads``, or one family said as such when fewer than 3 heads are selected (--heads)."""
+    if len(profile) < 3:
+        return one_family(profile)
+    return cluster_heads(profile) if model is None else family_test(model, batches, progress=False, **(aim or {}))
 
 
 def _families_text(numbers: dict, families: str) -> str:
     if np.isnan(numbers["p_value"]):
         return f"Too few heads selected to compare families (fewer than 3); {families}."
-    test = (f"permutation null p = {numbers['p_value']:.2f}, separation {numbers['separation']:.1f} resolution "
-            "units (>= 1 needed)")
+    ari = [numbers.get(f"replication_{c}", np.nan) for c in ("ari", "lo", "hi")]
+    test = (f"Gaussian null p = {numbers['p_value']:.3f}, halves agree ARI {ari[0]:.2f} [{ari[1]:.2f}, {ari[2]:.2f}] "
+            f"(>= 0.5 at the low end needed), separation {numbers['separation']:.1f} resolution units (>= 1 needed)")
     if not numbers["structure"]:
         return f"No family structure: the best split is noise or too small to see ({test}); {families}."
     return (f"k = {numbers['k']} families by frequency profile (mean silhouette {numbers['silhouette']:.2f}; "
@@ -187,7 +191,7 @@ def frequency_step(ctx: Context) -> list[Section]:
     aim, batches = dict(layers=ctx.layers, heads=ctx.heads), ctx.first(2, n_quick=2)
     label = ctx.data_label(batches)
     shift = frequency_shift_under_ablation(ctx.model, batches, kinds=("q",), **aim)
-    clustered = _families(frequency_profile(ctx.model, batches, **aim))
+    clustered = _families(frequency_profile(ctx.model, batches, **aim), ctx.model, batches, aim)
     fam = clustered.groupby("cluster")[["hf_ratio", "mean_attention_distance"]].mean()
     per_layer = clustered.groupby("layer").mean_attention_distance.mean()
     unit = clustered.distance_unit.iloc[0]
@@ -195,6 +199,7 @@ def frequency_step(ctx: Context) -> list[Section]:
         k=int(clustered.k.iloc[0]), silhouette=float(clustered.silhouette_mean.iloc[0]), distance_unit=unit,
         structure=bool(clustered.structure.iloc[0]), p_value=float(clustered.p_value.iloc[0]),
         separation=float(clustered.separation.iloc[0]),
+        **{c: float(clustered[c].iloc[0]) for c in ("replication_ari", "replication_lo", "replication_hi")},
         families={int(c): dict(hf_ratio=float(r.hf_ratio), mean_attention_distance=float(r.mean_attention_distance))
                   for c, r in fam.iterrows()})
     distance = dict(
@@ -217,7 +222,7 @@ def frequency_step(ctx: Context) -> list[Section]:
                 heatmaps=[Heatmap("frequency_profile", "hf_ratio", "high-frequency share of output power", facet=None,
                                   title=f"{ctx.name}: hf_ratio per head")],
                 headline=(f"Heads form {numbers['k']} frequency families (silhouette {numbers['silhouette']:.2f}, "
-                          f"permutation p = {numbers['p_value']:.2f})." if numbers["structure"] else
+                          f"Gaussian-null p = {numbers['p_value']:.3f})." if numbers["structure"] else
                           "Heads form no frequency families beyond noise (one family).")),
         Section("attention_distance", "Mean attention distance",
                 f"Per head against layer (ViT paper, Figure 7 style). Layer means range {lo:.1f}-{hi:.1f} {unit}. "

@@ -89,8 +89,7 @@ def test_analysis_subcommands_list_their_options_and_write_their_tables(command,
     assert (meta["layers"], meta["heads"]) == ([1], [0, 2, 3])
 
 
-CLUSTER_COLUMNS = ("cluster", "silhouette", "silhouette_mean", "k", "null_silhouette", "p_value", "separation",
-                   "structure")
+from interp.analysis.frequency import FAMILY_COLUMNS as CLUSTER_COLUMNS  # noqa: E402
 
 
 def test_origin_reads_the_statistics_record_wrote_and_refuses_others(tmp_path, capsys):

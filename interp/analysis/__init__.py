@@ -1,7 +1,7 @@
 """Analyzers: functions from (model, statistics or data) to tidy long-form DataFrames."""
 
 from interp.analysis.high_norm import high_norm_tokens
-from interp.analysis.frequency import cluster_heads, frequency_profile, frequency_shift_under_ablation
+from interp.analysis.frequency import cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
 from interp.analysis.sinks import (
@@ -9,7 +9,7 @@ from interp.analysis.sinks import (
 )
 from interp.analysis.one_input import SingleInput, single_input
 
-__all__ = ["bias_invariances", "cluster_heads", "frequency_profile", "frequency_shift_under_ablation",
+__all__ = ["bias_invariances", "cluster_heads", "family_test", "frequency_profile", "frequency_shift_under_ablation",
            "implicit_value_bias", "massive_activations", "origin_shift", "score_decomposition", "sink_profile",
            "sink_shares"]
 __all__ += ["SingleInput", "single_input", "high_norm_tokens", "sink_pass", "sink_counts"]

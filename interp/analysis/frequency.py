@@ -32,8 +32,9 @@ import torch
 from einops import rearrange
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.metrics import silhouette_samples, silhouette_score
+from sklearn.metrics import adjusted_rand_score, silhouette_samples, silhouette_score
 from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -178,17 +179,53 @@ def _add_terms(acc: dict[str, Any], terms: dict[str, Any]) -> None:
             acc[key] = acc.get(key, 0) + (val.cpu() if isinstance(val, Tensor) else val)
 
 
-def _consumer(info: ModelInfo, layers: Sequence[int], acc: dict[int, dict[str, Any]]):
-    """Adds one batch's per-head terms of ``layers`` (from the kept z and pattern) into ``acc``."""
+def _batch_terms(info: ModelInfo, batch: Batch, store: dict[str, Tensor], x: Tensor, l: int,
+                 item: Optional[int] = None) -> Optional[dict[str, Any]]:
+    """Layer ``l``'s per-head terms of the batch, or of its item ``item`` alone (None if it has no real token)."""
+    z, pat, mask = store[hook_name(l, "z")], store[hook_name(l, "pattern")].double(), batch.attention_mask
+    if item is not None:
+        z, pat = z[item:item + 1], pat[item:item + 1]
+        mask = None if mask is None else mask[item:item + 1]
+        if mask is not None and not bool(mask.bool().any()):
+            return None
+    if info.modality == "vision":
+        return _vision_terms(info, z, pat, (x.shape[2], x.shape[3]))
+    return _text_terms(z, pat, mask)
+
+
+def _consumer(info: ModelInfo, layers: Sequence[int], acc: dict[int, dict[str, Any]],
+              items: Optional[list[dict[int, dict[str, Any]]]] = None):
+    """Adds one batch's per-head terms of ``layers`` (from the kept z and pattern) into ``acc``; with
+    ``items`` (a list), appends each item's own terms there instead (one accumulator per item)."""
     def consume(batch: Batch, store: dict[str, Tensor], x: Tensor, kw: dict) -> None:
-        for l in layers:
-            z, pat = store[hook_name(l, "z")], store[hook_name(l, "pattern")].double()
-            if info.modality == "vision":
-                terms = _vision_terms(info, z, pat, (x.shape[2], x.shape[3]))
-            else:
-                terms = _text_terms(z, pat, batch.attention_mask)
-            _add_terms(acc[l], terms)
+        if items is None:
+            for l in layers:
+                _add_terms(acc[l], _batch_terms(info, batch, store, x, l))
+            return
+        for i in range(x.shape[0]):
+            own: dict[int, dict[str, Any]] = {l: {} for l in layers}
+            for l in layers:
+                terms = _batch_terms(info, batch, store, x, l, item=i)
+                if terms is not None:
+                    _add_terms(own[l], terms)
+            if all(own.values()):
+                items.append(own)
     return consume
+
+
+def _profile_rows(info: ModelInfo, acc: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """The profile table of accumulated terms ``acc`` (layer -> sums, as ``_add_terms`` builds them)."""
+    rows = []
+    for l, a in acc.items():
+        bins, hf = combine_spectra(a["spectra"])
+        for h in range(info.n_heads):
+            row = dict(layer=l, head=h, hf_ratio=float(hf[h]),
+                       mean_attention_distance=float(a["dist"][h] / a["n_query"]),
+                       entropy=float(a["ent"][h] / a["n_rows"]), sink_mass=float(a["sink"][h] / a["n_query"]),
+                       distance_unit="pixels" if info.modality == "vision" else "tokens")
+            row.update({f"bin_{i}": float(bins[h, i]) for i in range(bins.shape[1])})
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _profile_batches(model: InterpBridge, batches: Any, layers: Sequence[int], hooks_for_layer=None,
@@ -203,18 +240,27 @@ def _profile_batches(model: InterpBridge, batches: Any, layers: Sequence[int], h
         names = [hook_name(l, n) for l in want for n in ("z", "pattern")]
         stream_batches(model, batches, max_batches, names, _consumer(info, want, acc), hooks=hooks, desc=desc,
                        progress=progress and len(runs) == 1)
-    rows = []
-    for l in layers:
-        a = acc[l]
-        bins, hf = combine_spectra(a["spectra"])
-        for h in range(info.n_heads):
-            row = dict(layer=l, head=h, hf_ratio=float(hf[h]),
-                       mean_attention_distance=float(a["dist"][h] / a["n_query"]),
-                       entropy=float(a["ent"][h] / a["n_rows"]), sink_mass=float(a["sink"][h] / a["n_query"]),
-                       distance_unit="pixels" if info.modality == "vision" else "tokens")
-            row.update({f"bin_{i}": float(bins[h, i]) for i in range(bins.shape[1])})
-            rows.append(row)
-    return pd.DataFrame(rows)
+    return _profile_rows(info, acc)
+
+
+def item_terms(model: InterpBridge, data: Any, layers: Sequence[int], max_batches: Optional[int] = None,
+               progress: bool = True) -> list[dict[int, dict[str, Any]]]:
+    """Each item's own accumulated profile terms (one forward pass over ``data``): any subset of the items
+    gives its profile exactly by summing its items' terms (``profile_of_items``)."""
+    items: list[dict[int, dict[str, Any]]] = []
+    names = [hook_name(l, n) for l in layers for n in ("z", "pattern")]
+    stream_batches(model, data, max_batches, names, _consumer(model.interp, layers, {}, items),
+                   desc="frequency profile (per item)", progress=progress)
+    return items
+
+
+def profile_of_items(info: ModelInfo, items: Sequence[dict[int, dict[str, Any]]]) -> pd.DataFrame:
+    """The profile of the items whose terms are ``items`` (each counted once, as in ``frequency_profile``)."""
+    acc: dict[int, dict[str, Any]] = {l: {} for l in items[0]}
+    for own in items:
+        for l, terms in own.items():
+            _add_terms(acc[l], terms)
+    return _profile_rows(info, acc)
 
 
 @public
@@ -310,60 +356,155 @@ def family_separation(profile: pd.DataFrame, labels: np.ndarray) -> float:
     return float(min(gaps)) if gaps else 0.0
 
 
-def permutation_null(X: np.ndarray, method: str, seed: int, n_null: int) -> np.ndarray:
-    """The best mean silhouette (over k in 2..8) of ``n_null`` copies of X with each feature column
-    permuted across heads on its own: each feature keeps its distribution (outliers included), any
-    structure shared by the features is destroyed."""
+N_NULL = 199  # the smallest p is 1 / 200 = 0.005, well below alpha = 0.05
+N_SPLITS = 20
+REPLICATION_BAR = 0.5  # the lower end of the split-repeat interval of the halves' adjusted Rand index
+NULLS = ("gaussian_layer_means", "gaussian_covariance")  # the first is the default
+FAMILY_COLUMNS = ("cluster", "silhouette", "silhouette_mean", "k", "separation", "cluster_index",
+                  "null_cluster_index", "family_p", "p_value", "null", "n_null", "covariance", "replication_ari",
+                  "replication_lo", "replication_hi", "n_splits", "structure")
+
+
+def cluster_index(X: np.ndarray, labels: np.ndarray) -> float:
+    """SigClust's cluster index: sum_c sum_{i in c} ||x_i - mean_c||^2 / sum_i ||x_i - mean||^2 (small: tight)."""
+    total = float(((X - X.mean(0)) ** 2).sum())
+    within = sum(float(((X[labels == c] - X[labels == c].mean(0)) ** 2).sum()) for c in np.unique(labels))
+    return within / total if total > 0 else 1.0
+
+
+def two_means_index(X: np.ndarray, seed: int, n_init: int = 5) -> float:
+    """The cluster index of the 2-means split of X (k-means, ``n_init`` restarts)."""
+    return cluster_index(X, _fit_clusters(X, 2, "kmeans", seed, n_init))
+
+
+def null_covariance(R: np.ndarray, dof: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """(eigenvalues, eigenvectors, rule) of the covariance Sigma = R^T R / dof of the centred features R
+    that the Gaussian null draws from: the sample covariance, always.
+
+    ``sample``: few features against heads (dof > p, 12 features here): it estimates Sigma well.
+    ``sample_singular`` (dof <= p): its zero eigenvalues are kept. SigClust's thresholds (Liu, Hayes, Nobel
+    and Marron 2008; Huang et al. 2015) raise small eigenvalues to a background noise (MAD of all entries /
+    0.6745)^2, which assumes isotropic noise in most directions; these features are smooth and low-rank, the
+    raised floor spreads the null and rejects for random-init models (digits-vit's 16 heads: p 0.005 with
+    either threshold, 0.245 without), so the sample eigenvalues, the conservative choice, are used."""
+    lam, vec = np.linalg.eigh(R.T @ R / max(dof, 1))
+    return np.clip(lam, 0.0, None), vec, "sample" if dof > R.shape[1] else "sample_singular"
+
+
+def null_centres(X: np.ndarray, layers: np.ndarray, null: str) -> tuple[np.ndarray, int]:
+    """(the null's mean per head, residual degrees of freedom): ``gaussian_covariance``: the grand mean (n - 1);
+    ``gaussian_layer_means``: each head's layer mean (n - L), where some layer has two heads (else as the former)."""
+    if null == "gaussian_layer_means":
+        frame = pd.DataFrame(X).groupby(layers)
+        if frame.ngroups < len(X):
+            return frame.transform("mean").to_numpy(), len(X) - frame.ngroups
+    return np.broadcast_to(X.mean(0), X.shape), len(X) - 1
+
+
+def gaussian_null(X: np.ndarray, seed: int, n_null: int, layers: Optional[np.ndarray] = None,
+                  null: str = "gaussian_covariance") -> tuple[np.ndarray, str]:
+    """The 2-means cluster index of ``n_null`` sets of heads drawn from N(centre_i, Sigma) (``null_centres``;
+    Sigma: ``null_covariance`` of X minus the centres), each standardised as X was: one family that keeps
+    the features' correlations (spectral bins move together) and, with layer means, each layer's offset.
+    Returns (indices, covariance rule)."""
+    centres, dof = null_centres(X, np.zeros(len(X)) if layers is None else np.asarray(layers), null)
+    lam, vec, rule = null_covariance(X - centres, dof)
+    root = vec * np.sqrt(lam)  # Sigma = root @ root.T
     rng = np.random.default_rng(seed)
+    out = [two_means_index(StandardScaler().fit_transform(centres + rng.standard_normal(X.shape) @ root.T), seed)
+           for _ in range(n_null)]
+    return np.asarray(out), rule
+
+
+def replication(halves: Sequence[tuple[pd.DataFrame, pd.DataFrame]], k: int, method: str, seed: int) -> np.ndarray:
+    """Per split, the adjusted Rand index between the k families fitted on each half's profile on its own."""
     out = []
-    for _ in range(n_null):
-        Xp = np.column_stack([rng.permutation(col) for col in X.T])
-        best = _best_k(Xp, method, seed, n_init=3)  # 3 restarts: the null needs many fits, not the best one
-        out.append(best[0] if best is not None else 0.0)
+    for a, b in halves:
+        if not isinstance(a, pd.DataFrame) or not isinstance(b, pd.DataFrame) or \
+                not np.array_equal(a[["layer", "head"]].to_numpy(), b[["layer", "head"]].to_numpy()):
+            raise InputError("halves must be pairs of profiles of the same heads in the same order (family_test "
+                             "builds them from disjoint halves of the data)")
+        labels = [_fit_clusters(_cluster_features(h, method), k, method, seed) for h in (a, b)]
+        out.append(adjusted_rand_score(*labels))
     return np.asarray(out)
 
 
+def _family_test(X: np.ndarray, profile: pd.DataFrame, best: tuple, k: int, method: str, seed: int, n_null: int,
+                 alpha: float, halves: Optional[Sequence], kind: str) -> dict[str, Any]:
+    """The test columns of ``cluster_heads`` (one value each): Gaussian null, separation, halves."""
+    null, rule = gaussian_null(X, seed, n_null, profile["layer"].to_numpy() if "layer" in profile else None, kind)
+    observed = two_means_index(X, seed)
+    p = (1 + int((null <= observed + 1e-12).sum())) / (1 + n_null)
+    separation = family_separation(profile, best[2])
+    ari = replication(halves, k, method, seed) if halves else np.array([np.nan])
+    lo, mid, hi = np.percentile(ari, [2.5, 50, 97.5]) if halves else (np.nan,) * 3
+    replicated = (not halves) or lo >= REPLICATION_BAR
+    return dict(separation=separation, cluster_index=observed, null_cluster_index=float(null.mean()), family_p=p,
+                p_value=p, null=kind, n_null=n_null, covariance=rule, replication_ari=mid, replication_lo=lo,
+                replication_hi=hi, n_splits=len(halves) if halves else 0,
+                structure=bool(p <= alpha and separation >= 1.0 and replicated))
+
+
+def _check_k(k: Any, n: int) -> Optional[int]:
+    if k is None:
+        return None
+    number = as_index(k)
+    if number is None or not 2 <= number < n:
+        raise InputError(f"k must lie in 2..{n - 1} (an integer, fewer than the {n} heads) or be None (chosen "
+                         f"by silhouette); got {k!r} ({type(k).__name__})")
+    return number
+
+
 @public
-def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = "kmeans",
-                  seed: int = 0, n_null: int = 19, alpha: float = 0.05) -> pd.DataFrame:
+def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = "kmeans", seed: int = 0,
+                  n_null: int = N_NULL, alpha: float = 0.05,
+                  halves: Optional[Sequence[tuple[pd.DataFrame, pd.DataFrame]]] = None,
+                  null: str = NULLS[0]) -> pd.DataFrame:
     """Group heads into families on standardised profile features (scikit-learn), or say there are none.
 
-    ``k`` is chosen by the best mean silhouette over 2..8 when not given, and that silhouette is
-    compared with a permutation null: the same best silhouette on ``n_null`` copies of the features
-    with each column permuted across heads on its own (``permutation_null``). p = (1 + #null >=
-    observed) / (1 + n_null). Families must also differ by a visible amount: ``separation`` = min over
-    pairs of families of max over hf_ratio, mean_attention_distance, entropy and sink_mass of the
-    difference of their means in units of ``RESOLUTION`` (0.01, 2% of the mean distance, 0.05 nats,
-    0.02). With p > ``alpha`` or separation < 1 the heads form one family: ``k`` = 1, ``cluster`` = 0,
-    ``structure`` = False (standardised features give noise, or a random-init model's layer 0, a high
-    silhouette too). A given ``k`` is used as asked, with p and separation reported. Clusters are
-    relabelled so that cluster 0 has the lowest mean hf_ratio (most low-pass). Adds columns
-    ``cluster``, ``silhouette`` (per head), ``silhouette_mean``, ``k``, ``null_silhouette`` (mean of
-    the null's), ``p_value``, ``separation`` (of the best k's families), ``structure``.
+    ``k`` is chosen by the best mean silhouette over 2..8 when not given. "One family" is tested against a
+    Gaussian with the features' own covariance (SigClust: Liu, Hayes, Nobel and Marron 2008). Statistic: the
+    2-means cluster index CI = sum_c sum_{i in c} ||x_i - m_c||^2 / sum_i ||x_i - m||^2 of the standardised
+    features X (``two_means_index``). Null: ``n_null`` sets of as many heads drawn from N(c_i, Sigma), each
+    standardised as X was and split by the same 2-means (``gaussian_null``). ``null="gaussian_layer_means"``
+    (default): c_i is the mean of head i's layer and Sigma the pooled within-layer covariance, so heads that
+    differ only by their layer are one family (a random-init model: its layer 0 reads token embeddings, the
+    later layers a smoothed residual); ``"gaussian_covariance"``: c_i the grand mean (plain SigClust). Sigma is
+    the sample covariance of X - c (``null_covariance`` says why no eigenvalue threshold). family_p = (1 + #{null CI <= observed CI}) / (1 + n_null); 199 draws give
+    a smallest p of 0.005. (Permuting each column on its own, the earlier null, breaks the correlations of the
+    spectral bins and rejected for any real profile.) Families must differ by a visible amount:
+    ``separation`` = min over pairs of families of max over hf_ratio, mean_attention_distance, entropy,
+    sink_mass of |mean difference| in units of ``RESOLUTION`` (0.01, 2% of the mean distance, 0.05 nats, 0.02).
+    ``halves`` (``family_test`` builds them from the data): pairs of profiles of disjoint halves of the items;
+    each half is clustered on its own into the k families (the best k when not given) and ``replication_ari``
+    is the median adjusted Rand index of the pairs, ``replication_lo`` / ``_hi`` its 2.5 / 97.5 percentiles
+    over the splits (NaN without halves: replication not tested). ``structure`` = family_p <= ``alpha`` and
+    separation >= 1 and, with halves, replication_lo >= ``REPLICATION_BAR`` (0.5). Without structure the heads
+    form one family (k = 1, cluster 0); a given ``k`` is used as asked, with the test reported. Clusters are
+    relabelled so that cluster 0 has the lowest mean hf_ratio. Adds ``FAMILY_COLUMNS`` (``p_value`` =
+    family_p, the name earlier releases used).
     """
+    with threadpool_limits(1):  # small matrices: k-means' OpenMP threads only oversubscribe a busy machine (60x)
+        return _cluster_heads(profile, k, method, seed, n_null, alpha, halves, null)
+
+
+def _cluster_heads(profile: pd.DataFrame, k: Any, method: str, seed: Any, n_null: Any, alpha: Any,
+                   halves: Optional[Sequence], null: str) -> pd.DataFrame:
     X = _cluster_features(profile, method)
     n_null, seed = check_count("n_null", n_null), check_count("seed", seed, minimum=0)
-    alpha = check_fraction("alpha", alpha)
-    n = len(X)
-    if k is not None:
-        number = as_index(k)
-        if number is None or not 2 <= number < n:
-            raise InputError(f"k must lie in 2..{n - 1} (an integer, fewer than the {n} heads) or be None (chosen "
-                             f"by silhouette); got {k!r} ({type(k).__name__})")
-        k = number
+    alpha, k = check_fraction("alpha", alpha), _check_k(k, len(X))
+    if null not in NULLS:
+        raise InputError(f"null must be one of {NULLS}; got {null!r}")
     best = _best_k(X, method, seed)
     if best is None:
         raise InputError("heads are indistinguishable: no clustering with >= 2 clusters")
-    null = permutation_null(X, method, seed, n_null)
-    p_value = (1 + int((null >= best[0] - 1e-12).sum())) / (1 + n_null)
-    separation = family_separation(profile, best[2])
-    structure = p_value <= alpha and separation >= 1.0
+    test = _family_test(X, profile, best, k or best[1], method, seed, n_null, alpha, halves, null)
     if k is not None:
         labels = _fit_clusters(X, k, method, seed)
-    elif structure:
+    elif test["structure"]:
         k, labels = best[1], best[2]
     else:
-        k, labels = 1, np.zeros(n, dtype=int)
+        k, labels = 1, np.zeros(len(X), dtype=int)
     out = profile.copy()
     order = out.assign(_c=labels).groupby("_c").hf_ratio.mean().sort_values().index.tolist()
     remap = {old: new for new, old in enumerate(order)}
@@ -371,9 +512,53 @@ def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = 
     out["silhouette"] = silhouette_samples(X, labels) if len(set(labels)) > 1 else float("nan")
     out["silhouette_mean"] = float(np.mean(out["silhouette"])) if len(set(labels)) > 1 else float("nan")
     out["k"] = k
-    out["null_silhouette"], out["p_value"], out["structure"] = float(null.mean()), p_value, bool(structure)
-    out["separation"] = separation
-    return out
+    for name, value in test.items():
+        out[name] = value
+    return out[list(profile.columns) + [c for c in FAMILY_COLUMNS if c not in profile.columns]]
+
+
+def one_family(profile: pd.DataFrame) -> pd.DataFrame:
+    """``profile`` with ``FAMILY_COLUMNS`` saying one family, untested (fewer than 3 heads: nothing to cluster)."""
+    values = dict(cluster=0, k=1, null="none", n_null=0, covariance="", n_splits=0, structure=False)
+    return profile.assign(**{c: values.get(c, np.nan) for c in FAMILY_COLUMNS})
+
+
+def split_profiles(model: InterpBridge, data: Any, layers: Sequence[int], heads: Sequence[int], n_splits: int,
+                   seed: int, max_batches: Optional[int] = None, progress: bool = True) -> tuple[pd.DataFrame, list]:
+    """(the profile of all items, ``n_splits`` pairs of profiles of random disjoint halves of the items) from one
+    forward pass: each item's terms are kept (``item_terms``) and summed per subset (``profile_of_items``)."""
+    info = model.interp
+    items = item_terms(model, data, layers, max_batches, progress)
+    if len(items) < 2:
+        raise InputError(f"family_test splits the data's items into two halves: it needs at least 2 items (images "
+                         f"or sequences with a real token), got {len(items)}; pass more data")
+    rng, n = np.random.default_rng(seed), len(items)
+    halves = []
+    for _ in range(n_splits):
+        order = rng.permutation(n)
+        halves.append(tuple(_select_heads(profile_of_items(info, [items[i] for i in part]), heads)
+                            for part in (order[: n // 2], order[n // 2:])))
+    return _select_heads(profile_of_items(info, items), heads), halves
+
+
+@public
+def family_test(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int]] = None,
+                heads: Optional[Sequence[int]] = None, k: Optional[int] = None, method: str = "kmeans",
+                seed: int = 0, n_null: int = N_NULL, alpha: float = 0.05, n_splits: int = N_SPLITS,
+                null: str = NULLS[0], max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
+    """``cluster_heads`` of the data's profile with the replication test: families must come back on
+    disjoint halves of the data.
+
+    One forward pass keeps each item's (image's, sequence's) profile terms; the full profile (equal to
+    ``frequency_profile``'s) and the profiles of ``n_splits`` random splits of the items into two halves
+    (sizes floor(n/2) and ceil(n/2), seeded) are sums of them (``split_profiles``). Returns
+    ``cluster_heads(profile, k, ..., halves=...)``: see there for family_p, replication_ari (median adjusted
+    Rand index of the halves' families) with its split-repeat interval, and structure."""
+    info = require_bridge(model, "family_test").interp
+    layers, heads = check_layers(layers, info), check_heads(heads, info)
+    n_splits, seed = check_count("n_splits", n_splits), check_count("seed", seed, minimum=0)
+    full, halves = split_profiles(model, data, layers, heads, n_splits, seed, max_batches, progress)
+    return cluster_heads(full, k, method, seed, n_null, alpha, halves=halves, null=null)
 
 
 def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
