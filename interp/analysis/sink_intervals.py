@@ -2,7 +2,7 @@
 
 ``sink_profile`` averages each head's attention mass over every real query row of the data, so its
 share of sink heads is one number with no spread. Here each item's profile is kept apart
-(``sink_profiles_by_item``: one ``sink_profile`` per item, keyed by a hash of the item's real tokens or
+(``sink_profiles_by_item``: each item's own ``sink_profile``, keyed by a hash of the item's real tokens or
 pixels, ``interp.bootstrap.item_keys``), and the share is recomputed on resamples of the items. With
 r_th the query rows of item t that count for head h (``n_query_rows`` where the profile has it, else
 ``n_rows``) and v_th the item's per-row mean of ``value`` (``mass`` by default), a resample b that draws
@@ -21,41 +21,55 @@ independent resamples of each table's items, and its percentile interval.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from interp.analysis.sink_parts import check_threshold
-from interp.analysis.sinks import sink_profile
+from torch import Tensor
+
+from interp.analysis.sink_parts import SINK_THRESHOLD, check_threshold, stream_batches
+from interp.analysis.sinks import _profile_part
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
-from interp.data import Batch, iter_batches
+from interp.data import Batch
 from interp.errors import InputError, public
+from interp.fingerprint import DataHasher
 from interp.models.bridge import InterpBridge, require_bridge
 
 KEYS = ["layer", "head", "position"]
 
 
 @public
-def sink_profiles_by_item(model: InterpBridge, data: Any, *, max_batches: Optional[int] = None,
-                          **profile_kw: Any) -> pd.DataFrame:
+def sink_profiles_by_item(model: InterpBridge, data: Any, *, threshold: float = SINK_THRESHOLD,
+                          layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
+                          positions: Any = None, max_batches: Optional[int] = None) -> pd.DataFrame:
     """``sink_profile`` of every item of ``data`` on its own, concatenated, with an ``item`` column (the
     item's key: a hash of its real tokens or pixels and label, ``:index`` added to a repeated item) and
-    ``item_index`` (its place in the data).
-    ``profile_kw`` go to ``sink_profile`` (``threshold``, ``positions``, ``layers``, ``heads``, ``remove``)."""
+    ``item_index`` (its place in the data). One forward per batch: each item's rows of the batch's patterns
+    feed that item's own profile, so each table equals ``sink_profile(model, [that item])`` (its
+    ``n_batches`` 1, its ``data_fingerprint`` the item's). No ``remove`` here (it reruns the model)."""
     require_bridge(model, "sink_profiles_by_item")
-    frames, seen = [], set()
-    for batch in iter_batches(model, data, max_batches):
+    template = _profile_part(model, threshold, layers, heads, positions, None)
+    items: list[tuple[str, Any, str]] = []  # (key, part, data fingerprint)
+
+    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+        n = batch.inputs.shape[0]
         for row, key in enumerate(item_keys(batch)):
             one = Batch(*(None if t is None else t[row:row + 1] for t in (batch.inputs, batch.attention_mask,
                                                                          batch.labels)))
-            key = key if key not in seen else f"{key}:{len(frames)}"  # the same item twice: two items
-            seen.add(key)
-            frames.append(sink_profile(model, [one], progress=False, **profile_kw).assign(
-                item=key, item_index=len(frames)))
-    if not frames:
+            part = _profile_part(model, threshold, layers, heads, positions, None)
+            part.consume(one, {k: v[row:row + 1] if v.shape[0] == n else v for k, v in store.items()}, x, kw)
+            hasher = DataHasher()
+            hasher.update(one)
+            seen = {k for k, _, _ in items}
+            items.append((key if key not in seen else f"{key}:{len(items)}", part, hasher.hexdigest()))
+
+    stream_batches(model, data, max_batches, template.hooks, consume, desc="sink profile per item", progress=False,
+                   stop_at_layer=template.blocks)
+    if not items:
         raise InputError("sink_profiles_by_item got no items: pass at least one batch")
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([part.finish(1, fp, None).assign(item=key, item_index=i)
+                      for i, (key, part, fp) in enumerate(items)], ignore_index=True)
 
 
 def _per_item(table: pd.DataFrame, value: str, item: str) -> tuple[list[str], dict[str, tuple]]:

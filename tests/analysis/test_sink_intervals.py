@@ -80,6 +80,19 @@ def test_difference_of_two_item_sets_equals_the_brute_force_difference_of_their_
     assert (table.diff_hi > table.diff_lo).any() and set(table.n_items_second) == {5}
 
 
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_each_items_profile_equals_sink_profile_on_that_item_alone(family):
+    """One forward per batch, each item's rows apart: every column equals a sink_profile run on the item alone."""
+    model = interp.load_model(tiny_hf_model(family), device="cpu")
+    batches, singles, _ = items(n=5)
+    per_item = sink_profiles_by_item(model, batches, threshold=0.2)
+    for i, one in enumerate(singles):
+        alone = interp.sink_profile(model, [one], threshold=0.2, progress=False)
+        got = per_item[per_item.item_index == i].drop(columns=["item", "item_index"]).reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, alone, check_exact=False, rtol=1e-5, atol=1e-7)  # float32 forwards
+    assert list(per_item.drop_duplicates("item_index").item) == [k for b in batches for k in item_keys(b)]
+
+
 def test_interval_does_not_depend_on_batching(setup):
     model, batches, singles, _, threshold, _ = setup
     one = sink_share_intervals(sink_profiles_by_item(model, batches), threshold=threshold, n_boot=50)
