@@ -407,3 +407,24 @@ def test_readme_quotes_the_suite_timings_from_their_csv():
     assert (f"with {again['items']:,} items, {minutes(again.make_test_seconds)} ({minutes(again.pytest_seconds)} of "
             f"pytest, {again.user_cpu_seconds:.0f} s user CPU against {make.user_cpu_seconds:.0f} s)") in text
     assert max(make.make_test_seconds, again.make_test_seconds) < 600, "the goal: `make test` under 10 minutes here"
+
+
+def test_findings_value_bias_comparison_is_in_normalised_units():
+    """Issue 37: findings 4b compared SmolLM2's implicit value bias with MiniLM's explicit b_v W_O in raw norms
+    ("more than ten times"), across two residual streams of different scale. The verdict now quotes both as a
+    share of the median token norm after the head's block (sinks_massive.csv), the raw ratio beside them."""
+    said = re.search(r"as MiniLM's explicit \|\|b_v W_O\|\|: ([\d.]+)% and ([\d.]+)% of the median token norm after the "
+                     r"head's block \(`norm_median` of `sinks_massive.csv`; the raw norms, ([\d.]+) and ([\d.]+), differ "
+                     r"(\d+)-fold", " ".join(FINDINGS.split()))
+    assert said, "findings 4b's verdict lost its normalised value-bias comparison"
+    medians = {}
+    for model in ("smollm2-135m", "minilm-l6"):
+        implicit = pd.read_csv(RESULTS / model / "sinks_implicit.csv")
+        massive = pd.read_csv(RESULTS / model / "sinks_massive.csv")
+        assert set(massive.hook) == {f"blocks.{layer}.hook_resid_post" for layer in massive.layer}
+        scale = implicit.layer.map(massive.drop_duplicates("layer").set_index("layer").norm_median)
+        column = "implicit_norm" if model == "smollm2-135m" else "explicit_norm"
+        medians[model] = (100 * (implicit[column] / scale).median(), implicit[column].median())
+    (smol_rel, smol_raw), (mini_rel, mini_raw) = medians["smollm2-135m"], medians["minilm-l6"]
+    assert [agrees(q, v) for q, v in zip(said.groups(), (smol_rel, mini_rel, smol_raw, mini_raw, smol_raw / mini_raw))] \
+        == [True] * 5, (said.groups(), medians)
