@@ -221,7 +221,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
                     metric=args.metric, estimate=est, out=mine, overwrite=args.overwrite and i == 0,
                     max_batches=args.max_batches, force_exact=args.force_exact, top_k=args.top_k,
                     shard=(rank, world), progress=rank == 0, layers=args.layers, heads=args.heads,
-                    sample_k=args.sample_k, n_boot=args.n_boot, seed=args.seed)
+                    sample_k=args.sample_k, n_boot=args.n_boot, seed=args.seed, n_control=args.n_control)
         for i, est in enumerate(estimates)
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
@@ -252,7 +252,8 @@ def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: in
                              model_fingerprint=results.model_fingerprint.iloc[0],
                              data_fingerprint=results.data_fingerprint.iloc[0]))
     top = results.assign(a=results.delta.abs()).nlargest(5, "a")
-    print(top[["layer", "head", "kind", "scope", "estimate", "delta"]].to_string(index=False))
+    print(top[["layer", "head", "kind", "scope", "estimate", "delta", "control_lo", "control_hi", "control_p",
+               "bias_dependent"]].to_string(index=False))
     print(f"wrote {out}")
 
 
@@ -528,8 +529,9 @@ def _add_ablate_parser(sub: Any) -> None:
     p.add_argument("--method", default="zero", choices=METHODS,
                    help="zero: b -> 0; mean: b -> E[XW] (the data-induced origin, so the head's origin moves to "
                         "2 E[XW]); layer_mean: b -> the layer's mean bias over heads (does each head need its own?); "
-                        "fold: b_v into b_O, exact; random: b -> a random direction of the same norm, per head "
-                        "(the control; --seed fixes it) (default: %(default)s)")
+                        "fold: b_v into b_O, exact; random: b -> a random vector of its norm, per head (--seed "
+                        "fixes it; it moves a by about sqrt(2)|b|, so it is not a matched control of zero: the "
+                        "control_* columns are) (default: %(default)s)")
     p.add_argument("--metric", default="auto",
                    help="auto (the family's default), next_token_ce, cross_entropy, embedding_cosine or "
                         "feature_cosine (default: %(default)s)")
@@ -549,8 +551,11 @@ def _add_ablate_parser(sub: Any) -> None:
                    "(default: %(default)s)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples over items for delta_lo/delta_hi "
                    "(0: none) (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="fixes the bootstrap, the random sample and --method random "
-                   "(default: %(default)s)")
+    p.add_argument("--n-control", type=int, default=19, help="matched-control draws per exact head: random "
+                   "directions of the method's own displacement norm; control_p <= 0.05 (bias_dependent) needs at "
+                   "least 19; each draw costs a patched forward (0: none) (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the bootstrap, the random sample, the control's "
+                   "directions and --method random (default: %(default)s)")
     p.add_argument("--max-batches", type=int, default=None, help=MAX_BATCHES_HELP)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--out", default="out/ablate", help="output folder, and its resumable sweep log "

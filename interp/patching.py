@@ -11,8 +11,14 @@ activation a = XW + b of that head:
 * ``method="fold"`` (v only): a' = a - b_v, and sum_h b_v[h] W_O[h] (``v_fold_vector``)
   is added to the attention output; exact, so its effect is rounding only.
 * ``method="random"``: a' = a - b + r, r a random direction with ||r_h|| = ||b_h|| for every head
-  (``random_bias``, fixed by ``seed``): the control for any other method, since it moves the
-  origin exactly as far as the bias does, in a direction that means nothing.
+  (``random_bias``, fixed by ``seed``): the bias *replaced* by a meaningless vector of its norm. It is not a
+  matched control for zeroing: zeroing displaces a by ||b_h||, the replacement by ||r_h - b_h||, about
+  sqrt(2) ||b_h|| in high dimension.
+
+The matched control (``control_patch_hooks``, draw d): whatever the method's displacement s_h = a' - a of each
+targeted head (-b_h for zero, E[XW]_h - b_h for mean, ...), a' = a + u_h^(d) ||s_h||, with u_h^(d) a uniformly
+random unit vector (``matched_shift``, fixed by (seed, layer, kind, d)): the same displacement norm in a random
+direction. An effect is specific to the bias's direction only when it lies outside the deltas of these draws.
 """
 
 from __future__ import annotations
@@ -70,6 +76,37 @@ def bias_shift(model: InterpBridge, layer: int, kind: str, method: Method,
     return shift
 
 
+def matched_shift(shift: Tensor, layer: int, kind: str, seed: int, draw: int) -> Tensor:
+    """Draw ``draw`` of the matched control of ``shift`` [head_index, d_head]: per head, a uniformly random
+    unit direction (Gaussian, float64, on the host, from (seed, layer, kind, draw): independent of which other
+    heads or variants run, and of ``method="random"``'s stream) scaled to that head's ||shift_h||."""
+    if isinstance(draw, bool) or not isinstance(draw, int) or draw < 0:
+        raise InputError(f"a control draw is an integer >= 0; got {draw!r}")
+    state = np.random.SeedSequence([int(seed), int(layer), "qkv".index(kind), int(draw), 1]).generate_state(2)
+    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    z = torch.randn(shift.shape, generator=generator, dtype=torch.float64)
+    norms = shift.detach().double().cpu().norm(dim=-1, keepdim=True)
+    return (z / z.norm(dim=-1, keepdim=True) * norms).to(shift.device, shift.dtype)
+
+
+def displacement_norm(model: InterpBridge, targets: Sequence[Target], method: Method,
+                      stats: Optional[QKVStats] = None, seed: int = 0) -> float:
+    """||s|| = sqrt(sum over targets of ||a'_h - a_h||^2): how far ``method`` moves the targeted heads'
+    activations (zero: ||b_h||; random: ||r_h - b_h||, about sqrt(2) ||b_h||). 0 for absent biases."""
+    total = 0.0
+    for (layer, kind), heads in _by_site(targets).items():
+        shift = bias_shift(model, layer, kind, method, stats, seed)
+        total += float((shift[sorted(heads)].double() ** 2).sum())
+    return total ** 0.5
+
+
+def _by_site(targets: Sequence[Target]) -> dict[tuple[int, str], set[int]]:
+    by_site: dict[tuple[int, str], set[int]] = {}
+    for layer, head, kind in targets:
+        by_site.setdefault((layer, kind), set()).add(head)
+    return by_site
+
+
 def _add(delta: Tensor) -> Callable[[Tensor, Any], Tensor]:
     def edit(t: Tensor, hook: Any) -> Tensor:
         return t + delta.to(t.device, t.dtype)
@@ -85,11 +122,8 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
     check_method(method, targets, stats)
     if stats is not None:
         require_stats(stats).require_model(model)
-    by_site: dict[tuple[int, str], set[int]] = {}
-    for layer, head, kind in targets:
-        by_site.setdefault((layer, kind), set()).add(head)
     hooks: list[Hook] = []
-    for (layer, kind), heads in by_site.items():
+    for (layer, kind), heads in _by_site(targets).items():
         shift = bias_shift(model, layer, kind, method, stats, seed)
         delta = torch.zeros_like(shift)
         idx = torch.tensor(sorted(heads))
@@ -99,6 +133,23 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
             group = kv_group(info.n_heads, info.n_kv_heads)
             query_heads = [qh for qh in range(info.n_heads) if group[qh] in heads]
             hooks.append((attn_hook(layer, "o.hook_out"), _add(v_fold_vector(model, layer, query_heads))))
+    return hooks
+
+
+def control_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method, draw: int,
+                        stats: Optional[QKVStats] = None, seed: int = 0) -> list[Hook]:
+    """Hooks of draw ``draw`` of the matched control of ``method`` on ``targets``: each targeted head's
+    activation moved by a random direction of the norm ``method`` would move it by (``matched_shift``;
+    module doc). No b_O fold for ``method="fold"``: its displacement is compensated, so it has no control."""
+    require_bridge(model, "control_patch_hooks")
+    check_method(method, targets, stats)
+    hooks: list[Hook] = []
+    for (layer, kind), heads in _by_site(targets).items():
+        shift = matched_shift(bias_shift(model, layer, kind, method, stats, seed), layer, kind, seed, draw)
+        delta = torch.zeros_like(shift)
+        idx = torch.tensor(sorted(heads))
+        delta[idx] = shift[idx]
+        hooks.append((hook_name(layer, kind), _add(delta)))
     return hooks
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from interp import plots
 from interp.interactive import Heatmap, TopTable
-from interp.ablation.sweep import ablate_bias, one_pass_estimate
+from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import (
     cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation, one_family,
 )
@@ -354,11 +354,10 @@ def rank_agreement(both: pd.DataFrame, prefix: str, n_boot: int, seed: int) -> d
             f"{prefix}max_abs_error": float(error)}
 
 
-def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "",
-                       control: Optional[pd.DataFrame] = None) -> Section:
+def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -> Section:
     """The ablation step's section, from ``ablate_bias`` rows (one method; one estimate, or a one-pass
     estimate of every head plus exact rows for the top heads). Headline numbers come from exact rows
-    where there are any. ``control``: rows of ``method="random"`` on the same data, marked on the figure."""
+    where there are any; a head is called bias-dependent only outside its matched control (``control_p``)."""
     per_head = results[results.scope == "head"]
     # the best-known delta per head: exact where it was run, else the estimate (or the identity's 0)
     best = (per_head.assign(_estimated=per_head.estimate != "exact").sort_values("_estimated", kind="stable")
@@ -372,50 +371,64 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "",
         top_heads=[dict(layer=int(r.layer), head=int(r["head"]), kind=r.kind, delta=float(r.delta))
                    for _, r in top.iterrows()],
         identity_answered=int((results.identity.fillna("") != "").sum()),
-        estimate_vs_exact=estimate_vs_exact(per_head), random_control=_control_numbers(control),
+        estimate_vs_exact=estimate_vs_exact(per_head), matched_control=control_numbers(per_head),
     )
-    figs = plots.ablation_figures(results if control is None else pd.concat([results, control], ignore_index=True),
-                                  model_name, data=data)
+    figs = plots.ablation_figures(results, model_name, data=data)
     heads = "; ".join(f"L{t['layer']} H{t['head']} {t['kind']} ({t['delta']:+.2e})" for t in numbers["top_heads"])
     text = (f"{first.method.capitalize()}-ablating one head's bias at a time ({first.metric}, baseline "
             f"{numbers['baseline']:.4f}; {numbers['identity_answered']} of {numbers['n_variants']} rows answered "
             "by an identity, without a forward). " + _estimate_text(numbers) + " Largest |delta| per kind: "
             + ", ".join(f"{k}: {v:.2e}" for k, v in numbers["max_abs_delta"].items())
-            + f". Most bias-dependent heads: {heads}." + _control_text(numbers["random_control"]))
+            + f". Largest effects: {heads}." + _control_text(numbers["matched_control"]))
     top_name = next((n for n in (f"ablation_top_{first.method}_exact", f"ablation_top_{first.method}_{first.estimate}")
                      if n in figs), None)
     comparison = [n for n in figs if n.startswith("ablation_exact_vs_") and n.endswith(f"_{first.method}")]
     headline = "" if not numbers["top_heads"] else (
-        f"The most bias-dependent head is layer {numbers['top_heads'][0]['layer']}, head "
+        f"The largest effect is layer {numbers['top_heads'][0]['layer']}, head "
         f"{numbers['top_heads'][0]['head']} ({numbers['top_heads'][0]['kind']}): removing its bias changes "
-        f"{first.metric} by {numbers['top_heads'][0]['delta']:+.2e} ({first.estimate}).")
+        f"{first.metric} by {numbers['top_heads'][0]['delta']:+.2e} ({first.estimate})." + _headline_control(numbers))
     every = numbers["estimates"][0]  # the estimate that covers every head
-    tables = {"ablation": results, **({} if control is None else {"ablation_random_control": control})}
+    tables = {"ablation": results}
     return Section("ablation", "Bias ablations", text, numbers, headline=headline, tables=tables,
                    figures=figs, shown=[n for n in [top_name] + comparison if n],
                    heatmaps=[Heatmap("ablation", "delta", f"delta {first.metric} (ablated - intact)",
                                      query=f"scope == 'head' and estimate == '{every}'",
                                      title=f"{model_name}: effect of removing each head's bias ({every})")],
-                   top_tables=[TopTable("ablation", ("layer", "head", "kind", "estimate", "delta", "identity"), "delta",
+                   top_tables=[TopTable("ablation", ("layer", "head", "kind", "estimate", "delta", "control_lo",
+                                                     "control_hi", "control_p", "bias_dependent", "identity"), "delta",
                                         "The largest effects (click a column to sort)", query="scope == 'head'")])
 
 
-def _control_numbers(control: Optional[pd.DataFrame]) -> dict[str, float]:
-    """Per kind, the largest |delta| when each head's bias is replaced by a random direction of its norm
-    (exact rows where run, else the estimate; identity rows count as their 0)."""
-    if control is None or control.empty:
+def control_numbers(per_head: pd.DataFrame) -> dict:
+    """The matched control over the exact per-head rows it ran on (identity rows left out: their controls are 0 by
+    the identity, not measured): per kind, heads tested and heads called bias-dependent (control_p <= 0.05), and
+    the number of draws."""
+    if "control_p" not in per_head:
         return {}
-    per_head = control[control.scope == "head"]
-    best = (per_head.assign(_e=per_head.estimate != "exact").sort_values("_e", kind="stable")
-            .drop_duplicates(["layer", "head", "kind"]))
-    return {k: float(v) for k, v in best.groupby("kind").delta.apply(lambda d: d.abs().max()).items()}
+    tested = per_head[(per_head.estimate == "exact") & per_head.control_p.notna()
+                      & (per_head.identity.fillna("") == "")]
+    if tested.empty:
+        return {}
+    kinds = {k: dict(tested=int(len(g)), bias_dependent=int(g.bias_dependent.fillna(False).sum()))
+             for k, g in tested.groupby("kind")}
+    return dict(n_control=int(tested.n_control.max()), kinds=kinds,
+                tested=int(len(tested)), bias_dependent=int(tested.bias_dependent.fillna(False).sum()))
 
 
-def _control_text(control: dict[str, float]) -> str:
+def _control_text(control: dict) -> str:
     if not control:
-        return ""
-    return (" Control: replacing each head's bias by a random direction of the same norm moves the metric by at "
-            "most " + ", ".join(f"{k}: {v:.2e}" for k, v in control.items()) + " (marked on the figure).")
+        return " No matched control was run (estimated rows only, or n_control=0): no head is called bias-dependent."
+    per_kind = ", ".join(f"{k}: {v['bias_dependent']} of {v['tested']}" for k, v in control["kinds"].items())
+    return (f" Matched control: each exact head rerun with {control['n_control']} random directions of the same "
+            f"displacement norm; outside that band at p ≤ 0.05 (bias-dependent): {per_kind}.")
+
+
+def _headline_control(numbers: dict) -> str:
+    control = numbers["matched_control"]
+    if not control:
+        return " No matched control was run, so no head is called bias-dependent."
+    return (f" {control['bias_dependent']} of {control['tested']} heads run exactly move it more than "
+            f"{control['n_control']} random directions of the same displacement norm (p ≤ 0.05).")
 
 
 def _estimate_text(numbers: dict) -> str:
@@ -431,17 +444,13 @@ def _estimate_text(numbers: dict) -> str:
 
 
 def ablation_step(ctx: Context) -> list[Section]:
-    """Zero-ablation of every head's bias, and the control: each bias replaced by a random direction of its
-    norm (``method="random"``) by the one-pass estimate only, so that the control costs one pass, not a
-    second sweep (its marks on the figure say which estimate they are; its rows are the section's table
-    ``ablation_random_control``, not a second sweep log)."""
+    """Zero-ablation of every head's bias; the heads run exactly carry their matched control (``n_control``
+    random directions of the same displacement norm, ``ablate_bias``'s default)."""
     batches = ctx.first(2)
     results = ablate_bias(ctx.model, batches, kinds=("q", "k", "v"), method="zero",
                           estimate=ctx.ablation_estimate, top_k=ctx.top_k,
                           out=ctx.out)  # its log (ablation.jsonl) beside the one table, ablation.csv
-    cheap = one_pass_estimate(ctx.model, str(results.metric.iloc[0]))
-    control = ablate_bias(ctx.model, batches, kinds=("q", "k", "v"), method="random", estimate=cheap)
-    return [summarise_ablation(results, ctx.name, ctx.data_label(batches), control)]
+    return [summarise_ablation(results, ctx.name, ctx.data_label(batches))]
 
 
 Step = Callable[[Context], list[Section]]

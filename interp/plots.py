@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -199,14 +199,13 @@ UNITS = {"next_token_ce": "nats", "cross_entropy": "nats", "feature_cosine": "co
 
 def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data: str = "") -> dict[str, plt.Figure]:
     """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads (with the 95% bootstrap interval
-    over items where there is one, and, where ``method="random"`` rows are among ``results``, each head's
-    random-direction control as a mark), estimate vs exact."""
+    over items where there is one, and each exact head's matched control, ``control_lo`` to ``control_hi``, as a
+    grey band; heads outside it at p <= 0.05, ``bias_dependent``, are starred), estimate vs exact."""
     check_table(results, "ablation_figures", ABLATION, ["layer", "head", "kind", "method", "estimate", "metric",
                                                         "delta", "baseline"],
                 keys=["layer", "head", "kind", "method", "estimate", "scope"])
     figs: dict[str, plt.Figure] = {}
     per_head = results[results.scope == "head"] if "scope" in results else results
-    control = per_head[per_head.method == "random"]
     most = per_head.groupby(["method", "estimate"]).size().groupby("method").max()
     for (method, estimate), df in per_head.groupby(["method", "estimate"]):
         metric = df.metric.iloc[0]
@@ -217,8 +216,7 @@ def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data
                 notes=panel_notes(df), subtitle=_ablation_subtitle(df, data),
                 title=f"{model_name}: effect of {method}-ablating each head's bias ({estimate})",
             )
-        figs[f"ablation_top_{method}_{estimate}"] = _top_heads_figure(
-            df, model_name, method, estimate, top, data, None if method == "random" else control)
+        figs[f"ablation_top_{method}_{estimate}"] = _top_heads_figure(df, model_name, method, estimate, top, data)
     for method, df in per_head.groupby("method"):
         for estimate in [e for e in dict.fromkeys(df.estimate) if e != "exact" and "exact" in set(df.estimate)]:
             figs[f"ablation_exact_vs_{estimate}_{method}"] = _estimate_scatter(df, model_name, method, estimate)
@@ -243,40 +241,45 @@ def _spread(ranked: pd.DataFrame) -> tuple[Optional[np.ndarray], str]:
     return None, ""
 
 
-def _control_marks(ax: plt.Axes, ranked: pd.DataFrame, control: Optional[pd.DataFrame]) -> None:
-    """Each shown head's delta under ``method="random"`` (exact where run, else the estimate) as a mark."""
-    if control is None or control.empty:
+CONTROL_LABEL = "matched control: {n} random directions of the same displacement norm (min to max)"
+
+
+def _control_bands(ax: plt.Axes, ranked: pd.DataFrame) -> None:
+    """Each shown head's matched control, ``control_lo`` to ``control_hi``, as a grey band behind its bar."""
+    if "control_lo" not in ranked or ranked.control_lo.isna().all():
         return
-    best = control.assign(_e=control.estimate != "exact").sort_values("_e", kind="stable")
-    best = best.drop_duplicates(["layer", "head", "kind"]).set_index(["layer", "head", "kind"])
-    keys = list(zip(ranked.layer, ranked["head"], ranked.kind))
-    y = [i for i, k in enumerate(keys) if k in best.index]
-    if y:
-        how = "/".join(dict.fromkeys(best.loc[[keys[i] for i in y]].estimate))
-        ax.scatter(best.loc[[keys[i] for i in y]].delta.to_numpy(), y, marker="D", s=28, facecolor="white",
-                   edgecolor="k", zorder=4, label=f"random direction, same norm ({how})")
+    y = np.arange(len(ranked))
+    has = ranked.control_lo.notna().to_numpy()
+    n = int(ranked.n_control[has].max())
+    ax.hlines(y[has], ranked.control_lo[has], ranked.control_hi[has], colors="0.55", lw=9, alpha=0.45, zorder=3,
+              label=CONTROL_LABEL.format(n=n))
+
+
+def _head_label(row: Any) -> str:
+    star = " *" if "bias_dependent" in row and row.bias_dependent is True else ""
+    return f"L{row.layer} H{row['head']} {row.kind}{star}"
 
 
 def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: str, top: int,
-                      data: str = "", control: Optional[pd.DataFrame] = None) -> plt.Figure:
+                      data: str = "") -> plt.Figure:
     metric = df.metric.iloc[0]
     runnable = df[df.identity.fillna("") == ""] if "identity" in df else df
     ranked = runnable.assign(abs_delta=runnable.delta.abs()).nlargest(top, "abs_delta")
-    fig, ax = plt.subplots(figsize=(9.5, 0.35 * max(len(ranked), 1) + 2.0))
-    labels = [f"L{r.layer} H{r['head']} {r.kind}" for _, r in ranked.iterrows()]
+    fig, ax = plt.subplots(figsize=(9.5, 0.35 * max(len(ranked), 1) + 2.3))
+    labels = [_head_label(r) for _, r in ranked.iterrows()]
     sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax)
     xerr, spread = _spread(ranked)
     if xerr is not None:  # spread over items (exact rows)
         ax.errorbar(ranked.delta.values, range(len(ranked)), xerr=xerr, fmt="none", ecolor="k", elinewidth=1, capsize=3)
-    _control_marks(ax, ranked, control)
+    _control_bands(ax, ranked)
     ax.axvline(0.0, color="k", lw=0.8)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))  # small deltas: short tick labels
     ax.set_xlabel(f"delta {metric} (ablated - intact, {UNITS.get(metric, 'metric units')}){spread}")
-    ax.set_ylabel("layer, head, kind")
-    ax.set_title(f"{model_name}: the {len(ranked)} most bias-dependent heads ({method}, {estimate})\n"
+    ax.set_ylabel("layer, head, kind (* outside its matched control, p <= 0.05)")
+    ax.set_title(f"{model_name}: the {len(ranked)} largest effects of {method}-ablating a head's bias ({estimate})\n"
                  + _ablation_subtitle(df, data), fontsize=10)
     if len(ranked):
-        ax.legend(title="kind", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     left_out = [f"{k}: {note.splitlines()[-1]}" for k, note in panel_notes(df).items()]
     if left_out:  # say which kinds have nothing to show, and why
         fig.text(0.01, 0.005, "not shown: " + "; ".join(left_out), fontsize=8, va="bottom")

@@ -48,22 +48,29 @@ def test_spearman_is_on_the_heads_run_both_ways_with_n_and_a_bootstrap_interval(
     assert cmp["spearman_lo"] <= cmp["spearman"] <= cmp["spearman_hi"]
 
 
-def test_the_top_heads_figure_draws_bootstrap_intervals_and_the_random_control():
+def test_the_top_heads_figure_draws_bootstrap_intervals_and_each_heads_matched_control_band():
     df = _rows()
     exact = df[df.estimate == "exact"].assign(delta_lo=lambda d: d.delta - 0.1, delta_hi=lambda d: d.delta + 0.25,
                                               delta_se=0.05)
-    control = exact.assign(method="random", delta=0.01, delta_lo=np.nan, delta_hi=np.nan)
-    figs = plots.ablation_figures(pd.concat([df[df.estimate == "atp"], exact, control]), "toy", top=4)
+    rng = np.random.default_rng(0)
+    lo = rng.uniform(-0.05, 0.0, len(exact))
+    exact = exact.assign(control_lo=lo, control_hi=lo + 0.04, n_control=19,
+                         bias_dependent=pd.array(np.arange(len(exact)) % 2 == 0, dtype="boolean"))
+    figs = plots.ablation_figures(pd.concat([df[df.estimate == "atp"], exact]), "toy", top=4)
     ax = figs["ablation_top_zero_exact"].axes[0]
-    segments = np.concatenate([c.get_segments() for c in ax.collections if hasattr(c, "get_segments")])
+    bars = [c for c in ax.collections if c.get_label().startswith("matched control")]
+    assert len(bars) == 1 and "19 random directions" in bars[0].get_label()
+    shown = exact.assign(a=exact.delta.abs()).nlargest(4, "a")
+    drawn = sorted((round(float(s[0, 0]), 9), round(float(s[1, 0]), 9)) for s in bars[0].get_segments())
+    assert drawn == sorted(zip(shown.control_lo.round(9), shown.control_hi.round(9)))  # the table's bands
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    starred = [f"L{r.layer} H{r['head']} {r.kind} *" for _, r in shown.iterrows() if r.bias_dependent]
+    assert sorted(t for t in labels if t.endswith("*")) == sorted(starred)
+    segments = np.concatenate([c.get_segments() for c in ax.collections
+                               if hasattr(c, "get_segments") and c not in bars])
     widths = sorted({round(float(s[1, 0] - s[0, 0]), 6) for s in segments if s[0, 1] == s[1, 1]})
     assert widths == [0.35]  # lo to hi (0.1 + 0.25), not the standard error
-    marks = [c for c in ax.collections if c.get_label().startswith("random direction")]
-    assert len(marks) == 1 and np.allclose(marks[0].get_offsets()[:, 0], 0.01) and len(marks[0].get_offsets()) == 4
     assert "95% bootstrap interval over items" in ax.get_xlabel()
-    assert "ablation_top_random_exact" in figs  # the control has its own figure, without marks
-    own = figs["ablation_top_random_exact"].axes[0]
-    assert not [c for c in own.collections if c.get_label().startswith("random direction")]
 
 
 def test_interval_figure_draws_each_heads_lo_to_hi():

@@ -20,6 +20,7 @@ from interp.data import Batch, model_inputs
 from interp.errors import InputError
 from interp.hooks import block_hook
 from interp.models.bridge import InterpBridge
+from interp.patching import StopForward
 
 DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
 TASK_METRICS = ("next_token_ce", "cross_entropy")
@@ -164,16 +165,21 @@ def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Ba
 
 def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: bool) -> tuple[Tensor, Optional[Tensor]]:
     """(output, final hidden states if asked) of one forward with ``hooks``; ``batch`` must have
-    passed ``Batch.check`` (the forward skips its checks, which would sync a GPU)."""
+    passed ``Batch.check`` (the forward skips its checks, which would sync a GPU). With ``need_hidden`` the
+    forward stops after the last block and the hidden states stand in for the output (no unembedding)."""
     x, kw = model_inputs(model, batch)
     store: dict[str, Tensor] = {}
     all_hooks = list(hooks)
-    if need_hidden:
+    if need_hidden:  # a hidden-state metric reads nothing after the last block (e.g. MiniLM's random MLM head)
         def grab(t: Tensor, hook: Any) -> None:
             store["hidden"] = t
+            raise StopForward
         all_hooks.append((block_hook(model.interp.n_layers - 1, "hook_out"), grab))
-    with inputs_checked_on_host():  # every sweep checks its batches on the host first (Batch.check)
-        out = model.run_with_hooks(x, fwd_hooks=all_hooks, **kw)
+    try:
+        with inputs_checked_on_host():  # every sweep checks its batches on the host first (Batch.check)
+            out = model.run_with_hooks(x, fwd_hooks=all_hooks, **kw)
+    except StopForward:
+        return store["hidden"], store["hidden"]
     out = out if isinstance(out, Tensor) else out[0]
     return out, store.get("hidden")
 

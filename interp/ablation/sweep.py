@@ -16,12 +16,29 @@ Estimates (the ``estimate`` column):
   drawn at random by ``seed`` among the rest ("sample"): rows of both, to compare, on heads whose
   choice does not depend on the estimate too. An ``exact`` request's rows say "requested".
 
+Matched control (exact rows; ``n_control`` draws, default 19): every exact bias variant is run again
+``n_control`` times with each targeted head's displacement s_h = a' - a replaced by a random direction of the
+same norm ||s_h|| (``interp.patching.control_patch_hooks``; draws fixed by ``seed``). With c_1..c_n the control
+deltas: ``control_lo`` / ``control_hi`` = min / max c_d, ``control_p`` = (1 + #{d: |c_d| >= |delta|}) / (n + 1)
+(the Monte Carlo p-value of "a random direction of the same displacement moves the metric as much"),
+``outside_control`` = delta outside [control_lo, control_hi], and ``bias_dependent`` = control_p <= 0.05: the
+head's own bias direction matters, beyond how far the method moves it. The smallest p is 1 / (n + 1), so fewer
+than 19 draws can never call a head bias-dependent. Cost: an exact variant is 1 + ``n_control`` patched
+forwards (stacked, on the same replayed prefix). Implicit kinds (sink_v, massive) have no control (NaN);
+identity rows have controls of exactly 0 by the same identity (control_p 1). Estimated rows carry none
+(bias_dependent missing, not False). ``displacement_norm`` = sqrt(sum_h ||s_h||^2) on every bias row.
+
+Methods and what they displace: zero moves a by ||b_h||; mean by ||E[XW]_h - b_h||; layer_mean by
+||mean_h' b_h' - b_h||; random (b replaced by a random vector r of its norm) by ||r_h - b_h||, about
+sqrt(2) ||b_h||, so ``method="random"`` is not a matched control of zeroing: the control columns are.
+
+Which heads "auto" runs exactly does not depend on the method: the ``top_k`` per kind by the one-pass estimate
+of *zeroing* (computed too when ``method`` is another), and ``sample_k`` drawn by ``seed`` among the rest.
+
 Uncertainty: ``delta_lo`` / ``delta_hi`` (exact rows) are the 95% percentile bootstrap over items
 (``n_boot`` resamples fixed by ``seed``, ``interp.bootstrap``) of the same ratio of per-item sums as the
 delta, so independent of the batching; over batches for a callable metric that returns one scalar per
-batch. ``method="random"`` replaces each bias by a random direction of its norm (per head, fixed by
-``seed``; ``interp.patching``): the control any other method's deltas can be held against. ``n_boot``
-and ``seed`` are in the fingerprint.
+batch. ``n_boot``, ``n_control`` and ``seed`` are in the fingerprint.
 
 Variants the mathematics answers (b_k under positions that cancel it, absent biases, b_v
 folded) are written without a forward, with the reason in ``identity``. With ``out``, each
@@ -31,6 +48,7 @@ table is written as ``out/ablation.csv`` / ``.parquet`` (one name: a later call 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -56,24 +74,29 @@ from interp.ablation.variants import Variant, make_variants
 from interp.analysis.sink_parts import check_positive
 from interp._version import __version__
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
-from interp.checks import check_count, check_not_blank
+from interp.checks import check_count, check_frames, check_not_blank
 from interp.data import Batch, batch_to_device, iter_batches
 from interp.errors import InputError, public
 from interp.fingerprint import callable_identity, data_fingerprint, hooks_identity, model_fingerprint
 from interp.heads import bias_present
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.patching import Target, check_method, repeat_batch, stacked_patch_hooks
+from interp.patching import (Target, bias_patch_hooks, check_method, control_patch_hooks, displacement_norm,
+                             repeat_batch, stack_hooks)
 from interp.record import record_qkv
 from interp.stats import QKVStats
 from interp.types import ESTIMATES, METHODS, Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
-           "delta_se", "delta_lo", "delta_hi", "kl", "n_targets", "identity", "exact_because", "below_rounding",
-           "model_fingerprint", "data_fingerprint", "options"]
+           "delta_se", "delta_lo", "delta_hi", "displacement_norm", "control_lo", "control_hi", "control_p",
+           "n_control", "outside_control", "bias_dependent", "kl", "n_targets", "identity", "exact_because",
+           "below_rounding", "model_fingerprint", "data_fingerprint", "options"]
 PREFIX_BUDGET = 2 * 2**30  # bytes of intact block outputs prefix reuse may keep (all batches together)
+CONTROL_ALPHA = 0.05  # bias_dependent: control_p at most this (needs n_control >= 19)
 NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "delta_lo": float,
-           "delta_hi": float, "kl": float, "n_targets": int, "below_rounding": bool}
+           "delta_hi": float, "displacement_norm": float, "control_lo": float, "control_hi": float,
+           "control_p": float, "n_control": int, "outside_control": "boolean", "bias_dependent": "boolean", "kl": float,
+           "n_targets": int, "below_rounding": bool}
 
 
 @dataclass(frozen=True)
@@ -102,6 +125,7 @@ class SweepOptions:
     sample_k: int = 5
     n_projections: int = 8
     n_boot: int = 1000
+    n_control: int = 19
     seed: int = 0
     shard: tuple[int, int] = (0, 1)
     progress: bool = True
@@ -113,7 +137,8 @@ class SweepOptions:
     BINDS: ClassVar[dict[str, str]] = {
         "method": "key", "estimate": "key", "max_batches": "fingerprint", "stack": "none", "force_exact": "none",
         "reuse_prefix": "none", "top_k": "none", "sample_k": "none", "n_projections": "fingerprint",
-        "n_boot": "fingerprint", "seed": "fingerprint", "shard": "fingerprint", "progress": "none",
+        "n_boot": "fingerprint", "n_control": "fingerprint", "seed": "fingerprint", "shard": "fingerprint",
+        "progress": "none",
         "overwrite": "none", "positions": "key", "abs_threshold": "key", "ratio_threshold": "key"}
 
     def __post_init__(self) -> None:
@@ -127,6 +152,7 @@ class SweepOptions:
         n_boot, seed = check_bootstrap(self.n_boot, self.seed)
         checked = dict(top_k=check_count("top_k", self.top_k, minimum=0), stack=check_count("stack", self.stack),
                        sample_k=check_count("sample_k", self.sample_k, minimum=0), n_boot=n_boot, seed=seed,
+                       n_control=check_count("n_control", self.n_control, minimum=0),
                        n_projections=int(self.n_projections), shard=check_shard(self.shard),
                        abs_threshold=check_positive(self.abs_threshold, "abs_threshold"),
                        ratio_threshold=check_positive(self.ratio_threshold, "ratio_threshold"),
@@ -137,7 +163,7 @@ class SweepOptions:
 
     def fingerprint(self, distance: bool) -> dict:
         """The options bound into the log's fingerprint ("fingerprint" in ``BINDS``)."""
-        bound = dict(max_batches=self.max_batches, n_boot=self.n_boot, seed=self.seed)
+        bound = dict(max_batches=self.max_batches, n_boot=self.n_boot, n_control=self.n_control, seed=self.seed)
         if distance:
             bound["n_projections"] = self.n_projections
         if self.shard[1] > 1:
@@ -287,12 +313,27 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, opts: Sweep
     return run
 
 
+def control_columns(delta: float, controls: Optional[Sequence[float]]) -> dict:
+    """The matched control's columns from its draws' deltas c_d (module doc): band, Monte Carlo p-value of
+    |delta| among the |c_d|, and the calls. ``controls`` None or empty: no control (NaN, missing calls)."""
+    if not controls:
+        return dict(control_lo=float("nan"), control_hi=float("nan"), control_p=float("nan"), n_control=0,
+                    outside_control=None, bias_dependent=None)
+    c = np.asarray(controls, dtype=float)
+    p = (1 + int(np.sum(np.abs(c) >= abs(delta)))) / (len(c) + 1)
+    return dict(control_lo=float(c.min()), control_hi=float(c.max()), control_p=p, n_control=len(c),
+                outside_control=bool(delta < c.min() or delta > c.max()), bias_dependent=bool(p <= CONTROL_ALPHA))
+
+
 def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float,
-         identity: str = "", spread: tuple[float, float, float] = (float("nan"),) * 3) -> dict:
-    """One result row; ``spread`` = (delta_se, delta_lo, delta_hi) where per-item sums exist (exact rows)."""
+         identity: str = "", spread: tuple[float, float, float] = (float("nan"),) * 3,
+         controls: Optional[Sequence[float]] = None, displacement: float = float("nan")) -> dict:
+    """One result row; ``spread`` = (delta_se, delta_lo, delta_hi) where per-item sums exist (exact rows);
+    ``controls``: the matched control's deltas (exact and identity rows)."""
     return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
                 estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
-                delta=ablated - run.baseline, delta_se=spread[0], delta_lo=spread[1], delta_hi=spread[2], kl=kl,
+                delta=ablated - run.baseline, delta_se=spread[0], delta_lo=spread[1], delta_hi=spread[2],
+                displacement_norm=displacement, **control_columns(ablated - run.baseline, controls), kl=kl,
                 n_targets=len(var.targets), identity=identity,
                 below_rounding=bool(not identity and abs(ablated - run.baseline) < run.rounding),
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
@@ -344,39 +385,102 @@ def _patched_forward(run: _Run, index: int, n: int, start: int, hooks: list) -> 
         return metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One patched forward of the exact stage: a variant itself (``draw`` -1) or a draw of its matched control."""
+
+    var: Variant
+    draw: int = -1
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return self.var.targets
+
+
+def _has_control(var: Variant, method: str) -> bool:
+    """Bias variants get a matched control; implicit ones (no bias vector) and b_v's exact fold do not."""
+    return not is_implicit(var.targets) and method != "fold"
+
+
+def _job_hooks(run: _Run, group: list[_Job], stats: Optional[QKVStats], opts: SweepOptions) -> list:
+    """The stacked hooks of one group of jobs (variant-major on the batch axis)."""
+    per_job = []
+    for job in group:
+        plain = explicit_targets(job.targets)  # sink_v / massive hooks are added below
+        if not plain:
+            per_job.append([])
+        elif job.draw < 0:
+            per_job.append(bias_patch_hooks(run.model, plain, opts.method, stats, opts.seed))
+        else:
+            per_job.append(control_patch_hooks(run.model, plain, opts.method, job.draw, stats, opts.seed))
+    implicit = [job.targets if job.draw < 0 else () for job in group]
+    return stack_hooks(per_job) + stacked_implicit_hooks(run.implicit, implicit, opts.method)
+
+
+def _run_group(run: _Run, group: list[_Job], start: int, hooks: list) -> list[tuple[list[Tensor], list]]:
+    """Per job: (per-batch per-item metric sums, per-batch KL from the intact run; None for control draws)."""
+    n = len(group)
+    vals: list[list[Tensor]] = [[] for _ in group]
+    kls: list[list] = [[] for _ in group]
+    for index, (batch, ref) in enumerate(zip(run.batches, run.refs)):
+        out, hidden = _patched_forward(run, index, n, start, hooks)
+        hiddens = hidden.chunk(n) if hidden is not None else [None] * n
+        for i, (o, h) in enumerate(zip(out.chunk(n), hiddens)):
+            vals[i].append(run.items(o, h, ref, batch)[0].detach())  # on the device: no sync per batch
+            logits = group[i].draw < 0 and not run.need_hidden  # a hidden-state metric's forward has no logits
+            kls[i].append(metrics.kl_from_intact(run.model, ref["output"], o, batch) if logits else None)
+    return list(zip(vals, kls))
+
+
 def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats], log: ResultLog,
            opts: SweepOptions) -> None:
+    """Each variant's patched forwards and its matched control's (``n_control`` draws), stacked ``stack`` at a
+    time; a variant's row is logged as soon as all of its forwards are done."""
     method = opts.method
-    bar = tqdm(total=len(todo), desc=f"ablate {method} (exact)", disable=not opts.progress, unit="variant")
+    draws = {v: opts.n_control if _has_control(v, method) else 0 for v in todo}
+    jobs = [_Job(v, d) for v in todo for d in range(-1, draws[v])]
+    left = dict(draws)
+    done: dict[Variant, dict] = {v: dict(controls=[]) for v in todo}
+    bar = tqdm(total=len(jobs), desc=f"ablate {method} (exact, with {opts.n_control} control draws)",
+               disable=not opts.progress, unit="forward")
     with torch.no_grad():
-        for start, group in _groups(todo, opts.stack, bool(run.block_outputs)):
-            n = len(group)
-            plain = [explicit_targets(v.targets) for v in group]  # sink_v / massive hooks are added below
-            hooks = stacked_patch_hooks(run.model, plain, method, stats, opts.seed) if any(plain) else []
-            hooks += stacked_implicit_hooks(run.implicit, [v.targets for v in group], method)
-            vals: list[list[Tensor]] = [[] for _ in group]  # per variant: per-item sums of each batch
-            kls: list[list[Optional[Tensor]]] = [[] for _ in group]
-            for index, (batch, ref) in enumerate(zip(run.batches, run.refs)):
-                out, hidden = _patched_forward(run, index, n, start, hooks)
-                hiddens = hidden.chunk(n) if hidden is not None else [None] * n
-                for i, (o, h) in enumerate(zip(out.chunk(n), hiddens)):
-                    vals[i].append(run.items(o, h, ref, batch)[0].detach())  # on the device: no sync per batch
-                    kls[i].append(metrics.kl_from_intact(run.model, ref["output"], o, batch))
-            for var, vv, kk in zip(group, vals, kls):  # one host sync per group of stacked variants
-                kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
-                ablated, *spread = run.ablated_and_se(torch.cat(vv))
-                log.add(_row(var, keys[var], method, "exact", run, ablated, kl, spread=tuple(spread)))
-            bar.update(n)
+        for start, group in _groups(jobs, opts.stack, bool(run.block_outputs)):
+            for job, (vv, kk) in zip(group, _run_group(run, group, start, _job_hooks(run, group, stats, opts))):
+                sums = torch.cat(vv)
+                if job.draw < 0:
+                    kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
+                    done[job.var].update(result=run.ablated_and_se(sums), kl=kl)
+                else:
+                    done[job.var]["controls"].append(float(sums.sum() / sum(run.weights_per_item)) - run.baseline)
+                    left[job.var] -= 1
+            for var in dict.fromkeys(job.var for job in group):  # one host sync per group of stacked forwards
+                if left[var] == 0 and "result" in done[var]:
+                    ablated, *spread = done[var].pop("result")
+                    log.add(_row(var, keys[var], method, "exact", run, ablated, done[var]["kl"],
+                                 spread=tuple(spread), controls=done[var]["controls"] if draws[var] else None,
+                                 displacement=_displacement(run, var, stats, opts)))
+            bar.update(len(group))
     bar.close()
 
 
-def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, method: Method, estimate: str,
-                        log: ResultLog) -> list[Variant]:
-    """Log the rows an identity answers (no forward); return the variants left to run."""
+def _displacement(run: _Run, var: Variant, stats: Optional[QKVStats], opts: SweepOptions) -> float:
+    plain = explicit_targets(var.targets)
+    if is_implicit(var.targets) or not plain:
+        return float("nan")
+    return displacement_norm(run.model, plain, opts.method, stats, opts.seed)
+
+
+def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, estimate: str, stats: Optional[QKVStats],
+                        log: ResultLog, opts: SweepOptions) -> list[Variant]:
+    """Log the rows an identity answers (no forward); return the variants left to run. The identity answers the
+    matched control too (a random direction of the same displacement is as inert): its draws are exactly 0."""
+    method = opts.method
     reasons = {v: identity_reason(run.model, v, method) or (run.implicit.reason(v.targets) if run.implicit else "")
                for v in todo}
     for var in [v for v in todo if reasons[v]]:
-        log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var]))
+        controls = [0.0] * opts.n_control if _has_control(var, method) else None
+        log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var], controls=controls,
+                     displacement=_displacement(run, var, stats, opts)))
     return [v for v in todo if not reasons[v]]
 
 
@@ -388,7 +492,7 @@ def _run_estimate(run: _Run, variants: list[Variant], estimate: str, stats: Opti
     keys = {v: variant_key(v, method, estimate, run.metric_name, run.implicit) for v in variants}
     force = opts.force_exact
     todo = [v for v in variants if keys[v] not in log.rows or (force and log.rows[keys[v]].get("identity"))]
-    todo = todo if force else _answer_by_identity(run, todo, keys, method, estimate, log)
+    todo = todo if force else _answer_by_identity(run, todo, keys, estimate, stats, log, opts)
     if estimate == "exact":
         _exact(run, todo, keys, stats, log, opts)
     elif todo:
@@ -399,8 +503,10 @@ def _run_estimate(run: _Run, variants: list[Variant], estimate: str, stats: Opti
         else:
             deltas = (atp_star_deltas if estimate == "atp" else attribution_deltas)(job, run.value)
         for var, d in zip(todo, deltas):
-            log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan")))
-    missing = {c: False if NUMERIC.get(c) is bool else float("nan") if c in NUMERIC else "" for c in COLUMNS}
+            log.add(_row(var, keys[var], method, estimate, run, run.baseline + d, float("nan"),
+                         displacement=_displacement(run, var, stats, opts)))
+    missing = {c: False if NUMERIC.get(c) is bool else None if NUMERIC.get(c) == "boolean"
+               else float("nan") if c in NUMERIC else "" for c in COLUMNS}
     df = pd.DataFrame([{c: log.rows[keys[v]].get(c, missing[c]) for c in COLUMNS}
                        for v in variants], columns=COLUMNS)
     df["options"] = [run.options(v) for v in variants]  # from this run: resumed rows match it (fingerprint, keys)
@@ -449,9 +555,13 @@ def _sweep(run: _Run, variants: list[Variant], stats: Optional[QKVStats], log: R
     if opts.estimate != "auto":
         df = _run_estimate(run, variants[rank::world], opts.estimate, stats, log, opts)
         return df.assign(exact_because="requested" if opts.estimate == "exact" else "")
-    estimated = _run_estimate(run, variants, one_pass_estimate(run.model, run.metric_name), stats, log, opts)
-    top = top_variants(estimated, variants, opts.top_k)
-    sample = sample_variants(estimated, variants, top, opts.sample_k, opts.seed)
+    one_pass = one_pass_estimate(run.model, run.metric_name)
+    estimated = _run_estimate(run, variants, one_pass, stats, log, opts)
+    # one rule whatever the method: rank by the estimate of zeroing, so that two methods run the same heads
+    ranking = estimated if opts.method == "zero" else _run_estimate(
+        run, variants, one_pass, stats, log, dataclasses.replace(opts, method="zero"))
+    top = top_variants(ranking, variants, opts.top_k)
+    sample = sample_variants(ranking, variants, top, opts.sample_k, opts.seed)
     why = {v: "top" for v in top} | {v: "sample" for v in sample}
     chosen = [v for v in variants if v in why][rank::world]
     exact = _run_estimate(run, chosen, "exact", stats, log, opts).assign(exact_because=[why[v] for v in chosen])
@@ -526,6 +636,8 @@ def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     if isinstance(frames, pd.DataFrame) or not frames or not all(isinstance(f, pd.DataFrame) for f in frames):
         raise InputError("merge_shards takes a list of the ranks' ablate_bias DataFrames (e.g. [pd.read_parquet(p) "
                          f"for p in paths]); got {type(frames).__name__}" + (" (empty)" if not frames else ""))
+    check_frames(frames, ["layer", "head", "kind", "scope", "method", "estimate", "n_targets"], "merge_shards",
+                 "interp.ablate_bias(model, data, shard=(rank, world))")
     df = pd.concat(frames, ignore_index=True)
     for column in ("model_fingerprint", "data_fingerprint"):
         if column in df and df[column].nunique() > 1:
@@ -560,17 +672,21 @@ def ablate_bias(
     shard: tuple[int, int] = (0, 1), progress: bool = True,
     layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
     positions: Any = None, abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
-    sample_k: int = 5, n_boot: int = 1000, seed: int = 0,
+    sample_k: int = 5, n_boot: int = 1000, seed: int = 0, n_control: int = 19,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
 
     Columns: layer, head (None where the variant spans several), kind, scope (head | layer | all | custom), method,
     estimate, metric, baseline, ablated, delta (= ablated - baseline), delta_se (standard error over items; exact
-    rows), delta_lo / delta_hi, kl (exact, with logits), n_targets, identity, exact_because, below_rounding
-    (float16/bfloat16: |delta| < eps(dtype) x |baseline|), model_fingerprint, data_fingerprint, options (JSON: what
-    the row depends on besides model, data and variant; ``SweepOptions``): see the module doc for the intervals,
-    ``sample_k``, ``n_boot``, ``seed`` and ``method="random"``. ``method``, ``estimate`` and every keyword after
-    them but ``stats``, ``out``, ``layers`` and ``heads`` are the fields of ``SweepOptions``, checked once.
+    rows), delta_lo / delta_hi, displacement_norm, the matched control's control_lo / control_hi / control_p /
+    n_control / outside_control / bias_dependent (exact rows: ``n_control`` random directions of the same
+    displacement norm; a head is bias-dependent only when control_p <= 0.05; module doc), kl (exact, with logits;
+    NaN under embedding_cosine, whose forward stops at the last block), n_targets, identity, exact_because,
+    below_rounding (float16/bfloat16: |delta| < eps(dtype) x |baseline|), model_fingerprint, data_fingerprint,
+    options (JSON: what the row depends on besides model, data and variant; ``SweepOptions``): see the module doc
+    for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``seed`` and ``method="random"``. ``method``,
+    ``estimate`` and every keyword after them but ``stats``, ``out``, ``layers`` and ``heads`` are the fields of
+    ``SweepOptions``, checked once.
     ``metric`` is "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine, feature_cosine,
     or a callable ``f(output, batch) -> scalar tensor``.
     ``estimate``: see the module doc. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
@@ -590,7 +706,7 @@ def ablate_bias(
                         force_exact=force_exact, reuse_prefix=reuse_prefix, top_k=top_k, sample_k=sample_k,
                         n_projections=n_projections, n_boot=n_boot, seed=seed, shard=shard, progress=progress,
                         overwrite=overwrite, positions=positions, abs_threshold=abs_threshold,
-                        ratio_threshold=ratio_threshold)
+                        ratio_threshold=ratio_threshold, n_control=n_control)
     return _ablate(model, data, make_variants(model.interp, kinds, scope, layers, heads), metric, stats, out, opts)
 
 

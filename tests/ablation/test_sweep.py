@@ -82,9 +82,9 @@ def test_mean_method_replaces_b_with_the_content_mean():
 def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     model = interp.load_model(tiny_hf_model("gpt2"), device="cpu")
     data = lm_batches("gpt2")
-    straight = ablate_bias(model, data, kinds=("q", "v"), progress=False, estimate="exact")
+    straight = ablate_bias(model, data, kinds=("q", "v"), progress=False, estimate="exact", n_control=2)
     out = tmp_path / "sweep"
-    ablate_bias(model, data, kinds=("q", "v"), out=out, progress=False, estimate="exact")
+    ablate_bias(model, data, kinds=("q", "v"), out=out, progress=False, estimate="exact", n_control=2)
     log = out / "ablation.jsonl"
     lines = log.read_text().splitlines()
     log.write_text("\n".join(lines[:6]) + "\n" + lines[6][:17])  # fingerprint + 5 done, one torn write
@@ -92,11 +92,13 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     orig = interp.ablation.metrics.run_forward
     interp.ablation.metrics.run_forward = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
     try:
-        resumed = ablate_bias(model, data, kinds=("q", "v"), out=out, stack=1, progress=False, estimate="exact")
+        resumed = ablate_bias(model, data, kinds=("q", "v"), out=out, stack=1, progress=False, estimate="exact",
+                              n_control=2)
     finally:
         interp.ablation.metrics.run_forward = orig
     n_variants = len(straight)
-    assert len(calls) == len(data) * (1 + n_variants - 5)  # baseline + only the unfinished ones
+    assert len(calls) == len(data) * (1 + (n_variants - 5) * (1 + 2))  # baseline + only the unfinished ones
+    torch.testing.assert_close(torch.tensor(resumed.control_lo.values), torch.tensor(straight.control_lo.values))
     assert resumed[["layer", "head", "kind"]].equals(straight[["layer", "head", "kind"]])
     torch.testing.assert_close(torch.tensor(resumed.delta.values), torch.tensor(straight.delta.values))
     assert all(json.loads(l) for l in log.read_text().splitlines())
@@ -106,7 +108,8 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
 
 def test_attribution_tracks_exact_on_the_trained_vit():
     model = interp.load_model("digits-vit", device="cpu")
-    exact = ablate_bias(model, "digits", kinds=("q", "v"), max_batches=8, progress=False, estimate="exact")
+    exact = ablate_bias(model, "digits", kinds=("q", "v"), max_batches=8, progress=False, estimate="exact",
+                        n_control=0)  # the control is not what this compares
     approx = ablate_bias(model, "digits", kinds=("q", "v"), estimate="attribution", max_batches=8, progress=False)
     assert (exact.metric == "cross_entropy").all()
     for kind in "qv":
@@ -138,9 +141,12 @@ def test_stacked_variants_equal_one_forward_each(family):
     model = interp.load_model(tiny_hf_model(family), device="cpu")
     data = lm_batches(family)
     metric = "feature_cosine" if family == "vit" else "next_token_ce"
-    one = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=1, progress=False, estimate="exact")
-    many = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=5, progress=False, estimate="exact")
+    one = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=1, progress=False, estimate="exact",
+                      n_control=2)
+    many = ablate_bias(model, data, kinds=("q", "v"), metric=metric, stack=5, progress=False, estimate="exact",
+                      n_control=2)
     assert (one.delta - many.delta).abs().max() <= 1e-6
+    assert (one.control_lo - many.control_lo).abs().max() <= 1e-6  # control draws stack like variants
     fold1 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=1, progress=False, estimate="exact")
     fold3 = ablate_bias(model, data, kinds=("v",), method="fold", metric=metric, stack=3, progress=False, estimate="exact")
     assert (fold1.delta - fold3.delta).abs().max() <= 1e-6
@@ -155,12 +161,15 @@ def test_identities_answer_without_forwards_and_agree_with_forced_forwards(monke
     calls = []
     real = metrics.run_forward
     monkeypatch.setattr(metrics, "run_forward", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    fast = interp.ablate_bias(model, [x], kinds=("q", "k", "v"), stack=1, progress=False, estimate="exact")
+    fast = interp.ablate_bias(model, [x], kinds=("q", "k", "v"), stack=1, progress=False, estimate="exact",
+                              n_control=2)
     k = fast[fast.kind == "k"]
     assert (k.identity == "b_k cancels in the softmax under learned positions").all()
     assert (k.delta == 0).all() and (k.kl == 0).all()
     assert (fast[fast.kind != "k"].identity == "").all()
-    assert len(calls) == 1 + 2 * 4 * 2  # the intact run + one forward per q and v head, none for k
+    # the intact run + per q and v head one forward and 2 control draws; none for k, whose controls are 0 too
+    assert len(calls) == 1 + 2 * 4 * 2 * (1 + 2)
+    assert (k.control_lo == 0).all() and (k.control_hi == 0).all() and (k.n_control == 2).all()
     forced = interp.ablate_bias(model, [x], kinds=("k",), stack=1, force_exact=True, progress=False, estimate="exact")
     assert (forced.identity == "").all() and forced.delta.abs().max() <= 1e-5  # float32 rounding only
 
@@ -347,3 +356,11 @@ def test_atp_star_reads_gpt2_inverse_layer_scaling():
     atp = interp.ablate_bias(model, data, kinds=("q",), estimate="atp", progress=False)
     ratio = (atp.delta / exact.delta).groupby(atp.layer).median()  # 2.0 at layer 1, 3.0 at layer 2 before
     np.testing.assert_allclose(ratio, 1.0, atol=0.05)
+
+
+def test_merge_shards_refuses_another_analyzers_table():
+    import pandas as pd
+
+    profile = pd.DataFrame(dict(layer=[0, 0], head=[0, 1], position=["first", "first"], mass=[0.5, 0.2]))
+    with pytest.raises(InputError, match=r"merge_shards takes tables of interp\.ablate_bias\(model.*frame 0 lacks kind"):
+        interp.merge_shards([profile, profile])
