@@ -428,3 +428,23 @@ def test_findings_value_bias_comparison_is_in_normalised_units():
     (smol_rel, smol_raw), (mini_rel, mini_raw) = medians["smollm2-135m"], medians["minilm-l6"]
     assert [agrees(q, v) for q, v in zip(said.groups(), (smol_rel, mini_rel, smol_raw, mini_raw, smol_raw / mini_raw))] \
         == [True] * 5, (said.groups(), medians)
+
+
+def test_readme_matched_control_figures_equal_ablation_control_csv():
+    """The README's matched-control counts and example come from docs/results/minilm-l6/ablation_control.csv."""
+    t = pd.read_csv(RESULTS / "minilm-l6" / "ablation_control.csv")
+    top = t.assign(a=t.delta.abs()).nlargest(10, "a")
+    text = re.search(r"\*\*(\d+) of the (\d+)\s+largest exact effects are bias-dependent\*\* .*? p = ([\d.]+), the "
+                     r"smallest (\d+) draws allow\), (\d+) of the (\d+) heads run exactly; e\.g\. L(\d+) H(\d+) ([qkv]) "
+                     r"([-\d.e]+)\s+against a control band of \[([-\d.e]+), ([-\d.e]+)\]\. .*?moved \*\*(\d+) of "
+                     r"those (\d+)\*\* as much or more", README, re.S)
+    assert text, "README matched-control paragraph not found"
+    dep, n_top, p, draws, dep_all, n_all, layer, head, kind, delta, lo, hi, as_large, n_top2 = text.groups()
+    assert int(n_top) == int(n_top2) == len(top) == 10 and int(dep) == int(top.bias_dependent.sum())
+    assert int(draws) == int(t.n_control.max()) == 19 and agrees(p, top.control_p.max())
+    assert (int(dep_all), int(n_all)) == (int(t.bias_dependent.sum()), len(t))
+    first = top.iloc[0]
+    assert (int(layer), int(head), kind) == (first.layer, first["head"], first.kind)
+    for quoted, value in zip((delta, lo, hi), (first.delta, first.control_lo, first.control_hi)):
+        assert agrees(quoted, value), (quoted, value)
+    assert int(as_large) == int((top.random_delta.abs() >= top.delta.abs()).sum())

@@ -164,3 +164,23 @@ def test_cli_ablate_takes_method_random_seed_n_boot_and_sample_k(tmp_path):
     assert (exact.delta_lo <= exact.delta).all() and (exact.delta <= exact.delta_hi).all()
     header = (tmp_path / "ablation.jsonl").read_text().splitlines()[0]
     assert '"seed": 3' in header and '"n_boot": 40' in header
+
+
+def test_cli_ablate_control_equals_the_api(tmp_path, capsys):
+    """`interp ablate --n-control` writes the API's control columns and prints the band and the call."""
+    from interp.cli import main as cli_main
+    import pandas as pd
+    argv = ["ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1", "--kinds", "q,v",
+            "--layers", "0", "--heads", "0,1", "--estimate", "exact", "--n-control", "3", "--n-boot", "20",
+            "--out", str(tmp_path)]
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "control_lo" in printed and "bias_dependent" in printed
+    cli = pd.read_csv(tmp_path / "ablation.csv")
+    model = interp.load_model("digits-vit")
+    api = interp.ablate_bias(model, "digits", kinds=("q", "v"), layers=[0], heads=[0, 1], estimate="exact",
+                             n_control=3, n_boot=20, max_batches=1, progress=False)
+    assert (cli.n_control == 3).all()
+    for column in ("delta", "control_lo", "control_hi", "control_p", "displacement_norm"):
+        np.testing.assert_allclose(cli[column].to_numpy(), api[column].to_numpy(), rtol=1e-9, atol=1e-12)
+    assert cli.bias_dependent.tolist() == api.bias_dependent.tolist() == [False] * len(api)  # 3 draws: p >= 0.25
