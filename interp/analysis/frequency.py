@@ -391,28 +391,36 @@ def null_covariance(R: np.ndarray, dof: int) -> tuple[np.ndarray, np.ndarray, st
     return np.clip(lam, 0.0, None), vec, "sample" if dof > R.shape[1] else "sample_singular"
 
 
-def null_centres(X: np.ndarray, layers: np.ndarray, null: str) -> tuple[np.ndarray, int]:
-    """(the null's mean per head, residual degrees of freedom): ``gaussian_covariance``: the grand mean (n - 1);
-    ``gaussian_layer_means``: each head's layer mean (n - L), where some layer has two heads (else as the former)."""
+def null_centres(X: np.ndarray, layers: np.ndarray, null: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(the null's mean per head, its spread per head, residual degrees of freedom). ``gaussian_covariance``:
+    the grand mean, spread 1 (n - 1). ``gaussian_layer_means`` (where some layer has two heads): head i's layer
+    mean and its layer's own scale s_g = sqrt(v_g / v) (n - L), v_g = sum_{i in g} ||x_i - m_g||^2 / (n_g - 1)
+    and v the same pooled over layers (a layer of one head: s = 1), so a quiet layer stays quiet."""
     if null == "gaussian_layer_means":
         frame = pd.DataFrame(X).groupby(layers)
         if frame.ngroups < len(X):
-            return frame.transform("mean").to_numpy(), len(X) - frame.ngroups
-    return np.broadcast_to(X.mean(0), X.shape), len(X) - 1
+            centres = frame.transform("mean").to_numpy()
+            power = pd.Series(((X - centres) ** 2).sum(1)).groupby(layers)
+            v_g = power.sum() / (power.count() - 1).clip(lower=1)
+            v = power.sum().sum() / (len(X) - frame.ngroups)
+            scale = np.where(power.count() > 1, np.sqrt(v_g / v) if v > 0 else 1.0, 1.0)
+            return centres, pd.Series(scale, index=v_g.index).loc[layers].to_numpy(), len(X) - frame.ngroups
+    return np.broadcast_to(X.mean(0), X.shape), np.ones(len(X)), len(X) - 1
 
 
 def gaussian_null(X: np.ndarray, seed: int, n_null: int, layers: Optional[np.ndarray] = None,
                   null: str = "gaussian_covariance") -> tuple[np.ndarray, str]:
-    """The 2-means cluster index of ``n_null`` sets of heads drawn from N(centre_i, Sigma) (``null_centres``;
-    Sigma: ``null_covariance`` of X minus the centres), each standardised as X was: one family that keeps
-    the features' correlations (spectral bins move together) and, with layer means, each layer's offset.
+    """The 2-means cluster index of ``n_null`` sets of heads drawn from N(c_i, s_i^2 Sigma) (``null_centres``;
+    Sigma: ``null_covariance`` of (X - c) / s), each standardised as X was: one family that keeps the features'
+    correlations (spectral bins move together) and, with layer means, each layer's offset and spread.
     Returns (indices, covariance rule)."""
-    centres, dof = null_centres(X, np.zeros(len(X)) if layers is None else np.asarray(layers), null)
-    lam, vec, rule = null_covariance(X - centres, dof)
+    centres, scale, dof = null_centres(X, np.zeros(len(X)) if layers is None else np.asarray(layers), null)
+    safe = np.where(scale > 0, scale, 1.0)[:, None]
+    lam, vec, rule = null_covariance((X - centres) / safe, dof)
     root = vec * np.sqrt(lam)  # Sigma = root @ root.T
     rng = np.random.default_rng(seed)
-    out = [two_means_index(StandardScaler().fit_transform(centres + rng.standard_normal(X.shape) @ root.T), seed)
-           for _ in range(n_null)]
+    out = [two_means_index(StandardScaler().fit_transform(
+        centres + scale[:, None] * (rng.standard_normal(X.shape) @ root.T)), seed) for _ in range(n_null)]
     return np.asarray(out), rule
 
 
@@ -467,10 +475,12 @@ def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = 
     2-means cluster index CI = sum_c sum_{i in c} ||x_i - m_c||^2 / sum_i ||x_i - m||^2 of the standardised
     features X (``two_means_index``). Null: ``n_null`` sets of as many heads drawn from N(c_i, Sigma), each
     standardised as X was and split by the same 2-means (``gaussian_null``). ``null="gaussian_layer_means"``
-    (default): c_i is the mean of head i's layer and Sigma the pooled within-layer covariance, so heads that
+    (default): c_i is the mean of head i's layer, Sigma the pooled within-layer covariance scaled by each
+    layer's own spread (N(c_i, s_g^2 Sigma), ``null_centres``), so heads that
     differ only by their layer are one family (a random-init model: its layer 0 reads token embeddings, the
     later layers a smoothed residual); ``"gaussian_covariance"``: c_i the grand mean (plain SigClust). Sigma is
-    the sample covariance of X - c (``null_covariance`` says why no eigenvalue threshold). family_p = (1 + #{null CI <= observed CI}) / (1 + n_null); 199 draws give
+    the sample covariance of (X - c) / s (``null_covariance`` says why no eigenvalue threshold).
+    family_p = (1 + #{null CI <= observed CI}) / (1 + n_null); 199 draws give
     a smallest p of 0.005. (Permuting each column on its own, the earlier null, breaks the correlations of the
     spectral bins and rejected for any real profile.) Families must differ by a visible amount:
     ``separation`` = min over pairs of families of max over hf_ratio, mean_attention_distance, entropy,
@@ -562,7 +572,7 @@ def family_test(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int
 
 
 def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
-    """The standardised feature matrix [head, feature] of a profile, checked."""
+    """The standardised feature matrix [head, feature] of a profile (constant features dropped), checked."""
     if not isinstance(profile, pd.DataFrame):
         raise InputError(f"cluster_heads takes the DataFrame from frequency_profile, got {type(profile).__name__}")
     if method not in ("kmeans", "agglomerative"):
@@ -577,4 +587,6 @@ def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
     if missing.any():
         raise InputError(f"profile has NaN in {list(missing[missing].index)}: cluster_heads would read them as 0; "
                          "pass a complete frequency_profile (drop or fill those heads first)")
-    return np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(profile[cols].to_numpy(dtype=float))))
+    X = np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(profile[cols].to_numpy(dtype=float))))
+    varies = X.std(0) > 1e-9  # constant columns (bins empty at this grid or length) add nothing, and a null
+    return X[:, varies] if varies.any() else X  # draw would give them rounding noise, standardised to variance 1
