@@ -42,6 +42,8 @@ _PUBLIC = {
     "implicit_value_bias": "interp.analysis.sinks", "massive_activations": "interp.analysis.sinks",
     "sink_profile": "interp.analysis.sinks", "sink_shares": "interp.analysis.sinks",
     "high_norm_tokens": "interp.analysis.high_norm",
+    "sink_profiles_by_item": "interp.analysis.sink_intervals", "sink_share_intervals": "interp.analysis.sink_intervals",
+    "sink_share_difference": "interp.analysis.sink_intervals",
     "sink_pass": "interp.analysis.sinks", "sink_counts": "interp.analysis.sinks",
     "SingleInput": "interp.analysis.one_input", "single_input": "interp.analysis.one_input",
     "Batch": "interp.data", "builtin_batches": "interp.data", "iter_batches": "interp.data",
