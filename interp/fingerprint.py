@@ -29,10 +29,19 @@ from torch import Tensor
 from interp.models.bridge import InterpBridge
 
 
+CHUNK_BYTES = 1 << 24  # 16 MiB: the most of one tensor on the host at once while it is hashed
+
+
 def _update(h: Any, t: Tensor) -> None:
+    """Feed ``t``'s shape, dtype and raw bytes (row-major) into ``h``, ``CHUNK_BYTES`` at a time: a CUDA
+    tensor's bytes travel to the host one chunk after another, a CPU tensor's are read in place (no
+    copy), so hashing a 7B model never holds more than one chunk of it on the host. blake2b is a stream:
+    the digest equals that of the whole byte string at once (the fingerprints of earlier versions)."""
     t = t.detach()
     h.update(f"{tuple(t.shape)}:{t.dtype};".encode())
-    h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    raw = t.contiguous().reshape(-1).view(torch.uint8)  # a view unless ``t`` is non-contiguous
+    for start in range(0, raw.numel(), CHUNK_BYTES):
+        h.update(raw[start:start + CHUNK_BYTES].cpu().numpy())  # buffer protocol: no bytes() copy
 
 
 def _weights_state(model: InterpBridge) -> tuple:
