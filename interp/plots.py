@@ -241,7 +241,7 @@ def _spread(ranked: pd.DataFrame) -> tuple[Optional[np.ndarray], str]:
     return None, ""
 
 
-CONTROL_LABEL = "matched control: {n} random directions of the same displacement norm (min to max)"
+CONTROL_LABEL = "matched control: {n} random directions,\nsame displacement norm (min to max)"
 
 
 def _control_bands(ax: plt.Axes, ranked: pd.DataFrame) -> None:
@@ -279,7 +279,7 @@ def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: 
     ax.set_title(f"{model_name}: the {len(ranked)} largest effects of {method}-ablating a head's bias ({estimate})\n"
                  + _ablation_subtitle(df, data), fontsize=10)
     if len(ranked):
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        ax.legend(loc="best", fontsize=8, framealpha=0.9)
     left_out = [f"{k}: {note.splitlines()[-1]}" for k, note in panel_notes(df).items()]
     if left_out:  # say which kinds have nothing to show, and why
         fig.text(0.01, 0.005, "not shown: " + "; ".join(left_out), fontsize=8, va="bottom")

@@ -171,8 +171,12 @@ def test_findings_frequency_table_equals_the_profile_csv(label, model):
     p = pd.read_csv(RESULTS / model / "frequency_profile.csv")
     cells = row(FINDINGS, label)
     assert agrees(cells[2], len(p))
-    k, silhouette = numbers(cells[3])[:2]
-    assert agrees(k, p.cluster.nunique()) and agrees(silhouette, p.silhouette_mean.iloc[0])
+    tests = pd.read_csv(RESULTS / "families" / "family_tests.csv")
+    t = tests[(tests.model == model) & (tests.weights == "trained") & (tests.null == "gaussian_layer_means")].iloc[0]
+    quoted = numbers(cells[3])
+    assert len(quoted) == 5, quoted
+    for q, v in zip(quoted, (t.k, t.family_p, t.replication_ari, t.replication_lo, t.replication_hi)):
+        assert agrees(q, v), (label, q, v)
     assert agrees(cells[4], p.hf_ratio.std())
     assert agrees(cells[5], p.sink_mass.mean())
     assert agrees(numbers(cells[6])[0], int((p.sink_mass > 0.9).sum()))
@@ -195,16 +199,19 @@ def test_dinov2_frequency_families_and_q_shift_equal_their_csvs():
     read from frequency_profile.csv / frequency_shift_q_bias.csv (they said 3 families after the CSV had 2)."""
     p, by = _families("dinov2-s14")
     d, top = _shift("dinov2-s14")
-    local = p[p.cluster == by.index[-1]]
-    quoted = [len(by), p.silhouette_mean.iloc[0], by.n.iloc[0], by.hf.iloc[0], by.dist.iloc[0], by.n.iloc[1],
-              by.hf.iloc[1], by.dist.iloc[1], local.layer.min(), local.layer.max()]
+    tests = pd.read_csv(RESULTS / "families" / "family_tests.csv")
+    t = tests[(tests.model == "dinov2-s14") & (tests.weights == "trained")
+              & (tests.null == "gaussian_layer_means")].iloc[0]
     families = [r for r in README.splitlines() if r.startswith("| DINOv2-S/14 |") and "families by frequency" in r]
     nums = numbers(families[0].split("|")[2])
-    assert len(nums) == 12, nums
-    for q, v in zip(nums[:10], quoted):
-        assert agrees(q.lstrip("-"), v), (q, v)
+    assert len(nums) == 9, nums  # 199 draws, p, photographs, ARI [lo, hi], "2 families", 52-92 px
+    quoted = dict(zip(("draws", "p", "items", "ari", "lo", "hi"), nums[:6]))
+    assert int(quoted["draws"]) == t.n_null and int(quoted["items"]) == t.n_items and int(t.k) == 1
+    for name, value in (("p", t.family_p), ("ari", t.replication_ari), ("lo", t.replication_lo),
+                        ("hi", t.replication_hi)):
+        assert agrees(quoted[name], value), (name, quoted[name], value)
     layer_means = p.groupby("layer").mean_attention_distance.mean()
-    assert agrees(nums[10], layer_means.min()) and agrees(nums[11].lstrip("-"), layer_means.max())
+    assert agrees(nums[-2], layer_means.min()) and agrees(nums[-1].lstrip("-"), layer_means.max())
     shift = [r for r in README.splitlines() if r.startswith("| DINOv2-S/14 |") and "b_q out makes it" in r][0]
     nums = numbers(shift.split("|")[2])
     assert len(nums) == 7, nums

@@ -27,6 +27,10 @@ than 19 draws can never call a head bias-dependent. Cost: an exact variant is 1 
 forwards (stacked, on the same replayed prefix). Implicit kinds (sink_v, massive) have no control (NaN);
 identity rows have controls of exactly 0 by the same identity (control_p 1). Estimated rows carry none
 (bias_dependent missing, not False). ``displacement_norm`` = sqrt(sum_h ||s_h||^2) on every bias row.
+What it matches: the displacement's norm, not its effect on the activation's norm. Where the bias dominates
+the activation (``origin_shift``'s shift_ratio well above 1), zeroing shrinks ||a|| while a random displacement of
+the same norm grows it on average, so a call there says "removing this offset matters" more than "this direction
+matters" (a random-init model with biases far above its content can be called: notebook 04).
 
 Methods and what they displace: zero moves a by ||b_h||; mean by ||E[XW]_h - b_h||; layer_mean by
 ||mean_h' b_h' - b_h||; random (b replaced by a random vector r of its norm) by ||r_h - b_h||, about

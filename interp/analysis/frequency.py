@@ -590,3 +590,54 @@ def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
     X = np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(profile[cols].to_numpy(dtype=float))))
     varies = X.std(0) > 1e-9  # constant columns (bins empty at this grid or length) add nothing, and a null
     return X[:, varies] if varies.any() else X  # draw would give them rounding noise, standardised to variance 1
+
+
+@public
+def spread_interval(model: InterpBridge, data: Any, *, column: str = "hf_ratio", n_boot: int = 200, seed: int = 0,
+                    layers: Optional[Sequence[int]] = None, max_batches: Optional[int] = None,
+                    progress: bool = True) -> pd.DataFrame:
+    """How differently the heads filter, with its interval: the spread (standard deviation over heads, ddof 1) of a
+    ``frequency_profile`` column, and its 95% percentile bootstrap over *items*: each resample draws the items
+    with replacement (``interp.bootstrap.resample_indices(n_items, n_boot, seed)``, items in data order) and
+    recomputes the whole profile from their summed terms (one forward pass: ``item_terms``). One row: model,
+    column, spread, spread_lo, spread_hi, n_items, n_heads, n_boot, seed; ``.attrs["boots"]`` holds the resampled
+    spreads, so two models on the same items and seed give a paired difference (``spread_difference``)."""
+    from interp.bootstrap import PERCENTILES, check_bootstrap, resample_indices
+
+    model = require_bridge(model, "spread_interval")
+    n_boot, seed = check_bootstrap(n_boot, seed)
+    if column not in ("hf_ratio", "mean_attention_distance", "entropy", "sink_mass"):
+        raise InputError(f"column must be a frequency_profile feature (hf_ratio, mean_attention_distance, entropy, "
+                         f"sink_mass); got {column!r}")
+    info = model.interp
+    items = item_terms(model, data, check_layers(layers, info), max_batches, progress)
+    if len(items) < 2:
+        raise InputError(f"spread_interval resamples items: it needs at least 2, got {len(items)}; pass more data")
+    spread = float(profile_of_items(info, items)[column].std())
+    boots = np.array([profile_of_items(info, [items[i] for i in idx])[column].std()
+                      for idx in resample_indices(len(items), n_boot, seed)])
+    lo, hi = np.percentile(boots, PERCENTILES) if n_boot else (np.nan, np.nan)
+    row = pd.DataFrame([dict(model=info.name, column=column, spread=spread, spread_lo=float(lo), spread_hi=float(hi),
+                             n_items=len(items), n_heads=info.n_layers * info.n_heads if layers is None else
+                             len(layers) * info.n_heads, n_boot=n_boot, seed=seed)])
+    row.attrs["boots"] = boots
+    return row
+
+
+@public
+def spread_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
+    """first - second of two ``spread_interval`` rows on the same items and seed: the difference of the spreads and
+    its paired 95% bootstrap interval (each resample draws the same items for both models); "no difference" is
+    only where the interval holds 0."""
+    from interp.bootstrap import PERCENTILES
+
+    a, b = first.iloc[0], second.iloc[0]
+    if (a.n_items, a.n_boot, a.seed, a.column) != (b.n_items, b.n_boot, b.seed, b.column):
+        raise InputError("spread_difference pairs two spread_interval rows over the same items: they differ in "
+                         f"(n_items, n_boot, seed, column): {(a.n_items, a.n_boot, a.seed, a.column)} vs "
+                         f"{(b.n_items, b.n_boot, b.seed, b.column)}; run both on the same data with one seed")
+    diff = first.attrs["boots"] - second.attrs["boots"]
+    lo, hi = np.percentile(diff, PERCENTILES)
+    return pd.DataFrame([dict(first=a.model, second=b.model, column=a.column, difference=a.spread - b.spread,
+                              difference_lo=float(lo), difference_hi=float(hi), n_items=a.n_items,
+                              n_boot=a.n_boot)])
