@@ -620,7 +620,7 @@ def spread_interval(model: InterpBridge, data: Any, *, column: str = "hf_ratio",
     row = pd.DataFrame([dict(model=info.name, column=column, spread=spread, spread_lo=float(lo), spread_hi=float(hi),
                              n_items=len(items), n_heads=info.n_layers * info.n_heads if layers is None else
                              len(layers) * info.n_heads, n_boot=n_boot, seed=seed)])
-    row.attrs["boots"] = boots
+    row.attrs["boots"] = tuple(float(b) for b in boots)  # a tuple: tables with it still concatenate
     return row
 
 
@@ -636,7 +636,7 @@ def spread_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame
         raise InputError("spread_difference pairs two spread_interval rows over the same items: they differ in "
                          f"(n_items, n_boot, seed, column): {(a.n_items, a.n_boot, a.seed, a.column)} vs "
                          f"{(b.n_items, b.n_boot, b.seed, b.column)}; run both on the same data with one seed")
-    diff = first.attrs["boots"] - second.attrs["boots"]
+    diff = np.asarray(first.attrs["boots"]) - np.asarray(second.attrs["boots"])
     lo, hi = np.percentile(diff, PERCENTILES)
     return pd.DataFrame([dict(first=a.model, second=b.model, column=a.column, difference=a.spread - b.spread,
                               difference_lo=float(lo), difference_hi=float(hi), n_items=a.n_items,

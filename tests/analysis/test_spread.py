@@ -1,6 +1,7 @@
 """spread_interval / spread_difference: the spread of a profile column over heads, bootstrapped over items."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -33,7 +34,8 @@ def test_the_difference_is_paired_and_refuses_other_items():
     second = interp.spread_interval(b, [x], n_boot=50, progress=False)
     diff = interp.spread_difference(first, second).iloc[0]
     assert diff.difference == pytest.approx(first.spread.iloc[0] - second.spread.iloc[0])
-    lo, hi = np.percentile(first.attrs["boots"] - second.attrs["boots"], PERCENTILES)
+    lo, hi = np.percentile(np.subtract(first.attrs["boots"], second.attrs["boots"]), PERCENTILES)
+    assert len(pd.concat([first, second])) == 2  # rows of two models make one table
     assert (diff.difference_lo, diff.difference_hi) == pytest.approx((lo, hi))
     fewer = interp.spread_interval(b, [x[:4]], n_boot=50, progress=False)
     with pytest.raises(InputError, match="same items"):
