@@ -452,3 +452,35 @@ def test_readme_matched_control_figures_equal_ablation_control_csv():
     for quoted, value in zip((delta, lo, hi), (first.delta, first.control_lo, first.control_hi)):
         assert agrees(quoted, value), (quoted, value)
     assert int(as_large) == int((top.random_delta.abs() >= top.delta.abs()).sum())
+
+
+def test_findings_spread_differences_equal_hf_spread_csv():
+    """Findings 3's paired spread differences (with intervals) are read from hf_spread_differences.csv."""
+    d = pd.read_csv(RESULTS / "families" / "hf_spread_differences.csv").set_index(["first", "second"])
+    sentence = FINDINGS[FINDINGS.index("With intervals (`benchmarks/hf_spread.py`"):FINDINGS.index("These intervals cover")]
+    quoted = [q for q in numbers(sentence.split("paired between models):")[1])]
+    pairs = [("mnist-vit", "mnist-vit-nobias"), ("mnist-vit", "mnist-vit-qv"), ("digits-vit", "digits-vit-nobias")]
+    assert len(quoted) == 9, quoted
+    for i, pair in enumerate(pairs):
+        row = d.loc[pair]
+        for q, v in zip(quoted[3 * i:3 * i + 3], (row.difference, row.difference_lo, row.difference_hi)):
+            assert agrees(q, v), (pair, q, v)
+    assert d.loc[pairs[0]].difference_lo < 0 < d.loc[pairs[0]].difference_hi  # "no difference" only where it holds 0
+    assert "256 images" in sentence and (d.loc[pairs].n_items == 256).all()
+
+
+def test_readme_lm_families_and_spread_equal_their_csvs():
+    t = pd.read_csv(RESULTS / "families" / "family_tests.csv")
+    t = t[(t.weights == "trained") & (t.null == "gaussian_layer_means")].set_index("model")
+    spread = pd.read_csv(RESULTS / "families" / "hf_spread.csv").set_index("model")
+    d = pd.read_csv(RESULTS / "families" / "hf_spread_differences.csv").set_index(["first", "second"])
+    line = [r for r in README.splitlines() if r.startswith("| MiniLM-L6, SmolLM2-135M |")][0].split("|")[2]
+    quoted = [q for q in numbers(line.replace("SmolLM2", "").replace("95% bootstrap over 24", "")) if q != "95"]
+    expected = [t.family_p["minilm-l6"], t.family_p["smollm2-135m"]]
+    for m in ("smollm2-135m", "minilm-l6"):
+        expected += [spread.spread[m], spread.spread_lo[m], spread.spread_hi[m]]
+    row = d.loc[("minilm-l6", "smollm2-135m")]
+    expected += [-row.difference, -row.difference_hi, -row.difference_lo]
+    assert len(quoted) >= len(expected), quoted
+    for q, v in zip(quoted, expected):
+        assert agrees(q, v), (q, v)
