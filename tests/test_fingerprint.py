@@ -2,6 +2,7 @@
 
 import functools
 
+import pytest
 import torch
 
 import interp
@@ -114,3 +115,14 @@ def test_model_fingerprint_never_copies_a_whole_parameter_to_python(monkeypatch)
     finally:
         tracemalloc.stop()
     assert peak < (1 << 20)  # the old code's peak was the 4 MiB parameter's bytes
+
+
+@pytest.mark.cuda
+def test_model_fingerprint_on_cuda_equals_the_cpu_one(monkeypatch):
+    """Chunks copied from the device one at a time hash to the CPU model's fingerprint."""
+    import interp.fingerprint as fp
+
+    monkeypatch.setattr(fp, "CHUNK_BYTES", 4096)
+    on_cpu = interp.load_model(tiny_hf_model("gpt2", seed=7), device="cpu")
+    on_gpu = interp.load_model(tiny_hf_model("gpt2", seed=7), device="cuda")
+    assert model_fingerprint(on_gpu) == model_fingerprint(on_cpu)

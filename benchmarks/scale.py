@@ -1,0 +1,232 @@
+"""How the analyses scale (issue 40 item 5): each pass's time and peak memory next to a plain HF forward.
+
+    nice python benchmarks/scale.py [--device cpu] [--runs 25m@128,112m@512] [--batch-size 2] [--batches 2]
+    python benchmarks/scale.py --device cuda --runs 0.5b@4096,1.5b@4096 --dtype bfloat16 --batch-size 1
+    python benchmarks/scale.py --gpu-check      # `pytest -m cuda`, then the table at 0.5B and 1.5B, bf16, 4k tokens
+    python benchmarks/scale.py --dry-run        # everything at a tiny size on CPU in seconds (tests run it)
+
+Models are randomly initialised Qwen2 shapes (``SIZES``; q/k/v biases drawn N(0, 0.02^2) so that no pass
+sees zero biases), data are random token ids (seed 0), ``--batches`` batches of ``--batch-size`` sequences
+of the run's token count. Per run, over the same batches: a plain HF forward (``model.hf_model(ids)``, no
+hooks, no gradients: the reference, ratio 1), two references a user would write by hand (TransformerLens'
+``run_with_cache``, which keeps every activation; a forward hook on every q/k/v projection summing its
+output and its square), and the analyses ``record_qkv``, ``sink_profile``, ``massive_activations``,
+``implicit_value_bias``, ``score_decomposition``, ``ablate_bias(estimate="auto")``. Each pass is timed
+up to ``--repeats`` times (fewer once it has taken 20 s) and the fastest kept; ``ratio`` = seconds / plain
+forward's seconds (compare within one run: machines are noisy). ``peak_mb``: the pass's peak memory above what was held before it (CUDA:
+``torch.cuda.max_memory_allocated``; CPU: the process's peak resident set, VmHWM, reset through
+/proc/self/clear_refs before each pass). Written to ``docs/results/scale/<device>.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import torch
+import transformers
+
+import interp
+from interp.data import Batch
+
+ROOT = Path(__file__).resolve().parents[1]
+COLUMNS = ["device", "size", "params_m", "dtype", "batch_size", "tokens", "n_batches", "pass", "kind",
+           "seconds", "ratio", "peak_mb"]
+# name: (hidden, layers, heads, kv heads, intermediate, vocab); 0.5b and 1.5b are Qwen2-0.5B / 1.5B's shapes
+SIZES = {
+    "tiny": (64, 2, 4, 2, 128, 512),
+    "25m": (384, 6, 6, 2, 1024, 32000),
+    "112m": (768, 12, 12, 4, 2048, 32000),
+    "0.5b": (896, 24, 14, 2, 4864, 151936),
+    "1.5b": (1536, 28, 12, 2, 8960, 151936),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build(size: str, device: str, dtype: torch.dtype) -> interp.InterpBridge:
+    """A random-init Qwen2 of ``SIZES[size]`` (seed 0), its q/k/v biases N(0, 0.02^2), loaded on ``device``."""
+    hidden, layers, heads, kv, inter, vocab = SIZES[size]
+    config = transformers.Qwen2Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
+                                      max_position_embeddings=8192, tie_word_embeddings=True,
+                                      attn_implementation="eager")
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs: a 1.5B model's CPU init would take minutes
+        hf = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
+                p.normal_(0.0, 0.02)
+    return interp.load_model(hf.to(device=device, dtype=dtype), device=device)
+
+
+def make_batches(vocab: int, n: int, batch_size: int, tokens: int, device: str) -> list:
+    g = torch.Generator().manual_seed(0)
+    return [Batch(torch.randint(vocab, (batch_size, tokens), generator=g).to(device),
+                  torch.ones(batch_size, tokens, dtype=torch.long, device=device)) for _ in range(n)]
+
+
+def plain_forward(model, data) -> None:
+    with torch.no_grad():
+        for b in data:
+            model.hf_model(input_ids=b.inputs, attention_mask=b.attention_mask)
+
+
+def tl_run_with_cache(model, data) -> None:
+    with torch.no_grad():
+        for b in data:
+            _, cache = model.run_with_cache(b.inputs, attention_mask=b.attention_mask)
+            del cache
+
+
+def hand_hook(model, data) -> dict:
+    """What a user writes by hand for q/k/v means and variances: a forward hook on every projection
+    adding up its output and its square (float64, on the model's device)."""
+    sums: dict = {}
+
+    def hook(name):
+        def add(module, args, out):
+            flat = out.detach().reshape(-1, out.shape[-1]).double()
+            s, sq = sums.get(name, (0.0, 0.0))
+            sums[name] = (s + flat.sum(0), sq + (flat * flat).sum(0))
+        return add
+
+    names = [n for n, m in model.hf_model.named_modules() if n.endswith(("q_proj", "k_proj", "v_proj"))]
+    modules = dict(model.hf_model.named_modules())
+    handles = [modules[n].register_forward_hook(hook(n)) for n in names]
+    try:
+        plain_forward(model, data)
+    finally:
+        for h in handles:
+            h.remove()
+    return sums
+
+
+PASSES: dict[str, tuple[str, Callable]] = {
+    "plain_forward": ("reference", plain_forward),
+    "run_with_cache": ("reference", tl_run_with_cache),
+    "hand_hook": ("reference", hand_hook),
+    "record_qkv": ("analysis", lambda m, d: interp.record_qkv(m, d, progress=False)),
+    "sink_profile": ("analysis", lambda m, d: interp.sink_profile(m, d, progress=False)),
+    "massive_activations": ("analysis", lambda m, d: interp.massive_activations(m, d, progress=False)),
+    "implicit_value_bias": ("analysis", lambda m, d: interp.implicit_value_bias(m, d, progress=False)),
+    "score_decomposition": ("analysis", lambda m, d: interp.score_decomposition(m, d, progress=False)),
+    "ablate_bias": ("analysis", lambda m, d: interp.ablate_bias(m, d, estimate="auto", progress=False)),
+}
+
+
+def _rss_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(fn: Callable, model, data, device: str, repeats: int, budget: float = 20.0) -> tuple[float, float]:
+    """(fastest seconds of up to ``repeats`` runs, stopping once they took ``budget`` seconds in all; peak MB
+    above the memory held before the first run, never below 0)."""
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (the peak resident set) to VmRSS
+        base = _rss_mb("VmRSS")
+    best, spent = float("inf"), 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(model, data)
+        if cuda:
+            torch.cuda.synchronize()
+        best, spent = min(best, time.perf_counter() - t0), spent + time.perf_counter() - t0
+        if spent > budget:
+            break
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else _rss_mb("VmHWM") - base
+    return best, max(peak, 0.0)
+
+
+def run_one(size: str, tokens: int, args) -> list[dict]:
+    dtype = DTYPES[args.dtype]
+    model = build(size, args.device, dtype)
+    params = sum(p.numel() for p in model.hf_model.parameters()) / 1e6
+    data = make_batches(SIZES[size][5], args.batches, args.batch_size, tokens, args.device)
+    plain_forward(model, data[:1])  # warm-up: kernels, allocator
+    rows = []
+    for name, (kind, fn) in PASSES.items():
+        if name in args.skip:
+            continue
+        seconds, peak = measure(fn, model, data, args.device, args.repeats)
+        rows.append(dict(device=args.device, size=size, params_m=round(params, 1), dtype=args.dtype,
+                         batch_size=args.batch_size, tokens=tokens, n_batches=args.batches, kind=kind,
+                         seconds=seconds, peak_mb=peak, **{"pass": name}))
+        print(f"{size}@{tokens} {name:22s} {seconds:8.3f} s  peak {peak:9.1f} MB", flush=True)
+    plain = rows[0]["seconds"]
+    for r in rows:
+        r["ratio"] = r["seconds"] / plain
+    del model
+    return rows
+
+
+def table(args) -> pd.DataFrame:
+    rows = []
+    for item in args.runs.split(","):
+        size, tokens = item.split("@")
+        if size not in SIZES:
+            raise SystemExit(f"unknown size {size!r}: one of {', '.join(SIZES)}")
+        rows += run_one(size, int(tokens), args)
+    frame = pd.DataFrame(rows)[COLUMNS]
+    out = Path(args.out or ROOT / "docs" / "results" / "scale" / f"{args.device.split(':')[0]}.csv")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.append and out.exists():
+        frame = pd.concat([pd.read_csv(out), frame], ignore_index=True)
+    frame.to_csv(out, index=False, float_format="%.6g")
+    print(f"wrote {out}")
+    return frame
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--runs", default="25m@128,112m@512", help="size@tokens, comma separated; sizes: " + ", ".join(SIZES))
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--batches", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip", default="", help="passes left out, comma separated (e.g. ablate_bias at a large size)")
+    p.add_argument("--append", action="store_true", help="add the rows to the CSV instead of replacing it")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--out", default=None, help="the CSV (default docs/results/scale/<device>.csv)")
+    p.add_argument("--dry-run", action="store_true", help="tiny model, 16 tokens, CPU: seconds")
+    p.add_argument("--gpu-check", action="store_true", help="pytest -m cuda, then 0.5b and 1.5b at 4096 tokens in bf16")
+    args = p.parse_args(argv)
+    args.skip = {s for s in args.skip.split(",") if s}
+    if args.skip - set(PASSES) or "plain_forward" in args.skip:
+        raise SystemExit(f"--skip: {sorted(args.skip)}; passes that may be skipped: {', '.join(list(PASSES)[1:])}")
+    if args.dry_run:
+        args.device, args.runs, args.batch_size, args.batches, args.dtype, args.repeats = \
+            "cpu", "tiny@16", 2, 1, "float32", 1
+    if args.gpu_check:
+        args.device, args.runs, args.batch_size, args.batches, args.dtype, args.repeats = \
+            "cuda", "0.5b@4096,1.5b@4096", 1, 2, "bfloat16", 1
+    return args
+
+
+def main(argv=None) -> pd.DataFrame:
+    args = parse(argv)
+    if not args.device.startswith("cuda"):
+        torch.set_num_threads(args.threads)
+    if args.gpu_check:
+        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-x", "-m", "cuda", "-p", "no:cacheprovider",
+                                "--tier", "all", str(ROOT / "tests")], cwd=ROOT)
+        print(f"pytest -m cuda: exit {code}", flush=True)
+    return table(args)
+
+
+if __name__ == "__main__":
+    main()

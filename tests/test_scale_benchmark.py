@@ -1,0 +1,40 @@
+"""benchmarks/scale.py: its dry run writes the table's columns with positive, finite ratios and memory
+figures (no timed assertions), and README's scale figures are the committed CSV's."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _scale():
+    spec = importlib.util.spec_from_file_location("scale_benchmark", ROOT / "benchmarks" / "scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dry_run_writes_every_pass_with_positive_finite_ratios(tmp_path):
+    scale = _scale()
+    out = tmp_path / "cpu.csv"
+    scale.main(["--dry-run", "--out", str(out)])
+    table = pd.read_csv(out)
+    assert list(table.columns) == scale.COLUMNS
+    assert list(table["pass"]) == list(scale.PASSES)  # each pass once, the plain forward first
+    assert set(table["kind"]) == {"reference", "analysis"}
+    for column in ("seconds", "ratio"):
+        assert all(math.isfinite(v) and v > 0 for v in table[column]), column
+    assert all(math.isfinite(v) and v >= 0 for v in table["peak_mb"])
+    plain = table.loc[table["pass"] == "plain_forward"].iloc[0]
+    assert plain["ratio"] == 1.0
+    ratio = table["seconds"] / plain["seconds"]
+    assert ((ratio - table["ratio"]).abs() <= 1e-5 * ratio).all()  # ratio is seconds over the plain forward's
+
+
+def test_unknown_size_is_one_clear_line(tmp_path):
+    with pytest.raises(SystemExit, match="unknown size 'huge'"):
+        _scale().main(["--runs", "huge@16", "--out", str(tmp_path / "x.csv")])
