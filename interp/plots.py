@@ -371,9 +371,20 @@ def cluster_grid_figure(clustered: pd.DataFrame, model_name: str, data: str = ""
                 vmin=-0.5, vmax=k - 0.5)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"{model_name}: head families by frequency profile" + (f"\n{data}" if data else ""))
+    ax.set_title(f"{model_name}: head families by frequency profile" + _family_verdict(clustered)
+                 + (f"\n{data}" if data else ""))
     fig.tight_layout()
     return fig
+
+
+def _family_verdict(clustered: pd.DataFrame) -> str:
+    """What the family test says, for the title: families only where ``structure`` holds."""
+    if "family_p" not in clustered or clustered.family_p.isna().all():
+        return ""
+    first = clustered.iloc[0]
+    k = int(clustered.cluster.nunique())
+    said = f"{k} families" if bool(first.get("structure", False)) else "one family (no families pass the test)"
+    return f"\n{said}: family_p {first.family_p:.3g} against one Gaussian ({int(first.n_null)} draws)"
 
 
 # ----- implicit biases: sinks, implicit value bias, massive activations ------------------------------------

@@ -144,3 +144,16 @@ def test_figures_refuse_missing_keys_and_values_the_analyzers_never_leave_empty(
     for draw in (plots.sink_mass_grid, plots.key_prior_sink_plot):
         with pytest.raises(InputError, match=r"'layer' is missing"):
             draw(no_layer)
+
+
+def test_cluster_grid_title_says_what_the_family_test_found():
+    import pandas as pd
+    from interp import plots
+
+    base = pd.DataFrame(dict(layer=[0, 0, 1, 1], head=[0, 1, 0, 1], cluster=[0, 0, 0, 0]))
+    tested = base.assign(family_p=0.305, n_null=199, structure=False)
+    title = plots.cluster_grid_figure(tested, "toy").axes[0].get_title()
+    assert "one family (no families pass the test): family_p 0.305" in title and "199 draws" in title
+    found = base.assign(cluster=[0, 1, 0, 1], family_p=0.005, n_null=199, structure=True)
+    assert "2 families: family_p 0.005" in plots.cluster_grid_figure(found, "toy").axes[0].get_title()
+    assert "family_p" not in plots.cluster_grid_figure(base, "toy").axes[0].get_title()  # untested: nothing said
