@@ -4,6 +4,7 @@
     python benchmarks/scale.py --device cuda --runs 0.5b@4096,1.5b@4096 --dtype bfloat16 --batch-size 1
     python benchmarks/scale.py --gpu-check      # `pytest -m cuda`, then the table at 0.5B and 1.5B, bf16, 4k tokens
     python benchmarks/scale.py --dry-run        # everything at a tiny size on CPU in seconds (tests run it)
+    python benchmarks/scale.py --fingerprint 0.4b   # model_fingerprint / load_model cost -> fingerprint_<device>.csv
 
 Models are randomly initialised Qwen2 shapes (``SIZES``; q/k/v biases drawn N(0, 0.02^2) so that no pass
 sees zero biases), data are random token ids (seed 0), ``--batches`` batches of ``--batch-size`` sequences
@@ -24,6 +25,7 @@ import argparse
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +35,7 @@ import transformers
 
 import interp
 from interp.data import Batch
+from interp.fingerprint import CHUNK_BYTES, model_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["device", "size", "params_m", "dtype", "batch_size", "tokens", "n_batches", "pass", "kind",
@@ -42,6 +45,7 @@ SIZES = {
     "tiny": (64, 2, 4, 2, 128, 512),
     "25m": (384, 6, 6, 2, 1024, 32000),
     "112m": (768, 12, 12, 4, 2048, 32000),
+    "0.4b": (1024, 24, 16, 2, 2816, 151936),  # issue 40's 387M-parameter Qwen2 shape (420M, embedding tied)
     "0.5b": (896, 24, 14, 2, 4864, 151936),
     "1.5b": (1536, 28, 12, 2, 8960, 151936),
 }
@@ -50,6 +54,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def build(size: str, device: str, dtype: torch.dtype) -> interp.InterpBridge:
     """A random-init Qwen2 of ``SIZES[size]`` (seed 0), its q/k/v biases N(0, 0.02^2), loaded on ``device``."""
+    return interp.load_model(hf_qwen2(size, device).to(dtype=dtype), device=device)
+
+
+def hf_qwen2(size: str, device: str) -> transformers.Qwen2ForCausalLM:
     hidden, layers, heads, kv, inter, vocab = SIZES[size]
     config = transformers.Qwen2Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                                       num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
@@ -62,7 +70,31 @@ def build(size: str, device: str, dtype: torch.dtype) -> interp.InterpBridge:
         for name, p in hf.named_parameters():
             if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
                 p.normal_(0.0, 0.02)
-    return interp.load_model(hf.to(device=device, dtype=dtype), device=device)
+    return hf
+
+
+def fingerprint_cost(size: str, device: str) -> pd.DataFrame:
+    """Seconds to build the HF model, to ``interp.load_model`` it and to fingerprint it; the fingerprint's
+    Python-heap peak (tracemalloc: a bytes copy of a parameter shows there) and peak resident set above the
+    memory held before it (VmHWM)."""
+    t0 = time.perf_counter()
+    hf = hf_qwen2(size, device)
+    t_hf = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model = interp.load_model(hf, device=device)
+    t_load = time.perf_counter() - t0
+    Path("/proc/self/clear_refs").write_text("5")
+    base = _rss_mb("VmRSS")
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    digest = model_fingerprint(model)
+    seconds, heap = time.perf_counter() - t0, tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    params = sum(p.numel() for p in hf.parameters()) / 1e6
+    return pd.DataFrame([dict(device=device, size=size, params_m=round(params, 1), hf_build_seconds=t_hf,
+                              load_model_seconds=t_load, fingerprint_seconds=seconds, fingerprint_heap_mb=heap,
+                              fingerprint_rss_mb=max(_rss_mb("VmHWM") - base, 0.0), fingerprint=digest,
+                              chunk_bytes=CHUNK_BYTES)])
 
 
 def make_batches(vocab: int, n: int, batch_size: int, tokens: int, device: str) -> list:
@@ -202,6 +234,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--append", action="store_true", help="add the rows to the CSV instead of replacing it")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--out", default=None, help="the CSV (default docs/results/scale/<device>.csv)")
+    p.add_argument("--fingerprint", default=None, metavar="SIZE",
+                   help="time and memory of model_fingerprint and load_model at SIZE (to fingerprint_<device>.csv)")
     p.add_argument("--dry-run", action="store_true", help="tiny model, 16 tokens, CPU: seconds")
     p.add_argument("--gpu-check", action="store_true", help="pytest -m cuda, then 0.5b and 1.5b at 4096 tokens in bf16")
     args = p.parse_args(argv)
@@ -225,6 +259,13 @@ def main(argv=None) -> pd.DataFrame:
         code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-x", "-m", "cuda", "-p", "no:cacheprovider",
                                 "--tier", "all", str(ROOT / "tests")], cwd=ROOT)
         print(f"pytest -m cuda: exit {code}", flush=True)
+    if args.fingerprint:
+        frame = fingerprint_cost(args.fingerprint, args.device)
+        out = Path(args.out or ROOT / "docs" / "results" / "scale" / f"fingerprint_{args.device.split(':')[0]}.csv")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(out, index=False, float_format="%.6g")
+        print(frame.T.to_string())
+        return frame
     return table(args)
 
 

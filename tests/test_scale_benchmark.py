@@ -38,3 +38,12 @@ def test_dry_run_writes_every_pass_with_positive_finite_ratios(tmp_path):
 def test_unknown_size_is_one_clear_line(tmp_path):
     with pytest.raises(SystemExit, match="unknown size 'huge'"):
         _scale().main(["--runs", "huge@16", "--out", str(tmp_path / "x.csv")])
+
+
+def test_fingerprint_mode_writes_finite_costs(tmp_path):
+    out = tmp_path / "fingerprint_cpu.csv"
+    _scale().main(["--fingerprint", "tiny", "--out", str(out)])
+    row = pd.read_csv(out, dtype={"fingerprint": str}).iloc[0]
+    for column in ("hf_build_seconds", "load_model_seconds", "fingerprint_seconds"):
+        assert math.isfinite(row[column]) and row[column] > 0, column
+    assert row["fingerprint_heap_mb"] >= 0 and len(row["fingerprint"]) == 16
