@@ -47,3 +47,19 @@ def test_fingerprint_mode_writes_finite_costs(tmp_path):
     for column in ("hf_build_seconds", "load_model_seconds", "fingerprint_seconds"):
         assert math.isfinite(row[column]) and row[column] > 0, column
     assert row["fingerprint_heap_mb"] >= 0 and len(row["fingerprint"]) == 16
+
+
+def test_readme_scale_table_is_the_csv():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_docs import README, agrees, numbers, row
+
+    table = pd.read_csv(ROOT / "docs" / "results" / "scale" / "cpu.csv")
+    for label in ("record_qkv", "run_with_cache", "score_decomposition", "ablate_bias"):
+        cells = row(README, label)
+        size, tokens = cells[1].split("@")
+        hit = table[(table["pass"] == label) & (table["size"] == size) & (table["tokens"] == int(tokens))]
+        assert len(hit) == 1, label
+        ratio, peak = numbers(cells[2])[0], numbers(cells[3])[0]
+        assert agrees(ratio, hit["ratio"].iloc[0]) and agrees(peak, hit["peak_mb"].iloc[0]), label
