@@ -2,7 +2,7 @@
 
     nice python benchmarks/scale.py [--device cpu] [--runs 25m@128,112m@512] [--batch-size 2] [--batches 2]
     python benchmarks/scale.py --device cuda --runs 0.5b@4096,1.5b@4096 --dtype bfloat16 --batch-size 1
-    python benchmarks/scale.py --gpu-check      # `pytest -m cuda`, then the table at 0.5B and 1.5B, bf16, 4k tokens
+    python benchmarks/scale.py --gpu-check      # `pytest -m cuda`, then 0.5B and 1.5B, bf16, one batch of 4096 tokens
     python benchmarks/scale.py --dry-run        # everything at a tiny size on CPU in seconds (tests run it)
     python benchmarks/scale.py --fingerprint 0.4b   # model_fingerprint / load_model cost -> fingerprint_<device>.csv
 
@@ -247,7 +247,7 @@ def parse(argv=None) -> argparse.Namespace:
             "cpu", "tiny@16", 2, 1, "float32", 1
     if args.gpu_check:
         args.device, args.runs, args.batch_size, args.batches, args.dtype, args.repeats = \
-            "cuda", "0.5b@4096,1.5b@4096", 1, 2, "bfloat16", 1
+            "cuda", "0.5b@4096,1.5b@4096", 1, 1, "bfloat16", 2
     return args
 
 
