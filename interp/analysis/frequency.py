@@ -38,6 +38,7 @@ from threadpoolctl import threadpool_limits
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp.bootstrap import PERCENTILES, check_bootstrap, resample_indices
 from interp.checks import as_index, check_count, check_fraction, check_heads, check_kinds, check_layers
 from interp.capture import stream_batches
 from interp.data import Batch, iter_batches
@@ -602,8 +603,6 @@ def spread_interval(model: InterpBridge, data: Any, *, column: str = "hf_ratio",
     recomputes the whole profile from their summed terms (one forward pass: ``item_terms``). One row: model,
     column, spread, spread_lo, spread_hi, n_items, n_heads, n_boot, seed; ``.attrs["boots"]`` holds the resampled
     spreads, so two models on the same items and seed give a paired difference (``spread_difference``)."""
-    from interp.bootstrap import PERCENTILES, check_bootstrap, resample_indices
-
     model = require_bridge(model, "spread_interval")
     n_boot, seed = check_bootstrap(n_boot, seed)
     if column not in ("hf_ratio", "mean_attention_distance", "entropy", "sink_mass"):
@@ -629,8 +628,6 @@ def spread_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame
     """first - second of two ``spread_interval`` rows on the same items and seed: the difference of the spreads and
     its paired 95% bootstrap interval (each resample draws the same items for both models); "no difference" is
     only where the interval holds 0."""
-    from interp.bootstrap import PERCENTILES
-
     a, b = first.iloc[0], second.iloc[0]
     if (a.n_items, a.n_boot, a.seed, a.column) != (b.n_items, b.n_boot, b.seed, b.column):
         raise InputError("spread_difference pairs two spread_interval rows over the same items: they differ in "
