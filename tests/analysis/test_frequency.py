@@ -111,7 +111,7 @@ def test_six_local_and_six_global_heads_are_two_families_beyond_the_null():
 def test_random_init_heads_are_one_family(family):
     """A tiny random-init model's heads differ consistently (the Gaussian null may reject) but by nothing
     visible (hf_ratio 0.0009 vs 0.000001, distances within 0.2%): standardised, that gave k=2 at silhouette
-    0.77; the separation makes it one family (real shapes: tests/analysis/test_families.py)."""
+    0.77; the separation makes it one family (real shapes: tests/analysis/test_frequency_families.py)."""
     hf = tiny_hf_model(family, n_layers=4, n_heads=6, d_head=8, seed=0)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 3, 32, 32, generator=g) if family == "vit" else torch.randint(0, 97, (4, 32), generator=g)
