@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from interp.data import Batch
-from interp.checks import inputs_checked_on_host
+from interp.checks import as_index, inputs_checked_on_host
 from interp.errors import InputError, public
 from interp.heads import attention_weights, kv_group, v_fold_vector
 from interp.hooks import attn_hook, hook_name
@@ -40,6 +40,7 @@ from interp.types import METHODS, Method
 
 Target = tuple[int, int, str]  # (layer, head, kind)
 Hook = tuple[str, Callable[[Tensor, Any], Optional[Tensor]]]
+QKV_KINDS = ("q", "k", "v")
 
 
 def check_method(method: str, targets: Sequence[Target], stats: Optional[QKVStats], need_stats: bool = True) -> None:
@@ -49,6 +50,35 @@ def check_method(method: str, targets: Sequence[Target], stats: Optional[QKVStat
         raise InputError("method='fold' applies to v only (b_v folds exactly into b_O)")
     if method == "mean" and stats is None and need_stats:
         raise InputError("method='mean' needs stats from record_qkv (the content means)")
+
+
+def check_targets(model: InterpBridge, targets: Any, function: str) -> list[Target]:
+    """``targets`` as a list of (layer, head, kind) with Python ints, or one InputError naming the bad target and the
+    fix: a bare (layer, head, kind) instead of a list, a head that is None, not an integer, or out of range for its
+    kind (k and v have ``n_kv_heads`` heads under grouped-query attention). Layers are checked by the callers."""
+    info = model.interp
+    example = "[(0, 1, 'q')]"
+    if isinstance(targets, (str, bytes)) or not isinstance(targets, (list, tuple)):
+        raise InputError(f"{function} takes a list of (layer, head, kind) targets, e.g. {example}; got "
+                         f"{type(targets).__name__}")
+    if len(targets) == 3 and as_index(targets[0]) is not None and isinstance(targets[2], str):
+        raise InputError(f"{function} takes a list of (layer, head, kind) targets: got one bare target "
+                         f"{tuple(targets)!r}; wrap it in a list: [{tuple(targets)!r}]")
+    checked: list[Target] = []
+    for target in targets:
+        if not isinstance(target, (list, tuple)) or len(target) != 3:
+            raise InputError(f"{function}: each target is (layer, head, kind), e.g. (0, 1, 'q'); got {target!r}")
+        layer, head, kind = as_index(target[0]), as_index(target[1]), target[2]
+        if layer is None or head is None:
+            raise InputError(f"{function}: target {tuple(target)!r} needs an integer layer and head (a head of None "
+                             f"is not 'every head': list each head, e.g. [(l, h, kind) for h in range(n)])")
+        if kind in QKV_KINDS:
+            n = info.n_heads if kind == "q" else info.n_kv_heads
+            if not 0 <= head < n:
+                raise InputError(f"{function}: target {tuple(target)!r}: head {head} out of range for {kind} "
+                                 f"({info.name} has {n} {kind} heads: 0..{n - 1})")
+        checked.append((layer, head, kind))
+    return checked
 
 
 def random_bias(bias: Tensor, layer: int, kind: str, seed: int = 0) -> Tensor:
@@ -119,6 +149,7 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
     """Forward hooks that patch the biases of ``targets`` out (see the module doc for methods;
     ``seed`` fixes ``method="random"``'s directions)."""
     info = require_bridge(model, "bias_patch_hooks").interp
+    targets = check_targets(model, targets, "bias_patch_hooks")
     check_method(method, targets, stats)
     if stats is not None:
         require_stats(stats).require_model(model)
@@ -142,6 +173,7 @@ def control_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: 
     activation moved by a random direction of the norm ``method`` would move it by (``matched_shift``;
     module doc). No b_O fold for ``method="fold"``: its displacement is compensated, so it has no control."""
     require_bridge(model, "control_patch_hooks")
+    targets = check_targets(model, targets, "control_patch_hooks")
     check_method(method, targets, stats)
     hooks: list[Hook] = []
     for (layer, kind), heads in _by_site(targets).items():
