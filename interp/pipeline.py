@@ -445,10 +445,12 @@ def _estimate_text(numbers: dict) -> str:
 
 def ablation_step(ctx: Context) -> list[Section]:
     """Zero-ablation of every head's bias; the heads run exactly carry their matched control (``n_control``
-    random directions of the same displacement norm, ``ablate_bias``'s default)."""
+    random directions of the same displacement norm, ``ablate_bias``'s default). Quick mode runs 2 top and 2 sampled
+    heads per kind exactly (each costs 20 forwards with its control)."""
     batches = ctx.first(2)
+    quick = dict(top_k=min(ctx.top_k, 2), sample_k=2) if ctx.quick else dict(top_k=ctx.top_k)  # quick: 2 + 2 exact
     results = ablate_bias(ctx.model, batches, kinds=("q", "k", "v"), method="zero",
-                          estimate=ctx.ablation_estimate, top_k=ctx.top_k,
+                          estimate=ctx.ablation_estimate, **quick,
                           out=ctx.out)  # its log (ablation.jsonl) beside the one table, ablation.csv
     return [summarise_ablation(results, ctx.name, ctx.data_label(batches))]
 

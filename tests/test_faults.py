@@ -16,7 +16,7 @@ from interp.record import record_qkv
 from interp.stats import QKVStats
 
 CMD = [sys.executable, "-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits",
-       "--kinds", "q,k,v", "--max-batches", "2"]
+       "--kinds", "q,k,v", "--max-batches", "2", "--n-control", "2"]  # rows with their control draws resume too
 # the killed and resumed processes on one thread, like the uninterrupted reference (``run_cli``): same sums
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
