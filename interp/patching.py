@@ -85,11 +85,17 @@ def random_bias(bias: Tensor, layer: int, kind: str, seed: int = 0) -> Tensor:
     """A random direction per head with each head's norm of ``bias`` [head_index, d_head]: Gaussian
     directions drawn in float64 on the host from a generator seeded by (seed, layer, kind), so a
     head's vector does not depend on which other heads or variants are run."""
-    state = np.random.SeedSequence([int(seed), int(layer), "qkv".index(kind)]).generate_state(2)
+    return _scaled_directions(bias, [int(seed), int(layer), "qkv".index(kind)])
+
+
+def _scaled_directions(like: Tensor, entropy: list[int]) -> Tensor:
+    """Per row of ``like`` [head_index, d_head], a uniformly random unit direction (Gaussian, float64, on the host,
+    from a generator seeded by ``entropy``) scaled to that row's norm; ``like``'s device and dtype."""
+    state = np.random.SeedSequence(entropy).generate_state(2)
     generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    z = torch.randn(bias.shape, generator=generator, dtype=torch.float64)
-    norms = bias.detach().double().cpu().norm(dim=-1, keepdim=True)
-    return (z / z.norm(dim=-1, keepdim=True) * norms).to(bias.device, bias.dtype)
+    z = torch.randn(like.shape, generator=generator, dtype=torch.float64)
+    norms = like.detach().double().cpu().norm(dim=-1, keepdim=True)
+    return (z / z.norm(dim=-1, keepdim=True) * norms).to(like.device, like.dtype)
 
 
 def bias_shift(model: InterpBridge, layer: int, kind: str, method: Method,
@@ -112,11 +118,7 @@ def matched_shift(shift: Tensor, layer: int, kind: str, seed: int, draw: int) ->
     heads or variants run, and of ``method="random"``'s stream) scaled to that head's ||shift_h||."""
     if isinstance(draw, bool) or not isinstance(draw, int) or draw < 0:
         raise InputError(f"a control draw is an integer >= 0; got {draw!r}")
-    state = np.random.SeedSequence([int(seed), int(layer), "qkv".index(kind), int(draw), 1]).generate_state(2)
-    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    z = torch.randn(shift.shape, generator=generator, dtype=torch.float64)
-    norms = shift.detach().double().cpu().norm(dim=-1, keepdim=True)
-    return (z / z.norm(dim=-1, keepdim=True) * norms).to(shift.device, shift.dtype)
+    return _scaled_directions(shift, [int(seed), int(layer), "qkv".index(kind), int(draw), 1])
 
 
 def displacement_norm(model: InterpBridge, targets: Sequence[Target], method: Method,
@@ -137,6 +139,14 @@ def _by_site(targets: Sequence[Target]) -> dict[tuple[int, str], set[int]]:
     return by_site
 
 
+def _only_heads(shift: Tensor, heads: set[int]) -> Tensor:
+    """``shift`` [head_index, d_head] on ``heads``, zero on the other heads of the site."""
+    delta = torch.zeros_like(shift)
+    idx = torch.tensor(sorted(heads))
+    delta[idx] = shift[idx]
+    return delta
+
+
 def _add(delta: Tensor) -> Callable[[Tensor, Any], Tensor]:
     def edit(t: Tensor, hook: Any) -> Tensor:
         return t + delta.to(t.device, t.dtype)
@@ -155,10 +165,7 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
         require_stats(stats).require_model(model)
     hooks: list[Hook] = []
     for (layer, kind), heads in _by_site(targets).items():
-        shift = bias_shift(model, layer, kind, method, stats, seed)
-        delta = torch.zeros_like(shift)
-        idx = torch.tensor(sorted(heads))
-        delta[idx] = shift[idx]
+        delta = _only_heads(bias_shift(model, layer, kind, method, stats, seed), heads)
         hooks.append((hook_name(layer, kind), _add(delta)))
         if method == "fold":
             group = kv_group(info.n_heads, info.n_kv_heads)
@@ -178,10 +185,7 @@ def control_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: 
     hooks: list[Hook] = []
     for (layer, kind), heads in _by_site(targets).items():
         shift = matched_shift(bias_shift(model, layer, kind, method, stats, seed), layer, kind, seed, draw)
-        delta = torch.zeros_like(shift)
-        idx = torch.tensor(sorted(heads))
-        delta[idx] = shift[idx]
-        hooks.append((hook_name(layer, kind), _add(delta)))
+        hooks.append((hook_name(layer, kind), _add(_only_heads(shift, heads))))
     return hooks
 
 

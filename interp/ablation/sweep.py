@@ -445,6 +445,7 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
     jobs = [_Job(v, d) for v in todo for d in range(-1, draws[v])]
     left = dict(draws)
     done: dict[Variant, dict] = {v: dict(controls=[]) for v in todo}
+    units = sum(run.weights_per_item)  # the metric's units over all batches: a control's mean is its sums over them
     bar = tqdm(total=len(jobs), desc=f"ablate {method} (exact, with {opts.n_control} control draws)",
                disable=not opts.progress, unit="forward")
     with torch.no_grad():
@@ -455,7 +456,7 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
                     kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
                     done[job.var].update(result=run.ablated_and_se(sums), kl=kl)
                 else:
-                    done[job.var]["controls"].append(float(sums.sum() / sum(run.weights_per_item)) - run.baseline)
+                    done[job.var]["controls"].append(float(sums.sum() / units) - run.baseline)
                     left[job.var] -= 1
             for var in dict.fromkeys(job.var for job in group):  # one host sync per group of stacked forwards
                 if left[var] == 0 and "result" in done[var]:
