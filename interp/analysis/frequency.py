@@ -628,6 +628,11 @@ def spread_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame
     """first - second of two ``spread_interval`` rows on the same items and seed: the difference of the spreads and
     its paired 95% bootstrap interval (each resample draws the same items for both models); "no difference" is
     only where the interval holds 0."""
+    for name, table in (("first", first), ("second", second)):
+        if not isinstance(table, pd.DataFrame) or len(table) != 1 or not table.attrs.get("boots"):
+            raise InputError(f"spread_difference takes two one-row tables of interp.spread_interval with n_boot >= 1 "
+                             f"(their resamples travel in .attrs['boots']); {name} is not one: pass the table "
+                             "spread_interval returned, not a concatenation or a table read back from a file")
     a, b = first.iloc[0], second.iloc[0]
     if (a.n_items, a.n_boot, a.seed, a.column) != (b.n_items, b.n_boot, b.seed, b.column):
         raise InputError("spread_difference pairs two spread_interval rows over the same items: they differ in "

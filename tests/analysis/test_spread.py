@@ -42,3 +42,15 @@ def test_the_difference_is_paired_and_refuses_other_items():
         interp.spread_difference(first, fewer)
     with pytest.raises(InputError, match="column must be"):
         interp.spread_interval(a, [x], column="silhouette", progress=False)
+
+
+def test_spread_difference_refuses_tables_without_resamples():
+    model = _model()
+    x = tiny_inputs(model, batch=4, pos=10)
+    none = interp.spread_interval(model, [x], n_boot=0, progress=False)
+    assert np.isnan(none.spread_lo.iloc[0])
+    with pytest.raises(InputError, match="n_boot >= 1"):
+        interp.spread_difference(none, none)
+    some = interp.spread_interval(model, [x], n_boot=5, progress=False)
+    with pytest.raises(InputError, match="not a concatenation"):
+        interp.spread_difference(pd.concat([some, some]), some)
