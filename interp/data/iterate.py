@@ -21,7 +21,7 @@ from interp.checks import check_max_batches
 from interp.data.batch import Batch
 from interp.data.builtin import builtin_batches, builtin_options
 from interp.data.sources import DataSource, data_kind, empty_texts_warning, is_dataset, is_image_list, \
-    resolve_data
+    is_path_list, resolve_data
 from interp.errors import InputError, public
 from interp.models.bridge import InterpBridge, require_bridge
 
@@ -72,7 +72,16 @@ def _counted_batch(model: InterpBridge, item: Any) -> tuple[Batch, int]:
         key = "pixel_values" if "pixel_values" in item else "input_ids"
         if key not in item:
             raise InputError(f"a dict batch needs 'input_ids' or 'pixel_values'; got keys {sorted(item)}")
-        return Batch(item[key], item.get("attention_mask"), item.get("labels")), 0
+        return Batch(*(_as_tensor(item.get(k), k) for k in (key, "attention_mask", "labels"))), 0
+    if _is_pil(item):  # one PIL image of an iterable of images (a generator, say): one batch of one
+        if info.modality != "vision":
+            raise InputError(f"an item of the data is a PIL image, but {info.name} is a language model")
+        from interp.data.sources import resolve_data as _resolve
+        return next(iter(_resolve(model, [item]))), 0
+    if isinstance(item, np.ndarray):
+        raise InputError(f"an item of the data is a numpy array {item.dtype} {tuple(item.shape)}: pass numpy data as one "
+                         "array, not a list of them (np.stack(arrays): [N, H, W, C] images or [N, pos] token ids), "
+                         "or each batch as a torch tensor")
     if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(t, Tensor) for t in item):
         return (Batch(item[0], labels=item[1]) if info.modality == "vision" else Batch(item[0], item[1])), 0
     if isinstance(item, Tensor):
@@ -91,6 +100,22 @@ def _counted_batch(model: InterpBridge, item: Any) -> tuple[Batch, int]:
         f"cannot make a batch from {type(item).__name__}: expected a tensor, a dict with "
         "input_ids/pixel_values, text, or a built-in dataset name"
     )
+
+
+def _is_pil(x: Any) -> bool:
+    return hasattr(x, "convert") and hasattr(x, "mode") and hasattr(x, "size")
+
+
+def _as_tensor(value: Any, key: str) -> Optional[Tensor]:
+    """A dict batch's entry as a tensor: nested lists and numpy arrays converted (as a tokenizer without
+    ``return_tensors`` gives them); anything else is one ``InputError``."""
+    if value is None or isinstance(value, Tensor):
+        return value
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"the batch's {key!r} cannot be read as a tensor ({type(value).__name__}: {exc}): pass a "
+                         "tensor, or rows of equal length (pad them, with an attention_mask)") from None
 
 
 def text_list(data: Any) -> Optional[list]:
@@ -142,7 +167,13 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
     kind = data_kind(data, model.interp.modality == "text") if isinstance(data, (str, os.PathLike)) else ""
     if kind == "builtin":
         return builtin_batches(model, str(data), **builtin_options(str(data), options, n))
-    if kind == "path" or isinstance(data, np.ndarray) or is_dataset(data) or is_image_list(data):
+    if _is_pil(data):
+        data = [data]  # one image: a list of one
+    if isinstance(data, (set, frozenset)):
+        raise InputError(f"data is a {type(data).__name__}, which has no order: batches, caps and results would "
+                         "change from run to run; pass a list (sorted(data), say)")
+    if kind == "path" or isinstance(data, np.ndarray) or is_dataset(data) or is_image_list(data) or \
+            is_path_list(data):
         capped = {"max_items": n} if n is not None else {}
         return resolve_data(model, data, **{**capped, **options})
     if options:

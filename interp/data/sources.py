@@ -562,6 +562,11 @@ def _array_source(model: InterpBridge, array: np.ndarray, opts: Options) -> Data
         note = "" if pad is None else f", trailing pad id {pad} masked out"
         return DataSource(f"a numpy array of {len(array)} token-id rows{note}", rows, _collate_text(pad or 0),
                           opts.batch_size, max_tokens=opts.max_tokens)
+    if array.dtype in (np.uint8, np.uint16) and array.ndim == 3 and array.shape[-1] in (3, 4):
+        # [N, H, W] gray images 3 or 4 pixels wide are implausible; one H x W x C colour image is not
+        raise InputError(f"a numpy {array.dtype} array {array.shape} is read as [N, H, W] gray images, but it looks "
+                         f"like one colour image [H, W, C]: pass array[None] for one image [1, H, W, C], or "
+                         "np.stack(images) for several")
     if array.dtype in (np.uint8, np.uint16) and array.ndim in (3, 4):
         return _image_source(model, lambda: ((img, None) for img in array), len(array),
                              f"a numpy {array.dtype} array {array.shape}", opts)
@@ -604,7 +609,22 @@ def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
     if is_image_list(data):
         return _image_source(model, lambda: ((img, None) for img in data), len(data),
                              f"a {type(data).__name__} of {len(data)} PIL images", opts)
+    if is_path_list(data):
+        files = [Path(x).expanduser() for x in data]
+        if model.interp.modality != "vision":
+            raise InputError(f"data is a {type(data).__name__} of {len(files)} file paths, and {model.interp.name} is a "
+                             "language model: pass one file (.txt, .jsonl/.csv/.parquet) or read the files into a "
+                             "list of texts")
+        return _image_source(model, lambda: ((f, None) for f in files), len(files),
+                             f"a {type(data).__name__} of {len(files)} image paths", opts)
     raise InputError(f"cannot resolve {type(data).__name__} as data")
+
+
+def is_path_list(data: Any) -> bool:
+    """A non-empty list or tuple of existing files (``os.PathLike`` or str), read as files, never as text."""
+    return isinstance(data, (list, tuple)) and bool(data) and all(
+        isinstance(x, (str, os.PathLike)) and (isinstance(x, os.PathLike) or looks_like_path(x)) and _exists(str(x))
+        and Path(x).expanduser().is_file() for x in data)
 
 
 def is_image_list(data: Any) -> bool:

@@ -331,3 +331,53 @@ def test_a_list_of_pil_images_reads_like_the_folder_of_them(vit, tmp_path):
 def test_a_numpy_array_of_texts_says_to_pass_a_list(lm):
     with pytest.raises(InputError, match=r"integer token ids \[N, pos\]; got <U3 \(2,\); texts go in a list"):
         interp.record_qkv(lm, np.array(["a b", "c d"]), progress=False)
+
+
+def test_a_list_of_image_paths_a_generator_and_one_image_read_like_the_folder(vit, tmp_path):
+    """issue 38 (round-five pass): a list of image paths was read as texts ("text cannot be its data"), a
+    generator of PIL images was "cannot make a batch from Image"; both are the folder's pixels now."""
+    paths = write_images(tmp_path, 3, size=(40, 30))
+    folder = torch.cat([b.inputs for b in interp.iter_batches(vit, tmp_path)])
+    for data in ([str(p) for p in paths], tuple(paths)):
+        torch.testing.assert_close(torch.cat([b.inputs for b in interp.iter_batches(vit, data)]), folder,
+                                   rtol=0, atol=0)
+    lazily = torch.cat([b.inputs for b in interp.iter_batches(vit, (Image.open(p) for p in paths))])
+    torch.testing.assert_close(lazily, folder, rtol=0, atol=0)
+    one = torch.cat([b.inputs for b in interp.iter_batches(vit, Image.open(paths[1]))])
+    torch.testing.assert_close(one, folder[1:2], rtol=0, atol=0)
+
+
+def test_one_colour_image_as_an_array_is_not_read_as_many_gray_ones(vit):
+    """issue 38 (round-five pass): a (64, 64, 3) uint8 array was analysed as 64 gray images 64 x 3 px."""
+    picture = _picture(size=(64, 64))
+    for image in (picture, np.concatenate([picture, picture[..., :1]], axis=-1)):
+        with pytest.raises(InputError, match=r"looks like one colour image \[H, W, C\]: pass array\[None\]"):
+            interp.record_qkv(vit, image, progress=False)
+    torch.testing.assert_close(batches_of(resolve_data(vit, picture[None]))[0].inputs,
+                               batches_of(resolve_data(vit, [Image.fromarray(picture)]))[0].inputs, rtol=0, atol=0)
+
+
+def test_sets_file_paths_to_a_language_model_and_lists_of_arrays_are_said(lm, vit, tmp_path):
+    """issue 38 (round-five pass): a set's order (so a capped run's texts) changed with the hash seed; a
+    list of file paths was tokenised as text; a list of numpy arrays was "cannot make a batch"."""
+    with pytest.raises(InputError, match="which has no order"):
+        interp.record_qkv(lm, {"a cat sat", "a dog ran"}, progress=False)
+    (tmp_path / "a.txt").write_text("a cat sat")
+    for paths in ([tmp_path / "a.txt"], [str(tmp_path / "a.txt")]):
+        with pytest.raises(InputError, match="file paths, and .* is a language model: pass one file"):
+            interp.record_qkv(lm, paths, progress=False)
+    with pytest.raises(InputError, match=r"not a list of them \(np.stack"):
+        interp.record_qkv(vit, [_picture(), _picture(1)], progress=False)
+
+
+def test_a_dict_batch_of_lists_reads_like_the_same_tensors(lm):
+    """issue 38 (round-five pass): {"input_ids": [[...]]} (a tokenizer without return_tensors) was an
+    InternalError ('list' object has no attribute 'detach')."""
+    ids, mask = [[5, 6, 7, 8], [9, 10, 0, 0]], [[1, 1, 1, 1], [1, 1, 0, 0]]
+    as_lists = interp.record_qkv(lm, {"input_ids": ids, "attention_mask": mask}, progress=False)
+    as_tensors = interp.record_qkv(lm, {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)},
+                                   progress=False)
+    assert as_lists.count(0) == as_tensors.count(0) == 6
+    torch.testing.assert_close(as_lists.mean(0, "q"), as_tensors.mean(0, "q"), rtol=0, atol=0)
+    with pytest.raises(InputError, match="rows of equal length"):
+        interp.record_qkv(lm, {"input_ids": [[5, 6, 7], [8]]}, progress=False)
