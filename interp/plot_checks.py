@@ -46,6 +46,11 @@ def check_table(frame: Any, figure: str, analyzer: str, columns: Sequence[str],
             raise InputError(f"{want} for one model; this table holds rows of {frame[column].nunique()} ({column}: "
                              f"{models}): draw each model's rows apart, e.g. frame[frame.{column} == ...]")
     for column in finite:
+        if not (pd.api.types.is_numeric_dtype(frame[column]) and not pd.api.types.is_bool_dtype(frame[column])):
+            example = frame[column].dropna().iloc[0] if frame[column].notna().any() else None
+            raise InputError(f"{want}; its {column!r} holds {frame[column].dtype} values (e.g. {example!r}), not "
+                             f"numbers: was the table read without types or edited? Pass {analyzer}'s own table, "
+                             f"or convert the column (pd.to_numeric)")
         values = pd.to_numeric(frame[column], errors="coerce").astype(float)
         bad = ~np.isfinite(values.to_numpy())
         if bad.any():

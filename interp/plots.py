@@ -407,8 +407,8 @@ def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, d
     threshold = float(profile.threshold.iloc[0])
     top = profile.loc[profile.groupby(["layer", "head"]).mass.idxmax()]
     grid = _grid(top, "mass")
-    short = top.position.map(lambda p: SHORT_POSITION.get(p, p.replace("register_", "r")))
-    labels = (short + top.sink.map({True: "*", False: ""})).to_numpy()
+    short = top.position.astype(str).map(lambda p: SHORT_POSITION.get(p, p.replace("register_", "r")))  # categorical too
+    labels = (short + top.sink.astype(bool).map({True: "*", False: ""}).astype(str)).to_numpy()
     annot = pd.DataFrame(labels.reshape(grid.shape), index=grid.index, columns=grid.columns)
     fig, ax = plt.subplots(figsize=(max(7.0, 0.62 * grid.shape[1] + 3), max(3.5, 0.3 * grid.shape[0] + 2.4)))
     sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=0.0, vmax=1.0, annot=annot, fmt="", annot_kws={"fontsize": 7},

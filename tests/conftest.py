@@ -49,6 +49,7 @@ INTEGRATION = (
     "tests/training/test_mnist_vit.py::test_one_epoch_smoke_run_of_every_variant",
     "tests/training/test_sink_training.py",
     "tests/training/test_backcopy.py::test_training",
+    "tests/test_gpu_sinks.py::test_the_gpu_command_runs_at_a_tiny_size_on_the_cpu",  # train_sinks.py in a process
 )
 
 

@@ -1,7 +1,9 @@
 """Plots draw the analyzers' frames: one titled panel per kind, axes labelled."""
 
 import pandas as pd
+import pytest
 
+import interp
 from interp.plots import layer_head_heatmaps, origin_shift_figures, save_figure
 
 
@@ -157,3 +159,25 @@ def test_cluster_grid_title_says_what_the_family_test_found():
     found = base.assign(cluster=[0, 1, 0, 1], family_p=0.005, n_null=199, structure=True)
     assert "2 families: family_p 0.005" in plots.cluster_grid_figure(found, "toy").axes[0].get_title()
     assert "family_p" not in plots.cluster_grid_figure(base, "toy").axes[0].get_title()  # untested: nothing said
+
+
+def test_a_sink_table_with_categorical_positions_or_text_numbers_is_drawn_or_said():
+    """issue 38 (round-five pass): a categorical ``position`` column crashed sink_mass_grid in pandas
+    ('radd' not supported for dtype category), and a ``mass`` column of strings (a CSV read with dtype=str)
+    crashed seaborn; the first draws the same grid, the second is one InputError."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from interp.errors import InputError
+
+    rows = [dict(model="m", layer=layer, head=head, position=pos, mass=mass, sink=mass > 0.3, threshold=0.3)
+            for layer in range(2) for head in range(2)
+            for pos, mass in (("first", 0.1 + 0.3 * layer + 0.1 * head), ("top_content", 0.2))]
+    table = pd.DataFrame(rows)
+    plain = interp.plots.sink_mass_grid(table)
+    categorical = interp.plots.sink_mass_grid(table.assign(position=table.position.astype("category")))
+    drawn = [[t.get_text() for t in fig.axes[0].texts] for fig in (plain, categorical)]
+    assert drawn[0] == drawn[1] and "first*" in drawn[0]  # same labels, the sink starred
+    plt.close("all")
+    with pytest.raises(InputError, match="'mass' holds .* values .* not numbers"):
+        interp.plots.sink_mass_grid(table.assign(mass=table.mass.astype(str)))
