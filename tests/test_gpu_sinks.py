@@ -24,7 +24,7 @@ def test_the_committed_plan_is_the_extrapolation_of_the_pilot():
     row = committed.iloc[0]
     # the size ratio is the shapes' parameter counts, computed here by hand: 8 x (4 x 512^2 + 3 x 512 x 2048)
     assert row.params_ratio == 8 * (4 * 512 ** 2 + 3 * 512 * 2048) / (4 * (4 * 128 ** 2 + 3 * 128 * 512))
-    assert row.predicted_loss == pytest.approx(row.pilot_loss_at_end * row.params_ratio ** -0.076)
+    assert row.predicted_loss == pytest.approx(row.pilot_loss_at_end * row.params_ratio ** -0.076, rel=1e-5)
     assert row.steps * row.batch * row.context <= row.train_mb * 1e6  # one pass: no window read twice
 
 
