@@ -181,10 +181,9 @@ def heatmap(ax: plt.Axes, grid: pd.DataFrame, rule: ColourRule, lo: float, hi: f
                 cbar=cbar, cbar_kws={"label": label} if cbar else None, **kwargs)
     mesh = tag(ax.collections[0], rule.quantity)
     if quiet.any():
-        layer = ax.pcolormesh(np.arange(values.shape[1] + 1), np.arange(values.shape[0] + 1),
-                              np.ma.masked_array(np.zeros(values.shape), ~quiet),
-                              cmap=ListedColormap([NO_EFFECT]), vmin=0, vmax=1, hatch=HATCH, edgecolor="white",
-                              linewidth=0.0)
+        layer = ax.pcolor(np.arange(values.shape[1] + 1), np.arange(values.shape[0] + 1),
+                          np.ma.masked_array(np.zeros(values.shape), ~quiet), cmap=ListedColormap([NO_EFFECT]), vmin=0,
+                          vmax=1, hatch=HATCH, edgecolor="#8c8c8c", linewidth=0.0)  # pcolor: hatching is drawn
         tag(layer, "no_effect")
     return mesh
 

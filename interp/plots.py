@@ -316,8 +316,9 @@ def spectrum_clustermap(clustered: pd.DataFrame, model_name: str, data: str = ""
     names = [f"family {c}" + (" (most low-pass)" if c == 0 else "") for c in range(len(palette))]
     grid.ax_heatmap.legend(handles, names, title="k-means family", loc="upper left", bbox_to_anchor=(1.12, 0.42),
                            fontsize=8)
-    note = f"; {len(empty)} of {len(bins)} bins hold no frequency on this grid (not shown)" if empty else ""
-    grid.figure.suptitle(f"{model_name}: head output spectra by frequency family\n{data}{note}".rstrip(),
+    note = f"{len(empty)} of {len(bins)} bins hold no frequency on this grid (not shown)" if empty else ""
+    below = "; ".join(x for x in (data, note) if x)
+    grid.figure.suptitle(f"{model_name}: head output spectra by frequency family" + (f"\n{below}" if below else ""),
                          y=1.03, fontsize=10)
     return grid.figure
 

@@ -328,3 +328,18 @@ def test_a_size_cannot_be_negative_beyond_rounding():
 
     with pytest.raises(InputError, match=r"kl cannot be negative, yet 1 values are \(e.g. -0.1"):
         interactive.layer_head_heatmap(KL.assign(kl=KL.kl.where(KL.index != 0, -0.1)), "kl", facet="condition")
+
+
+def test_the_colour_page_states_the_rule_in_the_code():
+    """docs/figures/colour.md (linked from README) quotes each floor and map as interp.colours defines them."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "figures" / "colour.md").read_text()
+    assert "docs/figures/colour.md" in (root / "README.md").read_text()
+    for quantity, rule in colours.RULES.items():
+        if rule.floor > 0:
+            floor = f"{rule.floor:.0e}".replace("e-0", "e-")  # 1e-6
+            assert re.search(rf"`{quantity}` \| {floor} {re.escape(rule.unit)}", page), quantity
+    for name in (colours.SEQUENTIAL, colours.DIVERGING, colours.CATEGORICAL, NO_EFFECT):
+        assert name in page
