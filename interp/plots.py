@@ -384,14 +384,16 @@ def _model_of(frame: pd.DataFrame, model_name: Optional[str]) -> str:
 def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
     """From ``sink_profile``: per layer x head, the position class that receives the most attention
     (the cell's label; * where its mass exceeds the profile's threshold, i.e. a sink) and that mass
-    (the colour, on 0-1, bright = large as in every figure: ``interp.colours``). Where the profile has ``uniform_mass`` the title gives the range of the top
-    positions' floors (the mass uniform attention would give them, the position's own row left out)."""
+    (the colour, on 0-1, bright = large as in every figure: ``interp.colours``). Where the profile has
+    ``uniform_mass`` the title gives the range of the top positions' floors (the mass uniform attention would
+    give them, the position's own row left out)."""
     check_table(profile, "sink_mass_grid", SINKS, ["layer", "head", "position", "mass", "sink", "threshold"],
                 keys=["layer", "head", "position"], finite=["layer", "head", "mass", "threshold"])
     threshold = float(profile.threshold.iloc[0])
     top = profile.loc[profile.groupby(["layer", "head"]).mass.idxmax()]
     grid = _grid(top, "mass")
-    short = top.position.astype(str).map(lambda p: SHORT_POSITION.get(p, p.replace("register_", "r")))  # categorical too
+    short = top.position.astype(str).map(  # categorical too
+        lambda p: SHORT_POSITION.get(p, p.replace("register_", "r")))
     labels = (short + top.sink.astype(bool).map({True: "*", False: ""}).astype(str)).to_numpy()
     annot = pd.DataFrame(labels.reshape(grid.shape), index=grid.index, columns=grid.columns)
     fig, ax = plt.subplots(figsize=(max(7.0, 0.62 * grid.shape[1] + 3), max(3.5, 0.3 * grid.shape[0] + 2.4)))

@@ -169,8 +169,6 @@ def test_residual_figures_draw_the_tables_points_and_lines():
 
 import types  # noqa: E402
 
-import pytest  # noqa: E402
-
 from interp import plots  # noqa: E402
 from interp.errors import InputError  # noqa: E402
 
