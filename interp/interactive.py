@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from interp import colours
 from interp.errors import InputError
 from interp.plot_checks import check_table
 
@@ -127,26 +128,34 @@ def heatmap_grids(df: pd.DataFrame, spec: Heatmap, figure: str = "the heatmap",
 
 def heatmap_figure(df: pd.DataFrame, spec: Heatmap, figure: str = "the heatmap",
                    analyzer: str = PER_HEAD) -> go.Figure:
-    """One panel per facet, each with its own colour scale (values of q, k and v can differ by
-    orders of magnitude); hover shows layer, head and the exact value. ``figure`` / ``analyzer``: what
-    an error about the table names (the figure, and what makes the table it draws)."""
+    """One panel per facet, coloured as ``interp.colours`` says for ``spec.value`` and as the static figures
+    are: one map per kind of quantity (bright = large; a delta diverging around 0), **one range for every
+    panel** (a share on 0-1, a size from 0 to the largest value of any panel), cells below the quantity's
+    numerical floor grey ("no effect", the colour bar and the hover say so; a KL's rounding negatives drawn
+    as 0). Hover shows layer, head and the value. ``figure`` / ``analyzer``: what an error about the table
+    names (the figure, and what makes the table it draws)."""
     grids = heatmap_grids(df, spec, figure, analyzer)
+    every = np.concatenate([g.to_numpy(dtype=float).ravel() for g in grids.values()])
+    rule = colours.rule_for(spec.value, every)
+    lo, hi = colours.limits(rule, every)
+    note = colours.floor_note(rule)
     fig = make_subplots(rows=1, cols=len(grids), subplot_titles=[
-        f"{spec.facet} = {name}" if spec.facet else name for name in grids], horizontal_spacing=0.16)
+        f"{spec.facet} = {name}" if spec.facet else name for name in grids], horizontal_spacing=0.08)
     for i, (name, grid) in enumerate(grids.items(), start=1):
-        z = grid.to_numpy(dtype=float)
-        right = fig.layout[f"xaxis{i if i > 1 else ''}"].domain[1]  # each panel's colour bar at its right edge
+        z = colours.drawn_values(rule, grid.to_numpy(dtype=float))
         fig.add_trace(go.Heatmap(
             z=np.where(np.isfinite(z), z, None).tolist(), x=[int(h) for h in grid.columns],
-            y=[int(layer) for layer in grid.index], colorscale="Viridis", name=name,
-            colorbar=dict(title=dict(text=spec.label, side="right"), x=right + 0.01, len=0.85, thickness=12),
-            hovertemplate=f"layer %{{y}}, head %{{x}}<br>{spec.value} = %{{z:.4g}}<extra>{name}</extra>"),
+            y=[int(layer) for layer in grid.index], name=name, **colours.plotly_scale(rule, lo, hi),
+            text=colours.plotly_hover_notes(rule, z).tolist(), showscale=i == len(grids),
+            colorbar=dict(title=dict(text=spec.label + (f"<br>{note}" if note else ""), side="right"), len=0.85,
+                          thickness=12),
+            hovertemplate=f"layer %{{y}}, head %{{x}}<br>{spec.value} = %{{z:.4g}}%{{text}}<extra>{name}</extra>"),
             row=1, col=i)
         # categories: a selection of layers or heads (layers=, heads=) keeps one equal row / column per index
         fig.update_xaxes(title_text="head", dtick=1, type="category", row=1, col=i)
         fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed", type="category", row=1, col=i)
-    fig.update_layout(title=spec.title or spec.value, height=420, width=max(520, 430 * len(grids)),
-                      margin=dict(l=50, r=50, t=80, b=50))
+    fig.update_layout(title=spec.title or spec.value, height=420, width=max(560, 380 * len(grids) + 160),
+                      margin=dict(l=50, r=50, t=80, b=50), plot_bgcolor="white")
     return fig
 
 
@@ -204,14 +213,20 @@ def sink_mass(profile: pd.DataFrame, title: str = "attention mass on each positi
                   "interp.sink_profile(model, data)")
 
 
-def ablation_delta(results: pd.DataFrame, estimate: Optional[str] = None, title: str = "") -> go.Figure:
-    """``ablate_bias``'s per-head delta, a panel per kind, for one estimate (default: the first, the one
-    that covers every head under ``estimate="auto"``)."""
+def ablation_delta(results: pd.DataFrame, estimate: Optional[str] = None, title: str = "",
+                   method: Optional[str] = None) -> go.Figure:
+    """``ablate_bias``'s per-head delta, a panel per kind, for one estimate and one method (defaults: the
+    first of each in the table, the estimate being the one that covers every head under ``estimate="auto"``):
+    a table of zero and mean ablations holds each head twice, one cell per method."""
     figure, analyzer = "interactive.ablation_delta", "interp.ablate_bias(model, data)"
     check_table(results, figure, analyzer, ["layer", "head", "kind", "delta", "estimate", "scope"])
     estimate = estimate or str(results.estimate.iloc[0])
+    query = f"scope == 'head' and estimate == {estimate!r}"
+    if "method" in results.columns:
+        method = method or str(results.method.iloc[0])
+        query += f" and method == {method!r}"
     return _drawn(results, "delta", "kind", "delta (ablated - intact)", title or f"effect of removing each bias "
-                  f"({estimate})", f"scope == 'head' and estimate == {estimate!r}", figure, analyzer)
+                  f"({method + ', ' if method else ''}{estimate})", query, figure, analyzer)
 
 
 def heatmap_html(df: pd.DataFrame, spec: Heatmap, element_id: str) -> str:

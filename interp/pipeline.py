@@ -99,7 +99,7 @@ def origin_step(ctx: Context) -> list[Section]:
         numbers, tables={"origin_shift": origin}, shown=["shift_ratio"],
         figures={n: f for n, f in figs.items() if n.startswith("shift_ratio")},  # with its intervals, when there are
         heatmaps=[Heatmap("origin_shift", "shift_ratio", "||b|| / RMS(XW)",
-                          title=f"{ctx.name}: shift ratio per head (hover for values; one colour scale per kind)")],
+                          title=f"{ctx.name}: shift ratio per head (hover for values; one colour scale, all kinds)")],
         top_tables=[TopTable("origin_shift", ("layer", "head", "kind", "bias_norm", "content_rms", "shift_ratio",
                                               "bias_share"), "shift_ratio", "The largest shift ratios")],
         headline=f"The largest bias shift is {largest['shift_ratio']:.2f} content-RMS units "

@@ -11,6 +11,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from interp import colours
 from interp.errors import InputError
 from interp.io import atomic_path
 from interp.plot_checks import check_table
@@ -51,28 +52,6 @@ def _text_panel(ax: plt.Axes, title: str, note: str) -> None:
     ax.set_yticks([])
 
 
-def _scales(df: pd.DataFrame, value: str, facet: str, facets: Sequence[str], scale: str,
-            limits: Optional[tuple[float, float]], center: Optional[float]) -> dict[str, tuple]:
-    """(vmin, vmax) per facet: shared, or one per facet when their magnitudes differ by > 3x (auto)."""
-    spans = {f: (df[df[facet] == f][value].min(), df[df[facet] == f][value].max()) for f in facets}
-    largest = {f: max(abs(lo), abs(hi)) for f, (lo, hi) in spans.items()}
-    finite = [v for v in largest.values() if v > 0]
-    per_facet = scale == "per_facet" or (scale == "auto" and len(finite) > 1 and max(finite) > 3 * min(finite))
-
-    def limits_of(lo: float, hi: float) -> tuple:
-        if limits is not None:
-            return limits
-        if center is not None:
-            m = max(abs(lo - center), abs(hi - center)) or 1e-12
-            return center - m, center + m
-        return (0.0 if lo >= 0 else lo), (hi if hi > (0.0 if lo >= 0 else lo) else (lo + 1e-12))
-
-    if per_facet:
-        return {f: limits_of(*spans[f]) for f in facets}
-    shared = limits_of(df[value].min(), df[value].max())
-    return {f: shared for f in facets}
-
-
 def layer_head_heatmaps(
     df: pd.DataFrame,
     value: str,
@@ -82,36 +61,34 @@ def layer_head_heatmaps(
     title: str = "",
     subtitle: str = "",
     cbar_label: Optional[str] = None,
-    cmap: str = "viridis",
-    center: Optional[float] = None,
+    quantity: Optional[str] = None,
     limits: Optional[tuple[float, float]] = None,
-    scale: str = "auto",
     notes: Optional[dict[str, str]] = None,
 ) -> plt.Figure:
     """One layer x head heatmap of ``value`` per value of ``facet`` (e.g. per kind).
 
-    Style: a quantity that cannot be negative starts its scale at 0; ``limits`` fixes it (e.g.
-    0-1 for shares); ``scale="auto"`` gives each panel its own colour bar when the panels'
-    magnitudes differ by more than 3x (q vs k), else one colour bar for the figure; a facet
-    in ``notes`` is drawn as a text panel ("no b_k in this model", "inert by identity")
-    instead of a flat field; ``subtitle`` says the data (e.g. "photos, 2,056 patches").
+    Colours follow ``interp.colours`` (the quantity is ``quantity``, default ``value``): one map per kind of
+    quantity (bright = large; deltas diverging around 0), **one range for every panel** (a k panel of 1e-3
+    beside a q panel of 1 looks like 1e-3: the same colour means the same number), from 0 for a size and 0-1
+    for a share, or ``limits``; values below the quantity's numerical floor grey and hatched (no effect), the
+    colour bar saying so. A facet in ``notes`` is drawn as a text panel ("no b_k in this model", "inert by
+    identity") instead of a flat field; ``subtitle`` says the data (e.g. "photos, 2,056 patches").
     """
     check_table(df, "layer_head_heatmaps", PER_HEAD, ["layer", "head", facet, value], keys=["layer", "head", facet])
     facets = [str(f) for f in (list(facets) if facets is not None else list(dict.fromkeys(df[facet])))]
     df = df.assign(**{facet: df[facet].astype(str)})
     notes = notes or {}
     drawn = [f for f in facets if f not in notes]
-    limits_by = _scales(df, value, facet, drawn, scale, limits, center) if drawn else {}
-    shared = len(set(limits_by.values())) <= 1
+    shown = df[df[facet].isin(drawn)][value]
+    rule = colours.rule_for(quantity or value, shown)
+    lo, hi = limits if limits is not None else colours.limits(rule, shown)
     fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets) + 1.2, 4.4), squeeze=False)
-    for i, (ax, f) in enumerate(zip(axes[0], facets)):
+    for ax, f in zip(axes[0], facets):
         if f in notes:
             _text_panel(ax, f"{facet} = {f}", notes[f])
             continue
-        vmin, vmax = limits_by[f]
-        last = f == drawn[-1]
-        sns.heatmap(_grid(df[df[facet] == f], value), ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center,
-                    cbar=not shared or last, cbar_kws={"label": cbar_label or value})
+        colours.heatmap(ax, _grid(df[df[facet] == f], value), rule, lo, hi, cbar=f == drawn[-1],
+                        cbar_label=cbar_label or value)
         ax.set_title(f"{facet} = {f}")
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
@@ -121,7 +98,8 @@ def layer_head_heatmaps(
 
 
 def origin_shift_figures(origin: pd.DataFrame, model_name: str, data: str = "") -> dict[str, plt.Figure]:
-    """Shift ratio and bias share per kind (q, k, v), as layer x head heatmaps (own scale per kind); where the
+    """Shift ratio and bias share per kind (q, k, v), as layer x head heatmaps (one scale per figure: shift ratio
+    from 0, bias share on 0-1); where the
     frame has bootstrap intervals, also the top heads with them (``shift_ratio_intervals``, ...)."""
     check_table(origin, "origin_shift_figures", ORIGIN, ["layer", "head", "kind", "shift_ratio", "bias_share"],
                 keys=["layer", "head", "kind"])
@@ -132,8 +110,7 @@ def origin_shift_figures(origin: pd.DataFrame, model_name: str, data: str = "") 
             title=f"{model_name}: how far each head's bias moves its origin (shift ratio)",
         ),
         "bias_share": layer_head_heatmaps(
-            origin, "bias_share", cbar_label="||b|| / (||b|| + ||E[X]W||)", cmap="magma", limits=(0.0, 1.0),
-            notes=notes, subtitle=data,
+            origin, "bias_share", cbar_label="||b|| / (||b|| + ||E[X]W||)", notes=notes, subtitle=data,
             title=f"{model_name}: bias share of the head's origin (0 = data only, 1 = bias only)",
         ),
         **{f"{value}_intervals": interval_figure(origin, value, model_name, label=label, data=data)
@@ -179,8 +156,7 @@ def key_prior_share_figure(decomposition: pd.DataFrame, model_name: str, data: s
                 ["layer", "head", "term", "share"], keys=["layer", "head", "term"])
     df = decomposition[decomposition.term == "key_prior"].assign(term="key_prior")
     return layer_head_heatmaps(
-        df, "share", facet="term", cbar_label="share of score variance", cmap="rocket",
-        limits=(min(0.0, float(df.share.min())), max(1.0, float(df.share.max()))),  # a 1% effect looks like 1%
+        df, "share", facet="term", cbar_label="share of score variance",  # 0-1: a 1% effect looks like 1%
         subtitle=data, title=f"{model_name}: key-prior term (b_q . k content) share of score variance",
     )
 
@@ -212,7 +188,7 @@ def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data
         unit = UNITS.get(metric, "metric units")
         if len(df) == most[method]:  # a heatmap of every head; the exact top-k of "auto" would leave holes
             figs[f"ablation_delta_{method}_{estimate}"] = layer_head_heatmaps(
-                df, "delta", cmap="vlag", center=0.0, cbar_label=f"delta {metric} ({unit})",
+                df, "delta", cbar_label=f"delta {metric} ({unit})",
                 notes=panel_notes(df), subtitle=_ablation_subtitle(df, data),
                 title=f"{model_name}: effect of {method}-ablating each head's bias ({estimate})",
             )
@@ -322,11 +298,17 @@ def spectrum_clustermap(clustered: pd.DataFrame, model_name: str, data: str = ""
     data_rows = data_rows.fillna(data_rows.mean())
     palette = sns.color_palette("tab10", int(clustered.cluster.max()) + 1)
     colors = pd.Series([palette[c] for c in ordered.cluster], index=data_rows.index, name="family")
-    grid = sns.clustermap(data_rows, row_cluster=False, col_cluster=False, row_colors=colors, cmap="mako",
+    rule = colours.RULES["log_amplitude"]
+    lo, hi = colours.limits(rule, data_rows.to_numpy())
+    grid = sns.clustermap(data_rows, row_cluster=False, col_cluster=False, row_colors=colors, cmap=rule.cmap,
+                          vmin=lo, vmax=hi,
                           figsize=(8, max(6, 0.12 * len(data_rows))), yticklabels=len(data_rows) <= 80,
                           cbar_kws={"label": "log amplitude - log DC"}, dendrogram_ratio=(0.04, 0.04),
                           cbar_pos=(1.02, 0.5, 0.025, 0.35))
     grid.ax_heatmap.tick_params(axis="y", labelsize=6)
+    colours.tag(grid.ax_heatmap.collections[0], rule.quantity)
+    for mesh in grid.ax_row_colors.collections:
+        colours.tag(mesh, "cluster")
     grid.ax_cbar.set_label("<colorbar>")  # as matplotlib names its own colour-bar axes
     grid.ax_heatmap.set_xlabel(f"radial frequency (cycles per {unit}; Nyquist 0.5)")
     grid.ax_heatmap.set_ylabel("head (layer, head), grouped by family")
@@ -334,8 +316,9 @@ def spectrum_clustermap(clustered: pd.DataFrame, model_name: str, data: str = ""
     names = [f"family {c}" + (" (most low-pass)" if c == 0 else "") for c in range(len(palette))]
     grid.ax_heatmap.legend(handles, names, title="k-means family", loc="upper left", bbox_to_anchor=(1.12, 0.42),
                            fontsize=8)
-    note = f"; {len(empty)} of {len(bins)} bins hold no frequency on this grid (not shown)" if empty else ""
-    grid.figure.suptitle(f"{model_name}: head output spectra by frequency family\n{data}{note}".rstrip(),
+    note = f"{len(empty)} of {len(bins)} bins hold no frequency on this grid (not shown)" if empty else ""
+    below = "; ".join(x for x in (data, note) if x)
+    grid.figure.suptitle(f"{model_name}: head output spectra by frequency family" + (f"\n{below}" if below else ""),
                          y=1.03, fontsize=10)
     return grid.figure
 
@@ -366,9 +349,10 @@ def cluster_grid_figure(clustered: pd.DataFrame, model_name: str, data: str = ""
     grid = _grid(clustered, "cluster")
     k = int(clustered.cluster.max()) + 1
     fig, ax = plt.subplots(figsize=(0.5 * grid.shape[1] + 3, 0.35 * grid.shape[0] + 2))
-    sns.heatmap(grid, ax=ax, cmap=sns.color_palette("tab10", k), annot=True, fmt=".0f",
+    sns.heatmap(grid, ax=ax, cmap=sns.color_palette(colours.CATEGORICAL, k), annot=True, fmt=".0f",
                 cbar_kws={"label": "cluster (0 = most low-pass)", "ticks": list(range(k))},
                 vmin=-0.5, vmax=k - 0.5)
+    colours.tag(ax.collections[0], "cluster")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(f"{model_name}: head families by frequency profile" + _family_verdict(clustered)
@@ -400,19 +384,22 @@ def _model_of(frame: pd.DataFrame, model_name: Optional[str]) -> str:
 def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
     """From ``sink_profile``: per layer x head, the position class that receives the most attention
     (the cell's label; * where its mass exceeds the profile's threshold, i.e. a sink) and that mass
-    (the colour, on 0-1). Where the profile has ``uniform_mass`` the title gives the range of the top
-    positions' floors (the mass uniform attention would give them, the position's own row left out)."""
+    (the colour, on 0-1, bright = large as in every figure: ``interp.colours``). Where the profile has
+    ``uniform_mass`` the title gives the range of the top positions' floors (the mass uniform attention would
+    give them, the position's own row left out)."""
     check_table(profile, "sink_mass_grid", SINKS, ["layer", "head", "position", "mass", "sink", "threshold"],
                 keys=["layer", "head", "position"], finite=["layer", "head", "mass", "threshold"])
     threshold = float(profile.threshold.iloc[0])
     top = profile.loc[profile.groupby(["layer", "head"]).mass.idxmax()]
     grid = _grid(top, "mass")
-    short = top.position.astype(str).map(lambda p: SHORT_POSITION.get(p, p.replace("register_", "r")))  # categorical too
+    short = top.position.astype(str).map(  # categorical too
+        lambda p: SHORT_POSITION.get(p, p.replace("register_", "r")))
     labels = (short + top.sink.astype(bool).map({True: "*", False: ""}).astype(str)).to_numpy()
     annot = pd.DataFrame(labels.reshape(grid.shape), index=grid.index, columns=grid.columns)
     fig, ax = plt.subplots(figsize=(max(7.0, 0.62 * grid.shape[1] + 3), max(3.5, 0.3 * grid.shape[0] + 2.4)))
-    sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=0.0, vmax=1.0, annot=annot, fmt="", annot_kws={"fontsize": 7},
-                cbar_kws={"label": "attention mass (share of a row, mean over queries)"})
+    rule = colours.RULES["mass"]
+    colours.heatmap(ax, grid, rule, *colours.limits(rule, grid.to_numpy()), annot=annot, fmt="",
+                    annot_kws={"fontsize": 7}, cbar_label="attention mass (share of a row, mean over queries)")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     n_sinks = int(profile.groupby(["layer", "head"]).sink.any().sum())
@@ -508,8 +495,12 @@ def token_norm_plot(frame: pd.DataFrame, *, model_name: Optional[str] = None, da
     unread = kept[kept.mass.isna()]  # after the last block: no attention reads them
     if len(kept) > len(unread):
         read = kept.dropna(subset=["mass"])
-        points = ax.scatter(read.layer, read.norm, c=read.mass, cmap="rocket_r", vmin=0, s=28, edgecolors="k",
-                            linewidths=0.4, zorder=3, label=f"outliers ({int(per_layer.n_outliers.sum())} in all)")
+        rule = colours.RULES["mass"]
+        lo, hi = colours.limits(rule, read.mass.to_numpy())
+        points = ax.scatter(read.layer, read.norm, c=colours.drawn_values(rule, read.mass), cmap=rule.cmap, vmin=lo,
+                            vmax=hi, s=28, edgecolors="k", linewidths=0.4, zorder=3,
+                            label=f"outliers ({int(per_layer.n_outliers.sum())} in all)")
+        colours.tag(points, rule.quantity)
         fig.colorbar(points, ax=ax, label="attention mass from the block reading them")
     if len(unread):
         ax.scatter(unread.layer, unread.norm, facecolors="none", edgecolors="k", s=28, zorder=3,

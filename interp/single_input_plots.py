@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 import seaborn as sns
 from plotly.subplots import make_subplots
 
+from interp import colours
 from interp.errors import InputError
 from interp.plot_checks import check_table
 
@@ -37,6 +38,8 @@ CONDITION_TITLES = {
     "no_key_prior": "without the key prior\nb_q . x_j W_k / sqrt(d)",
 }
 Head = tuple[int, int]
+WEIGHT = colours.RULES["weight"]  # attention weights: sequential from 0, one scale per head (a row of panels)
+SCALED = colours.RULES["attention_scaled"]  # a head's map over its own maximum, on 0-1
 
 
 SINGLE_INPUT = "interp.single_input(model, input)"
@@ -120,7 +123,8 @@ def _draw_panel(ax: plt.Axes, view: Any, rows: pd.DataFrame, kind: str, vmax: fl
     """One head and condition: the grid, matrix or bars (see ``_panel_kind``); returns the image drawn.
     ``ticks``: whether to write the keys (x) and queries (y) on this panel (up to 64 positions)."""
     if kind == "grid":
-        image = ax.imshow(_grid_map(rows, tuple(view.meta["grid"])), cmap="viridis", vmin=0, vmax=vmax)
+        image = colours.tag(ax.imshow(_grid_map(rows, tuple(view.meta["grid"])), cmap=WEIGHT.cmap, vmin=0, vmax=vmax),
+                            WEIGHT.quantity)
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_xlabel("patch column", fontsize=7)
@@ -129,7 +133,7 @@ def _draw_panel(ax: plt.Axes, view: Any, rows: pd.DataFrame, kind: str, vmax: fl
     labels = [_short(x) for x in view.positions.sort_values("pos").label]
     show = len(labels) <= 64
     if kind == "matrix":
-        image = ax.imshow(_matrix(rows, len(labels)), cmap="viridis", vmin=0, vmax=vmax)
+        image = colours.tag(ax.imshow(_matrix(rows, len(labels)), cmap=WEIGHT.cmap, vmin=0, vmax=vmax), WEIGHT.quantity)
         y = range(len(labels)) if show and ticks[1] else []
         ax.set_yticks(list(y), [labels[i] for i in y], fontsize=5)
     else:
@@ -188,8 +192,8 @@ def _overlay_panel(ax: plt.Axes, view: Any, rows: pd.DataFrame, alpha: float = 0
     scaled = np.nan_to_num(grid / np.nanmax(grid))
     h_px, w_px = view.image.shape[:2]
     ax.imshow(view.image)
-    ax.imshow(scaled, cmap="inferno", alpha=alpha * (0.3 + 0.7 * scaled), extent=(0, w_px, h_px, 0),
-              interpolation="bilinear", vmin=0, vmax=1)
+    colours.tag(ax.imshow(scaled, cmap=SCALED.cmap, alpha=alpha * (0.3 + 0.7 * scaled), extent=(0, w_px, h_px, 0),
+                          interpolation="bilinear", vmin=0, vmax=1), SCALED.quantity)
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_xlabel("x (pixels)", fontsize=7)
@@ -272,7 +276,7 @@ def key_prior_top_tokens(view: Any, *, heads: Optional[Sequence[Head]] = None, n
 
 def _plotly_trace(view: Any, rows: pd.DataFrame, kind: str, vmax: float, colorbar: bool) -> go.BaseTraceType:
     """One head and condition as a plotly trace, hover giving each key's label, weight and change."""
-    scale = dict(colorscale="Viridis", zmin=0, zmax=vmax, showscale=colorbar,
+    scale = dict(**colours.plotly_scale(WEIGHT, 0.0, vmax), showscale=colorbar,
                  colorbar=dict(title=dict(text="attention", side="right"), thickness=10))
     if kind == "grid":
         patches = rows[rows.key_kind == "patch"]
@@ -343,7 +347,7 @@ def single_input_overlay_plotly(view: Any, *, condition: str = "intact", opacity
             text = [[f"L{layer} H{head} patch ({r}, {q}): {grid[r, q]:.4f}" for q in range(gw)] for r in range(gh)]
             fig.add_trace(go.Heatmap(
                 z=(grid / np.nanmax(grid)).tolist(), x0=w_px / gw / 2, dx=w_px / gw, y0=h_px / gh / 2, dy=h_px / gh,
-                colorscale="Inferno", zmin=0, zmax=1, opacity=opacity, showscale=False, text=text, zsmooth="best",
+                **colours.plotly_scale(SCALED, 0.0, 1.0), opacity=opacity, showscale=False, text=text, zsmooth="best",
                 hovertemplate="%{text}<extra>" + _prefix_note(rows) + "</extra>", visible=i == len(layers) - 1),
                 row=1, col=c)
     n_img = len(heads)

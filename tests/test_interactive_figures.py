@@ -16,8 +16,9 @@ RNG = np.random.default_rng(0)
 
 
 def _table(layers=(0, 1, 2), heads=(0, 1, 2, 3), facet=("q", "k", "v"), name="kind", value="shift_ratio"):
-    rows = [dict(layer=layer, head=h, **{name: f, value: float(RNG.normal())}) for f in facet for layer in layers
-            for h in heads]
+    signed = value in ("delta", "share")  # the other quantities are sizes (>= 0: interp.colours refuses negatives)
+    rows = [dict(layer=layer, head=h, **{name: f, value: float(RNG.normal() if signed else RNG.exponential())})
+            for f in facet for layer in layers for h in heads]
     df = pd.DataFrame(rows)
     df.loc[3, value] = np.nan  # a gap
     return df

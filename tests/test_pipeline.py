@@ -103,10 +103,11 @@ def test_report_is_self_contained_and_interactive(written):
 
 
 def test_each_interactive_heatmap_holds_the_data_of_its_table(written):
+    """Each trace's cells against the table's CSV read with plain pandas (not through interp.interactive): the
+    one row at that layer, head (and facet value) that the heatmap's query picks; a size's rounding negatives
+    (above -1e-6) are drawn as 0 (interp.colours)."""
     import math
     import re
-
-    from interp.interactive import Heatmap, heatmap_grids
 
     out, sections, report = written
     payloads = [json.loads(m.replace("<\\/", "</")) for m in re.findall(
@@ -116,15 +117,21 @@ def test_each_interactive_heatmap_holds_the_data_of_its_table(written):
     assert len(payloads) == len(expected) >= 6
     for payload in payloads:
         table = pd.read_csv(out / f"{payload['table']}.csv")
-        spec = Heatmap(payload["table"], payload["value"], "", facet=payload["facet"], query=payload["query"])
-        grids = heatmap_grids(table, spec)
+        rows = (table.query(payload["query"]) if payload["query"] else table).dropna(subset=["head"])
+        facet, value = payload["facet"], payload["value"]
         traces = payload["figure"]["data"]
-        assert [t["name"] for t in traces] == list(grids)
-        for trace, grid in zip(traces, grids.values()):
-            assert trace["x"] == [int(h) for h in grid.columns] and trace["y"] == [int(la) for la in grid.index]
-            for row, want in zip(trace["z"], grid.to_numpy()):
-                for got, w in zip(row, want):
-                    assert (got is None and math.isnan(w)) or got == pytest.approx(w, rel=1e-9, abs=1e-15)
+        assert [t["name"] for t in traces] == ([str(f) for f in dict.fromkeys(rows[facet])] if facet else [value])
+        for trace in traces:
+            part = rows[rows[facet].astype(str) == trace["name"]] if facet else rows
+            assert trace["x"] == sorted(part["head"].astype(int).unique())
+            assert trace["y"] == sorted(part.layer.astype(int).unique())
+            for layer, row in zip(trace["y"], trace["z"]):
+                for head, got in zip(trace["x"], row):
+                    hit = part[(part.layer == layer) & (part["head"] == head)][value]
+                    assert len(hit) <= 1
+                    want = float(hit.iloc[0]) if len(hit) else math.nan
+                    want = 0.0 if -1e-6 < want < 0 and value != "delta" and value != "share" else want
+                    assert (got is None and math.isnan(want)) or got == pytest.approx(want, rel=1e-9, abs=1e-15)
 
 
 def test_every_figure_has_a_title_axis_labels_and_labelled_colour_bars(written):

@@ -1,36 +1,173 @@
-"""Plots draw the analyzers' frames: one titled panel per kind, axes labelled."""
+"""Plots draw the analyzers' frames: what each figure draws (the arrays in its Axes: heatmap cells, bar
+lengths, points, lines) equals the table it was given, read cell by cell with plain pandas lookups, never
+through the code under test; and every plot checks the table it draws."""
 
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 
 import interp
-from interp.plots import layer_head_heatmaps, origin_shift_figures, save_figure
+from interp.plots import origin_shift_figures, save_figure
+
+matplotlib.use("Agg")
+RNG = np.random.default_rng(3)
 
 
-def test_heatmaps_have_titles_labels_and_one_panel_per_kind(tmp_path):
-    df = pd.DataFrame(
-        [dict(layer=l, head=h, kind=k, shift_ratio=l + h / 10, bias_share=0.5)
-         for l in range(3) for h in range(4) for k in "qkv"]
-    )
+def cell(df, value, **where):
+    """The one value of ``df`` at ``where`` (layer=, head=, kind=, ...), by a plain boolean lookup."""
+    mask = np.ones(len(df), bool)
+    for column, want in where.items():
+        mask &= (df[column] == want).to_numpy()
+    assert mask.sum() == 1, where
+    return float(df.loc[mask, value].iloc[0])
+
+
+def mesh_values(ax, gid=None):
+    """The cells of an Axes' heatmap (its first QuadMesh, or the one tagged ``gid``), rows x columns, masked
+    where nothing is drawn in colour."""
+    meshes = [c for c in ax.collections if c.get_array() is not None and (gid is None or c.get_gid() == gid)]
+    rows, cols = len(ax.get_yticks()), len(ax.get_xticks())
+    return np.ma.asarray(meshes[0].get_array()).reshape(rows, cols)
+
+
+def expected_grid(df, value, layers, heads, **where):
+    return np.array([[cell(df, value, layer=la, head=h, **where) for h in heads] for la in layers])
+
+
+def test_layer_head_heatmaps_draw_each_kinds_cells_and_save(tmp_path):
+    df = pd.DataFrame([dict(layer=la, head=h, kind=k, shift_ratio=RNG.uniform(0, 3), bias_share=RNG.uniform())
+                       for la in range(3) for h in range(4) for k in "qkv"])
     figs = origin_shift_figures(df, "toy")
-    fig = figs["shift_ratio"]
-    axes = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in axes] == ["kind = q", "kind = k", "kind = v"]
-    assert all(ax.get_xlabel() == "head" and ax.get_ylabel() == "layer" for ax in axes)
-    assert "toy" in fig._suptitle.get_text()
-    path = save_figure(fig, tmp_path / "f.png")
-    assert path.stat().st_size > 1000
-    # the grid really is layer x head of the value
-    single = layer_head_heatmaps(df[df.kind == "q"], "shift_ratio")
-    mesh = single.axes[0].collections[0]
-    assert mesh.get_array().reshape(3, 4)[2, 3] == 2.3
+    for value in ("shift_ratio", "bias_share"):
+        axes = [ax for ax in figs[value].axes if ax.get_title().startswith("kind")]
+        assert [ax.get_title() for ax in axes] == ["kind = q", "kind = k", "kind = v"]
+        for ax, kind in zip(axes, "qkv"):
+            drawn = mesh_values(ax)
+            assert not np.ma.getmaskarray(drawn).any()
+            np.testing.assert_array_equal(drawn, expected_grid(df, value, range(3), range(4), kind=kind))
+            assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1", "2"]
+    assert save_figure(figs["shift_ratio"], tmp_path / "f.png").stat().st_size > 1000
+
+
+ABL = pd.DataFrame([dict(layer=la, head=h, kind=k, method="zero", estimate=e, scope="head", metric="cross_entropy",
+                         baseline=2.0, identity="",
+                         delta=(RNG.uniform(-1e-9, 1e-9) if k == "k" else RNG.normal(0, 0.05)) * (0.8 if e == "atp" else 1))
+                    for la in range(2) for h in range(3) for k in "qkv" for e in ("exact", "atp")])
+
+
+def test_ablation_figures_draw_the_deltas_the_top_heads_and_estimate_against_exact():
+    from interp import plots
+
+    figs = plots.ablation_figures(ABL, "toy", top=4)
+    exact = ABL[ABL.estimate == "exact"]
+    heat = figs["ablation_delta_zero_exact"]
+    panels = [ax for ax in heat.axes if ax.get_title().startswith("kind")]
+    for ax, kind in zip(panels, "qkv"):
+        want = expected_grid(exact, "delta", range(2), range(3), kind=kind)
+        drawn = mesh_values(ax, "interp-colour:delta")
+        quiet = np.abs(want) < 1e-6  # the floor: b_k's +-1e-9 is rounding, drawn grey, not in colour
+        assert quiet.all() if kind == "k" else not quiet.any()
+        np.testing.assert_array_equal(np.ma.getmaskarray(drawn), quiet)
+        np.testing.assert_array_equal(drawn.compressed(), want[~quiet])
+        if kind == "k":
+            np.testing.assert_array_equal(~np.ma.getmaskarray(mesh_values(ax, "interp-colour:no_effect")), quiet)
+    # the top heads: bar lengths are the 4 largest |delta| of the exact rows, labelled by their head
+    ax = figs["ablation_top_zero_exact"].axes[0]
+    top = sorted(exact.delta, key=abs, reverse=True)[:4]
+    widths = [p.get_width() for p in ax.patches if p.get_height() > 0 and p.get_width() != 0]
+    assert sorted(widths) == sorted(top)
+    labels = {t.get_text() for t in ax.get_yticklabels()}
+    assert labels == {f"L{r.layer} H{r['head']} {r.kind}" for _, r in exact.iterrows() if r.delta in top}
+    # estimate against exact: one point per head at (exact delta, atp delta)
+    ax = figs["ablation_exact_vs_atp_zero"].axes[0]
+    points = {tuple(np.round(p, 12)) for c in ax.collections for p in c.get_offsets()}
+    atp = ABL[ABL.estimate == "atp"]
+    assert points == {(round(r.delta, 12), round(cell(atp, "delta", layer=r.layer, head=r["head"], kind=r.kind), 12))
+                      for _, r in exact.iterrows()}
+    plt.close("all")
+
+
+CLUSTERED = pd.DataFrame([dict(layer=la, head=h, cluster=(2 * la + h) % 3, mean_attention_distance=RNG.uniform(1, 9),
+                               bin_0=RNG.normal(), bin_1=RNG.normal(), distance_unit="tokens")  # no symmetry
+                          for la in range(3) for h in range(2)])
+
+
+def test_frequency_figures_draw_clusters_distances_and_spectra():
+    from interp import plots
+
+    ax = plots.cluster_grid_figure(CLUSTERED, "toy").axes[0]
+    np.testing.assert_array_equal(mesh_values(ax), expected_grid(CLUSTERED, "cluster", range(3), range(2)))
+    ax = plots.attention_distance_figure(CLUSTERED, "toy").axes[0]
+    points = {tuple(p) for c in ax.collections for p in c.get_offsets()}
+    assert points == set(zip(CLUSTERED.layer.astype(float), CLUSTERED.mean_attention_distance))
+    fig = plots.spectrum_clustermap(CLUSTERED, "toy")
+    heat = [ax for ax in fig.axes if ax.get_ylabel().startswith("head (layer, head)")][0]
+    rows = [t.get_text() for t in heat.get_yticklabels()]
+    order = sorted(((r.cluster, r.layer, r["head"]) for _, r in CLUSTERED.iterrows()))
+    assert rows == [f"L{la}H{h}" for _, la, h in order]  # grouped by family
+    drawn = np.ma.asarray(heat.collections[0].get_array()).reshape(len(rows), 2)
+    want = [[cell(CLUSTERED, b, layer=la, head=h) for b in ("bin_0", "bin_1")] for _, la, h in order]
+    np.testing.assert_array_equal(drawn, want)
+    plt.close("all")
+
+
+SINKS = pd.DataFrame([dict(model="m", layer=la, head=h, position=p, mass=RNG.uniform(0.05, 0.95), threshold=0.5,
+                           has_b_q=True) for la in range(2) for h in range(3) for p in ("first", "top_content")])
+SINKS = SINKS.assign(sink=SINKS.mass > 0.5, mass_without_key_prior=SINKS.mass * 0.6, mass_without_b_q=SINKS.mass * 0.3)
+
+
+def test_sink_figures_draw_the_top_mass_its_position_and_the_key_prior_bars():
+    from interp import plots
+
+    ax = plots.sink_mass_grid(SINKS).axes[0]
+    drawn = mesh_values(ax)
+    for la in range(2):
+        for h in range(3):
+            rows = SINKS[(SINKS.layer == la) & (SINKS["head"] == h)]
+            best = rows.loc[rows.mass.idxmax()]
+            assert drawn[la, h] == best.mass
+            label = [t.get_text() for t in ax.texts][la * 3 + h]
+            assert label == {"first": "first", "top_content": "top"}[best.position] + ("*" if best.mass > 0.5 else "")
+    ax = plots.key_prior_sink_plot(SINKS, top=3).axes[0]
+    sinks = SINKS[SINKS.sink].nlargest(3, "mass")
+    widths = sorted(round(p.get_width(), 12) for p in ax.patches if p.get_width() > 0)
+    want = sorted(round(v, 12) for c in ("mass", "mass_without_key_prior", "mass_without_b_q") for v in sinks[c])
+    assert widths == want
+    plt.close("all")
+
+
+def test_residual_figures_draw_the_tables_points_and_lines():
+    from interp import plots
+
+    implicit = pd.DataFrame([dict(model="m", layer=la, head=h, explicit_norm=RNG.uniform(), implicit_norm=RNG.uniform(),
+                                  positions="first", has_b_v=True) for la in range(2) for h in range(3)])
+    ax = plots.implicit_vs_explicit(implicit).axes[0]
+    points = {tuple(p) for c in ax.collections for p in c.get_offsets()}
+    assert points == set(zip(implicit.explicit_norm, implicit.implicit_norm))
+    massive = pd.DataFrame([dict(layer=la, hook=f"blocks.{la}.hook_resid_post", rank=r, abs_value=RNG.uniform(1, 90),
+                                 median_abs=0.5 + la, massive=False, abs_threshold=100.0, ratio_threshold=100.0)
+                            for la in range(3) for r in range(2)])
+    ax = plots.massive_activations_plot(massive).axes[0]
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+    for r in range(2):
+        part = massive[massive["rank"] == r]
+        assert lines[f"top {r}"] == (list(part.layer), list(part.abs_value))
+    assert lines["median |value|"] == ([0, 1, 2], [0.5, 1.5, 2.5])
+    norms = pd.DataFrame([dict(layer=la, hook=f"blocks.{la}.hook_resid_post", rank=r, norm=30.0 + r + la,
+                               mass=RNG.uniform(), k=4.0, n_outliers=2, norm_q05=1.0, norm_q25=2.0, norm_median=3.0,
+                               norm_q75=4.0, norm_q95=5.0, norm_max=31.0 + la) for la in range(2) for r in range(2)])
+    ax = plots.token_norm_plot(norms).axes[0]
+    points = [c for c in ax.collections if c.get_gid() == "interp-colour:mass"][0]
+    assert [tuple(p) for p in points.get_offsets()] == list(zip(norms.layer.astype(float), norms.norm))
+    np.testing.assert_array_equal(points.get_array(), norms.mass)  # the colour is the mass each outlier gets
+    plt.close("all")
 
 
 # ----- every plot checks the table it draws (issue 31) --------------------------------------------------------
 
 import types  # noqa: E402
-
-import pytest  # noqa: E402
 
 from interp import plots  # noqa: E402
 from interp.errors import InputError  # noqa: E402

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 # Lowest layer first. A module may import only from layers strictly below its own.
 LAYERS = [
     ["interp._version", "interp.errors", "interp.types", "interp.hooks"],
-    ["interp.moments", "interp.plot_checks"],
+    ["interp.moments", "interp.plot_checks", "interp.colours"],
     ["interp.io", "interp.bootstrap", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
      "interp.single_input_plots"],
     ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip",

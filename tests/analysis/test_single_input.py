@@ -379,6 +379,16 @@ def test_static_figures_draw_the_tables(vit_view):
     rows = vit_view.patterns.query("layer == @layer and head == @head and condition == 'no_b_q' and key_kind == 'patch'")
     drawn = panels[2].get_images()[0].get_array()
     assert np.allclose(drawn[rows.key_row, rows.key_col], rows.weight)
+    for r, (layer, head) in enumerate(pairs):  # every panel: its condition's patch weights, on its row's scale
+        row_max = vit_view.patterns.query("layer == @layer and head == @head and key_kind == 'patch'").weight.max()
+        for c, cond in enumerate(["intact", "no_b_q", "no_b_k", "no_b_v", "no_key_prior"]):
+            want = vit_view.patterns.query("layer == @layer and head == @head and condition == @cond and "
+                                           "key_kind == 'patch'")
+            image = panels[r * 6 + c + 1].get_images()[0]
+            grid = np.full((4, 4), np.nan)
+            grid[want.key_row, want.key_col] = want.weight
+            np.testing.assert_array_equal(image.get_array(), grid)
+            assert image.norm.vmin == 0 and image.norm.vmax == row_max
     overlay = plots.single_input_overlay(vit_view, condition="no_key_prior")
     assert len(overlay.axes) == 2 * 4 and "without the key prior" in overlay._suptitle.get_text()
     bars = plots.key_prior_top_tokens(vit_view, heads=[(1, 2)], top=5)
@@ -401,6 +411,32 @@ def test_plotly_figures_carry_the_numbers(vit_view):
     bars = plots.key_prior_top_tokens_plotly(vit_view, heads=[(1, 0)], top=3)
     top = vit_view.key_prior.query("layer == 1 and head == 0").nsmallest(3, "rank")
     assert np.allclose(bars.data[0].x, top.key_prior_centered)
+
+
+def test_the_real_views_figures_follow_the_colour_rule_and_its_b_k_kl_is_no_effect(vit_view):
+    """The float64 tiny ViT's KL without b_k is rounding (min -2.2e-8 nats here): the report's KL heatmap draws
+    it as 0, grey, with the floor in the hover; every single-input figure passes interp.colours' check."""
+    import matplotlib.pyplot as plt
+
+    from interp import interactive, plots
+    from interp.colours import NO_EFFECT, _colour_at, check_colours
+
+    kl = interactive.layer_head_heatmap(vit_view.heads, "kl", facet="condition",
+                                        query="condition in ('no_b_q', 'no_b_k', 'no_key_prior')")
+    noise = {t.name: t for t in kl.data}["no_b_k"]
+    table = vit_view.heads[vit_view.heads.condition == "no_b_k"].kl
+    assert table.abs().max() < 1e-6 and (np.array(noise.z, dtype=float) == np.clip(
+        vit_view.heads[vit_view.heads.condition == "no_b_k"].pivot(index="layer", columns="head", values="kl"), 0,
+        None).to_numpy()).all()
+    from matplotlib.colors import to_rgb
+    for row in noise.z:
+        for v in row:
+            assert np.allclose(_colour_at([list(s) for s in noise.colorscale], (v - noise.zmin) / (noise.zmax - noise.zmin)),
+                               to_rgb(NO_EFFECT), atol=0.01)
+    for fig in (kl, plots.single_input_patterns(vit_view), plots.single_input_overlay(vit_view),
+                plots.single_input_patterns_plotly(vit_view), plots.single_input_overlay_plotly(vit_view)):
+        assert check_colours(fig) == []
+    plt.close("all")
 
 
 def test_text_views_draw_matrices_or_bars_and_refuse_an_overlay():
