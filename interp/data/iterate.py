@@ -76,8 +76,7 @@ def _counted_batch(model: InterpBridge, item: Any) -> tuple[Batch, int]:
     if _is_pil(item):  # one PIL image of an iterable of images (a generator, say): one batch of one
         if info.modality != "vision":
             raise InputError(f"an item of the data is a PIL image, but {info.name} is a language model")
-        from interp.data.sources import resolve_data as _resolve
-        return next(iter(_resolve(model, [item]))), 0
+        return next(iter(resolve_data(model, [item]))), 0
     if isinstance(item, np.ndarray):
         raise InputError(f"an item of the data is a numpy array {item.dtype} {tuple(item.shape)}: pass numpy data as one "
                          "array, not a list of them (np.stack(arrays): [N, H, W, C] images or [N, pos] token ids), "
