@@ -401,9 +401,12 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
                    heatmaps=[Heatmap("ablation", "delta", f"delta {first.metric} (ablated - intact)",
                                      query=f"scope == 'head' and estimate == '{every}'",
                                      title=f"{model_name}: effect of removing each head's bias ({every})")],
-                   top_tables=[TopTable("ablation", ("layer", "head", "kind", "estimate", "delta", "control_lo",
-                                                     "control_hi", "control_p", "bias_dependent", "identity"), "delta",
-                                        "The largest effects (click a column to sort)", query="scope == 'head'")])
+                   # the heads run exactly, each with its matched control (the heatmap above: every head, estimated)
+                   top_tables=[TopTable("ablation", ("layer", "head", "kind", "delta", "delta_lo", "delta_hi",
+                                                     "control_lo", "control_hi", "control_p", "bias_dependent"),
+                                        "delta", "The largest effects of the heads run exactly, with their matched "
+                                        "control (click a column to sort)",
+                                        query="scope == 'head' and estimate == 'exact' and identity.fillna('') == ''")])
 
 
 def control_numbers(per_head: pd.DataFrame) -> dict:

@@ -154,7 +154,8 @@ def render_report(sections: Sequence[Section], figures: dict[str, Path], meta: d
         tmp.write_text(json.dumps(data, indent=2))
     headlines = "".join(f"<li>{html.escape(h)}</li>" for h in data["headlines"])
     samples = samples_line(sections)
-    samples = f"<p><small>Samples (n), by section: {html.escape(samples)}.</small></p>" if samples else ""
+    samples = (f"<p class=\"interp-samples\"><small>Samples (n), by section: {html.escape(samples)}.</small></p>"
+               if samples else "")
     tables = {name: table for s in sections for name, table in s.tables.items()}
     body = "\n".join(_section_html(s, i, figures, tables) for i, s in enumerate(sections))
     produced = ", ".join(f"{k}: {v}" for k, v in meta.items())
