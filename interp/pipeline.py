@@ -246,7 +246,7 @@ def _bins_text(spectra: dict) -> str:
     empty, n = spectra["empty_bins"], spectra["n_bins"]
     if not empty:
         return f"All {n} radial bins hold frequencies of this grid."
-    return (f"{len(empty)} of the {n} radial bins hold no frequency of this grid and are drawn blank "
+    return (f"{len(empty)} of the {n} radial bins hold no frequency of this grid and are left out of the figure "
             f"({', '.join(empty)}).")
 
 
