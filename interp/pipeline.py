@@ -96,7 +96,7 @@ def origin_step(ctx: Context) -> list[Section]:
         + ", ".join(f"{k}: {v:.2f}" for k, v in numbers["median_shift_ratio"].items())
         + f". Largest: layer {largest['layer']}, head {largest['head']}, {largest['kind']} "
           f"({largest['shift_ratio']:.2f}).",
-        numbers, tables={"origin_shift": origin}, shown=["shift_ratio"],
+        numbers, tables={"origin_shift": origin}, shown=[n for n in figs if n == "shift_ratio_intervals"],
         figures={n: f for n, f in figs.items() if n.startswith("shift_ratio")},  # with its intervals, when there are
         heatmaps=[Heatmap("origin_shift", "shift_ratio", "||b|| / RMS(XW)",
                           title=f"{ctx.name}: shift ratio per head (hover for values; one colour scale, all kinds)")],
@@ -112,7 +112,8 @@ def origin_step(ctx: Context) -> list[Section]:
         "Share of the head's origin E[XW + b] set by the bias rather than by the data, ||b|| / (||b|| + "
         "||E[X]W||). Median per kind: "
         + ", ".join(f"{k}: {v:.2f}" for k, v in share_numbers["median_bias_share"].items()) + ".",
-        share_numbers, figures={n: f for n, f in figs.items() if n.startswith("bias_share")}, shown=["bias_share"],
+        share_numbers, figures={n: f for n, f in figs.items() if n.startswith("bias_share")},
+        shown=[n for n in figs if n == "bias_share_intervals"],  # the heatmap is interactive; its PNG a download
         heatmaps=[Heatmap("origin_shift", "bias_share", "||b|| / (||b|| + ||E[X]W||)",
                           title=f"{ctx.name}: bias share of each head's origin")])
     return [shift, share]
@@ -138,7 +139,7 @@ def scores_step(ctx: Context) -> list[Section]:
                              "key_prior_share_intervals": plots.interval_figure(
                                  dec[dec.term == "key_prior"], "share", ctx.name, facet="term",
                                  label="key-prior share of score variance", data=label)},
-                    shown=["key_prior_share"],
+                    shown=["key_prior_share_intervals"],  # the heatmap is interactive; its PNG a download
                     heatmaps=[Heatmap("score_decomposition", "share", "share of score variance", facet="term",
                                       query="term == 'key_prior'",
                                       title=f"{ctx.name}: key-prior share of each head's score variance")],
@@ -232,15 +233,21 @@ def frequency_step(ctx: Context) -> list[Section]:
                 f"hf_ratio by {distance['q_bias_removal_hf_ratio_change_mean_abs']:.4f} on average.", distance,
                 figures={"attention_distance": plots.attention_distance_figure(
                     clustered, ctx.name, data=label)},
-                shown=["attention_distance"],
-                heatmaps=[Heatmap("frequency_profile", "mean_attention_distance", f"mean attention distance ({unit})",
-                                  facet=None, title=f"{ctx.name}: mean attention distance per head")]),
+                shown=["attention_distance"]),  # each head's distance drawn once, here (no heatmap of it)
         Section("spectra", "Spectra", "Log amplitude (relative to DC) of each head's output over radial frequency "
-                f"bins; rows are heads, coloured by family. {len(spectra['empty_bins'])} of {spectra['n_bins']} bins "
-                "hold no frequency on this patch grid.", spectra,
+                f"bins; rows are heads, coloured by family. {_bins_text(spectra)}", spectra,
                 figures={"spectrum_clustermap": plots.spectrum_clustermap(clustered, ctx.name, label)},
                 shown=["spectrum_clustermap"]),
     ]
+
+
+def _bins_text(spectra: dict) -> str:
+    """What the spectrum's bins cover: "All 8 radial bins hold frequencies of this grid." or which are empty."""
+    empty, n = spectra["empty_bins"], spectra["n_bins"]
+    if not empty:
+        return f"All {n} radial bins hold frequencies of this grid."
+    return (f"{len(empty)} of the {n} radial bins hold no frequency of this grid and are left out of the figure "
+            f"({', '.join(empty)}).")
 
 
 # ----- implicit biases: sinks, the value bias they imply, massive activations (issue 26) ---------------
@@ -307,7 +314,7 @@ def sinks_step(ctx: Context) -> list[Section]:
         "implicit_biases", "Implicit biases", _sinks_text(numbers), numbers, headline=headline,
         tables={"sink_profile": profile, "sink_shares": shares, "implicit_value_bias": implicit,
                 "massive_activations": massive},
-        figures=figures, shown=list(figures),
+        figures=figures, shown=["implicit_vs_explicit", "massive_activations"],  # the sink masses: interactive below
         heatmaps=[Heatmap("sink_profile", "mass", "mean attention mass on the position (share of a row)",
                           facet="position", title=f"{ctx.name}: attention mass per head on each position class"),
                   Heatmap("implicit_value_bias", "implicit_norm", "||mean c_i|| (residual-stream units)", facet=None,
@@ -394,9 +401,12 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
                    heatmaps=[Heatmap("ablation", "delta", f"delta {first.metric} (ablated - intact)",
                                      query=f"scope == 'head' and estimate == '{every}'",
                                      title=f"{model_name}: effect of removing each head's bias ({every})")],
-                   top_tables=[TopTable("ablation", ("layer", "head", "kind", "estimate", "delta", "control_lo",
-                                                     "control_hi", "control_p", "bias_dependent", "identity"), "delta",
-                                        "The largest effects (click a column to sort)", query="scope == 'head'")])
+                   # the heads run exactly, each with its matched control (the heatmap above: every head, estimated)
+                   top_tables=[TopTable("ablation", ("layer", "head", "kind", "delta", "delta_lo", "delta_hi",
+                                                     "control_lo", "control_hi", "control_p", "bias_dependent"),
+                                        "delta", "The largest effects of the heads run exactly, with their matched "
+                                        "control (click a column to sort)",
+                                        query="scope == 'head' and estimate == 'exact' and identity.fillna('') == ''")])
 
 
 def control_numbers(per_head: pd.DataFrame) -> dict:
@@ -509,6 +519,7 @@ def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[st
             return sections
         for section in made:
             section.seconds = round(time.time() - t0, 1)
+            section.sample = section.sample or ctx.sample_label(name)
         sections += made
     return sections
 
@@ -563,7 +574,9 @@ def single_input_step(ctx: Context) -> list[Section]:
         figures["single_input_key_prior"] = plots.key_prior_top_tokens(view)
     if view.image is not None:
         figures["single_input_overlay"] = plots.single_input_overlay(view)
+    unit = "image" if view.image is not None else "sequence"
     return [Section("single_input", "One input, closely", text, numbers, figures=figures, shown=list(figures),
+                    sample=f"1 {unit} ({view.meta['n_positions']} positions)",
                     tables={"single_input_patterns": view.patterns, "single_input_heads": view.heads,
                             "single_input_key_prior": view.key_prior},
                     heatmaps=[Heatmap("single_input_heads", "kl", "mean KL(intact || without), nats",

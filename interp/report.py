@@ -1,10 +1,11 @@
 """Writing sections out: tables (CSV + Parquet), figures (PNG), statistics, ``report.html``
 and ``summary.json``. The renderer only formats what the steps computed.
 
-``report.html`` opens with the headline findings (the same numbers as ``summary.json``),
-then one part per section: its text, interactive layer x head heatmaps (hover for values)
-and sortable tables (``interp.interactive``; plotly.js embedded, so it opens offline), and
-its PNG figures.
+``report.html`` opens with the headline findings (the same numbers as ``summary.json``, each
+with its sample size), then one part per section, each thing once: its text, interactive layer x
+head heatmaps (hover for values) and sortable tables (``interp.interactive``; plotly.js embedded,
+so it opens offline), the PNG figures no heatmap already shows (embedded), and links to every PNG
+and CSV of the section (the files beside ``report.html``, for papers).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import base64
 import html
 import json
 import math
+from urllib.parse import quote
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -78,43 +80,82 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
+def headline_of(section: Section) -> str:
+    """The section's headline led by the sample its numbers come from: "[n = 8 images] The largest ..."."""
+    return f"[n = {section.sample}] {section.headline}" if section.sample else section.headline
+
+
 def summary(sections: Sequence[Section], meta: dict) -> dict:
-    """Every headline number, by section, with what produced them."""
-    return _json_ready(dict(meta=meta, headlines=[s.headline for s in sections if s.headline],
+    """Every headline number (each with its sample size), by section, with what produced them; ``samples``: the
+    data each section's numbers come from ("" for the weights alone)."""
+    return _json_ready(dict(meta=meta, headlines=[headline_of(s) for s in sections if s.headline],
                             sections={s.key: s.numbers for s in sections},
+                            samples={s.key: s.sample for s in sections},
                             seconds={s.key: s.seconds for s in sections}))
 
 
-def _img(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(path.stem)}" style="max-width:100%">'
+def samples_line(sections: Sequence[Section]) -> str:
+    """Which sections share which sample, e.g. "8 images: Shift ratio, Bias share; 4 images: Key prior"."""
+    by_sample: dict[str, list[str]] = {}
+    for s in sections:
+        if s.sample:
+            by_sample.setdefault(s.sample, []).append(s.title)
+    return "; ".join(f"{sample}: {', '.join(titles)}" for sample, titles in by_sample.items())
 
 
-_STYLE = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;line-height:1.4}"
+_STYLE = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;line-height:1.4}"
           "table.interp-sortable{border-collapse:collapse;margin:1em 0;font-size:90%}"
+          "table.interp-sortable caption{text-align:left;font-weight:bold;padding:2px 0}"
           "table.interp-sortable th,table.interp-sortable td{border:1px solid #ccc;padding:2px 8px;text-align:right}"
-          "table.interp-sortable th{background:#eee}")
+          "table.interp-sortable th{background:#eee}"
+          "figure{margin:1em 0}figure img{max-width:100%}"
+          "p.interp-files{font-size:90%;color:#444}p.interp-files a{margin-right:.8em}")
+
+
+def _figure(path: Path) -> str:
+    """A PNG drawn inline (base64: the page needs no other file to show it)."""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(path.stem)}" '
+            f'class="interp-static" data-name="{html.escape(path.stem)}"></figure>')
+
+
+def _links(names: Sequence[str]) -> str:
+    return " ".join(f'<a href="{quote(n)}" download>{html.escape(n)}</a>' for n in names)
 
 
 def _section_html(section: Section, index: int, figures: dict[str, Path], tables: dict) -> str:
-    """One section: its text, its interactive heatmaps and tables, then its PNG figures (for papers)."""
-    parts = [f"<h2>{html.escape(section.title)}</h2>\n<p>{html.escape(section.text)}</p>"]
+    """One section, each thing once: its text, its interactive heatmaps (hover for values) and sortable tables,
+    the figures no heatmap already shows, then every PNG and table of the section as a download (same folder)."""
+    parts = [f'<h2 id="{html.escape(section.key)}">{html.escape(section.title)}</h2>\n'
+             f"<p>{html.escape(section.text)}</p>"]
+    if section.sample:
+        parts.append(f'<p class="interp-sample"><small>Sample: {html.escape(section.sample)}.</small></p>')
     for j, spec in enumerate(section.heatmaps):
         if spec.table in tables and not rows_of(tables[spec.table], spec.query).empty:
             parts.append(heatmap_html(tables[spec.table], spec, f"heatmap-{index}-{j}"))
     for spec in section.top_tables:
         if spec.table in tables and not rows_of(tables[spec.table], spec.query).empty:
             parts.append(sortable_table(tables[spec.table], spec))
-    parts += [_img(figures[name]) for name in section.shown if name in figures]
+    parts += [_figure(figures[name]) for name in section.shown if name in figures]
+    pngs = [figures[n].name for n in section.figures if n in figures]
+    csvs = [f"{n}.csv" for n in section.tables]
+    if pngs or csvs:
+        parts.append('<p class="interp-files">'
+                     + (f"Figures (PNG): {_links(pngs)}" if pngs else "")
+                     + ("<br>" if pngs and csvs else "") + (f"Tables (CSV): {_links(csvs)}" if csvs else "") + "</p>")
     return "\n".join(parts)
 
 
 def render_report(sections: Sequence[Section], figures: dict[str, Path], meta: dict, out: Path) -> Path:
-    """Write ``summary.json`` and ``report.html`` (headline findings first, then the sections)."""
+    """Write ``summary.json`` and ``report.html`` (headline findings first, each with its sample size, then the
+    sections). Interactive heatmaps are the view of what they draw; the PNGs of the same are links beside them."""
     data = summary(sections, meta)
     with atomic_path(out / "summary.json") as tmp:
         tmp.write_text(json.dumps(data, indent=2))
     headlines = "".join(f"<li>{html.escape(h)}</li>" for h in data["headlines"])
+    samples = samples_line(sections)
+    samples = (f"<p class=\"interp-samples\"><small>Samples (n), by section: {html.escape(samples)}.</small></p>"
+               if samples else "")
     tables = {name: table for s in sections for name, table in s.tables.items()}
     body = "\n".join(_section_html(s, i, figures, tables) for i, s in enumerate(sections))
     produced = ", ".join(f"{k}: {v}" for k, v in meta.items())
@@ -124,7 +165,8 @@ def render_report(sections: Sequence[Section], figures: dict[str, Path], meta: d
         tmp.write_text(
             f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head>"
-            f"<body><h1>{html.escape(title)}</h1>\n<h2>Headline findings</h2>\n<ul>{headlines}</ul>\n{body}\n"
+            f"<body><h1>{html.escape(title)}</h1>\n<h2>Headline findings</h2>\n<ul>{headlines}</ul>\n{samples}\n"
+            f"{body}\n"
             f"<p><small>Produced by: {html.escape(produced)}. Numbers: summary.json.</small></p>\n"
             f"{page_scripts()}</body></html>"
         )

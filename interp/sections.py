@@ -31,11 +31,13 @@ class Section:
     headline: str = ""  # one sentence for the top of the report ("" = none)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     figures: dict[str, Figure] = field(default_factory=dict)
-    shown: list[str] = field(default_factory=list)  # figures embedded in report.html
+    # figures drawn in report.html: those no interactive heatmap already shows (every figure is a PNG download)
+    shown: list[str] = field(default_factory=list)
     stats: dict[str, QKVStats] = field(default_factory=dict)  # saved as <name>.safetensors
     seconds: float = 0.0  # time the step that made it took
     heatmaps: list[Heatmap] = field(default_factory=list)  # interactive, in report.html (from any section's tables)
     top_tables: list[TopTable] = field(default_factory=list)  # sortable, in report.html
+    sample: str = ""  # the data its numbers come from, e.g. "8 images" ("" = none: the weights alone)
 
 
 @dataclass
@@ -73,6 +75,15 @@ class Context:
                         for b in batches)
         unit = ("patches", "images") if vision else ("tokens", "sequences")
         return f"{self.dataset}, {count:,} {unit[0]} ({items:,} {unit[1]})"
+
+    def sample_label(self, step: str) -> str:
+        """The sample ``step`` analysed (its ``first`` calls, ``analysed``), e.g. "8 images"; "" if it read none."""
+        seen = self.analysed.get(step)
+        if not seen or not seen["items"]:
+            return ""
+        n = seen["items"]
+        unit = "image" if self.model.interp.modality == "vision" else "sequence"
+        return f"{n:,} {unit}{'s' if n != 1 else ''}"
 
     def first(self, n_full: Optional[int] = None, n_quick: int = 1) -> list[Batch]:
         """The batches a step analyses, noted in ``analysed`` under the running step: all of ``batches`` (the

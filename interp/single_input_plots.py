@@ -210,8 +210,8 @@ def _check_vision(view: Any, what: str) -> None:
 def single_input_overlay(view: Any, *, condition: str = "intact", layers: Optional[Sequence[int]] = None,
                          alpha: float = 0.85) -> plt.Figure:
     """Per head (columns) and layer (rows), the query selection's attention on the patches laid over the
-    image (bilinear upsampling of the patch grid; each map scaled to its own maximum, which the panel
-    title gives with the prefix tokens' weight; the more attention, the more opaque)."""
+    image (bilinear upsampling of the patch grid; each map scaled to its own maximum, which the caption under
+    the panel gives with the prefix tokens' weight; the more attention, the more opaque)."""
     view = _view(view)
     _check_vision(view, "single_input_overlay")
     if condition not in _conditions(view):
@@ -227,7 +227,10 @@ def single_input_overlay(view: Any, *, condition: str = "intact", layers: Option
         for c, head in enumerate(heads):
             ax, rows = axes[r, c], _rows(view, layer, head, condition)
             top = _overlay_panel(ax, view, rows, alpha)
-            ax.set_title(f"L{layer} H{head}: max {top:.2f}\n{_prefix_note(rows)}", fontsize=7)
+            # the panel's name above it, its numbers below it (every row has both; none sits between two panels)
+            ax.set_title(f"L{layer} H{head}", fontsize=8)
+            note = "; ".join(t for t in (f"max {top:.2f}", _prefix_note(rows)) if t)
+            ax.set_xlabel(f"{note}\nx (pixels)", fontsize=7)
     m = view.meta
     fig.suptitle(f"{m['model']}: attention of query {m['query']!r} on the patches, {CONDITION_TITLES[condition]}"
                  .replace("\n", " ") + " (each map scaled to its max)", fontsize=9)

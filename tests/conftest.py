@@ -46,6 +46,7 @@ INTEGRATION = (
     "tests/test_cli.py::test_help_answers_without_importing_torch",
     "tests/test_cli.py::test_version_and_debug_anywhere",
     "tests/test_structure.py::test_import_has_no_side_effects",
+    "tests/test_report_browser.py",                      # chromium, in its own processes
     "tests/training/test_mnist_vit.py::test_one_epoch_smoke_run_of_every_variant",
     "tests/training/test_sink_training.py",
     "tests/training/test_backcopy.py::test_training",

@@ -41,7 +41,8 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path, run_cli, capsys):
                 "ablation_exact_vs_atp_distance_zero"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 10_000
     report = (tmp_path / "report.html").read_text()
-    assert report.count("<img") == 14 and "dinov2-s14" in report  # 8 + single_input (3) + sinks (3)
+    # drawn once each: the intervals (3), families, distance, spectra, sinks (2), ablations (2), one input (3)
+    assert report.count("<img") == 13 and "dinov2-s14" in report
     assert report.index("Headline findings") < report.index("Bias inventory")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["meta"]["model"] == "dinov2-s14" and summary["headlines"]

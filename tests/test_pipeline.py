@@ -53,7 +53,7 @@ def test_report_opens_with_the_headline_findings(written):
     out, sections, report = written
     html = report.read_text()
     summary = json.loads((out / "summary.json").read_text())
-    assert html.index("Headline findings") < html.index("<h2>Bias inventory")
+    assert html.index("Headline findings") < html.index(">Bias inventory</h2>")
     for headline in summary["headlines"]:
         assert headline.replace("'", "&#x27;") in html
     assert html.count("<img") == sum(len(s.shown) for s in sections)
@@ -180,3 +180,39 @@ def test_a_failing_step_leaves_the_earlier_results_and_a_report_that_says_so(tmp
     assert "Step &#x27;frequency&#x27; failed" in report or "Step 'frequency' failed" in report
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert "origin_shift.csv" in manifest["files"]
+
+
+def test_the_report_says_each_thing_once_and_offers_every_png_as_a_download(written):
+    """A figure an interactive heatmap already draws (same quantity, per head) is a link, not a second picture
+    beside it; every PNG and CSV of the folder is linked once, by name, from its section."""
+    import re
+
+    out, sections, report = written
+    page = report.read_text()
+    inline = re.findall(r'<img [^>]*data-name="([^"]+)"', page)
+    assert sorted(inline) == sorted(n for s in sections for n in s.shown) and len(inline) >= 8
+    drawn_interactively = {"shift_ratio", "bias_share", "key_prior_share", "sink_mass_grid"} | {
+        n for s in sections for n in s.figures if n.startswith("ablation_delta")}
+    assert drawn_interactively <= {p.stem for p in out.glob("*.png")} and not drawn_interactively & set(inline)
+    links = re.findall(r'<a href="([^"]+)" download>', page)
+    assert sorted(h for h in links if h.endswith(".png")) == sorted(p.name for p in out.glob("*.png"))
+    assert sorted(h for h in links if h.endswith(".csv")) == sorted(p.name for p in out.glob("*.csv"))
+
+
+def test_each_headline_states_the_sample_its_numbers_come_from(written):
+    """Quick mode reads 8 digits in batches of 4: recording and origin read both batches, the key prior, sinks,
+    invariances and ablations the first; the count is checked against the positions recorded (17 per digit)."""
+    out, sections, report = written
+    summary = json.loads((out / "summary.json").read_text())
+    info = interp.load_model("digits-vit", device="cpu").interp
+    per_image = (info.image_size // info.patch_size) ** 2 + info.n_prefix_tokens
+    images = summary["sections"]["recording"]["positions_counted"] // per_image
+    assert images == 8
+    headlines = dict(zip([s.key for s in sections if s.headline], summary["headlines"]))
+    assert headlines["origin_shift"].startswith(f"[n = {images} images] The largest bias shift")
+    for key in ("key_prior", "invariances", "implicit_biases", "ablation"):
+        assert headlines[key].startswith("[n = 4 images] "), headlines[key]
+    assert summary["samples"]["single_input"].startswith("1 image (") and summary["samples"]["inventory"] == ""
+    page = report.read_text()
+    assert all(h.replace("'", "&#x27;") in page for h in summary["headlines"])
+    assert "Samples (n), by section: 8 images: Recording, Shift ratio" in page
