@@ -22,9 +22,7 @@ machine only trains. Matrix products use TF32 on the GPU (``TORCH_ALLOW_TF32_CUB
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -115,6 +113,43 @@ def corpus_folder(budget_mib: int) -> Path:
     raise SystemExit(f"no cached folder holds the {budget_mib} MiB corpus under {cache_dir() / 'sinks-corpus'}")
 
 
+def prepare() -> None:
+    """Here: the corpus, its count-model baseline at the run's context, and the device's wheels."""
+    folder = corpus_folder(BUDGET_MIB)
+    WHEELS.mkdir(exist_ok=True)
+    subprocess.check_call([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                           "--python-version", "3.12", "--platform", "manylinux2014_x86_64", "--platform",
+                           "manylinux_2_17_x86_64", "--platform", "any", "-d", str(WHEELS), *DEVICE_WHEELS])
+    # the count models under train_sinks.baseline_csv's identity (corpus, 512 windows x context): the GPU run
+    # finds the file and reuses it instead of spending minutes of CPU there
+    from interp.training.corpus import load_corpus
+    from interp.training.ngram import count_baseline
+    from interp.training.sinks import val_windows
+
+    corpus = load_corpus(folder)
+    OUT.mkdir(parents=True, exist_ok=True)
+    val = val_windows(corpus.val, 512, SHAPE["context"]).numpy()
+    frame = count_baseline(corpus.train.numpy(), val, SHAPE["context"])
+    frame.insert(0, "data", f"{corpus.sha256[:16]}-512x{SHAPE['context']}-orders1to7")
+    frame.to_csv(OUT / "baseline.csv", index=False)
+    size = sum(f.stat().st_size for f in [*folder.iterdir(), *WHEELS.iterdir()])
+    print(f"corpus {folder} and wheels {WHEELS}: {size / 2 ** 20:.1f} MiB to carry; baseline -> {OUT}")
+
+
+def dry_run(out=None) -> None:
+    """The GPU command at a tiny size on the CPU (seconds)."""
+    out = Path(out or ROOT / "out" / "gpu_sinks_dry")
+    from interp.training.corpus import packages_corpus
+
+    packages_corpus(2 ** 20)  # 1 MiB: gathered in seconds
+    folder = corpus_folder(1)
+    argv = command(folder, out, out / "figures", steps=2, device="cpu", every=1, arms=("none",),
+                   shape=dict(d_model=16, n_layers=1, n_heads=2, d_ff=32, context=32), batch=2,
+                   work=out / "work")
+    argv[argv.index("--threads") + 1] = "1"
+    subprocess.check_call(argv, cwd=ROOT)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -132,38 +167,9 @@ def main(argv=None) -> None:
         print(frame.T.to_string())
         return
     if args.prepare:
-        folder = corpus_folder(BUDGET_MIB)
-        WHEELS.mkdir(exist_ok=True)
-        subprocess.check_call([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                               "--python-version", "3.12", "--platform", "manylinux2014_x86_64", "--platform",
-                               "manylinux_2_17_x86_64", "--platform", "any", "-d", str(WHEELS), *DEVICE_WHEELS])
-        # the baseline alone (no training: zero steps are refused, so the count models come from --baseline
-        # of a run whose arms were never asked for): train_sinks computes it once per corpus and context
-        from interp.training.corpus import load_corpus
-        from interp.training.ngram import count_baseline
-        from interp.training.sinks import val_windows
-
-        corpus = load_corpus(folder)
-        OUT.mkdir(parents=True, exist_ok=True)
-        val = val_windows(corpus.val, 512, SHAPE["context"]).numpy()
-        frame = count_baseline(corpus.train.numpy(), val, SHAPE["context"])
-        frame.insert(0, "data", f"{corpus.sha256[:16]}-512x{SHAPE['context']}-orders1to7")
-        frame.to_csv(OUT / "baseline.csv", index=False)
-        size = sum(f.stat().st_size for f in [*folder.iterdir(), *WHEELS.iterdir()])
-        print(f"corpus {folder} and wheels {WHEELS}: {size / 2 ** 20:.1f} MiB to carry; baseline -> {OUT}")
-        return
+        return prepare()
     if args.dry_run:
-        out = Path(args.out or ROOT / "out" / "gpu_sinks_dry")
-        from interp.training.corpus import packages_corpus
-
-        packages_corpus(2 ** 20)  # 1 MiB: gathered in seconds
-        folder = corpus_folder(1)
-        argv = command(folder, out, out / "figures", steps=2, device="cpu", every=1, arms=("none",),
-                       shape=dict(d_model=16, n_layers=1, n_heads=2, d_ff=32, context=32), batch=2,
-                       work=out / "work")
-        argv[argv.index("--threads") + 1] = "1"
-        subprocess.check_call(argv, cwd=ROOT)
-        return
+        return dry_run(args.out)
     import torch
 
     if not torch.cuda.is_available():

@@ -78,8 +78,8 @@ def _counted_batch(model: InterpBridge, item: Any) -> tuple[Batch, int]:
             raise InputError(f"an item of the data is a PIL image, but {info.name} is a language model")
         return next(iter(resolve_data(model, [item]))), 0
     if isinstance(item, np.ndarray):
-        raise InputError(f"an item of the data is a numpy array {item.dtype} {tuple(item.shape)}: pass numpy data as one "
-                         "array, not a list of them (np.stack(arrays): [N, H, W, C] images or [N, pos] token ids), "
+        raise InputError(f"an item of the data is a numpy array {item.dtype} {tuple(item.shape)}: pass numpy data as "
+                         "one array, not a list of them (np.stack(arrays): [N, H, W, C] images or [N, pos] token ids), "
                          "or each batch as a torch tensor")
     if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(t, Tensor) for t in item):
         return (Batch(item[0], labels=item[1]) if info.modality == "vision" else Batch(item[0], item[1])), 0

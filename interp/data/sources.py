@@ -612,8 +612,8 @@ def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
     if is_path_list(data):
         files = [Path(x).expanduser() for x in data]
         if model.interp.modality != "vision":
-            raise InputError(f"data is a {type(data).__name__} of {len(files)} file paths, and {model.interp.name} is a "
-                             "language model: pass one file (.txt, .jsonl/.csv/.parquet) or read the files into a "
+            raise InputError(f"data is a {type(data).__name__} of {len(files)} file paths, and {model.interp.name} is "
+                             "a language model: pass one file (.txt, .jsonl/.csv/.parquet) or read the files into a "
                              "list of texts")
         return _image_source(model, lambda: ((f, None) for f in files), len(files),
                              f"a {type(data).__name__} of {len(files)} image paths", opts)
