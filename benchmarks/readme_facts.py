@@ -8,7 +8,7 @@ A fact is quoted between markers, inline or over lines::
     <!-- fact:NAME -->the generated text<!-- /fact -->
 
 and ``FACTS[NAME]()`` gives its text from the source: ``family-count`` from the family registry
-(``interp.models.families``), ``sink-verdict`` and ``backcopy-verdict`` from the verdicts of
+(``interp.models.families``), ``data-commands`` from the CLI's parser, ``sink-verdict`` and ``backcopy-verdict`` from the verdicts of
 docs/findings.md sections 4c (the rerun under the stopping rule) and 4d (the Bigram-Backcopy control).
 tests/test_docs_facts.py keeps every marked file
 equal to its regeneration. (The family table itself: ``interp families --readme README.md``.)
@@ -32,6 +32,17 @@ def family_count() -> str:
     from interp.models.families import list_families
 
     return str(len(list_families()))
+
+
+def data_commands() -> str:
+    """The CLI commands that take ``--data``, from the parser."""
+    import argparse
+
+    from interp.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return ", ".join(f"`{name}`" for name, parser in sub.choices.items()
+                     if any("--data" in action.option_strings for action in parser._actions))
 
 
 def _section(text: str, heading: str) -> str:
@@ -60,8 +71,8 @@ def backcopy_verdict() -> str:
     return _verdict(_section(FINDINGS.read_text(), "4d."))
 
 
-FACTS: dict[str, Callable[[], str]] = {"family-count": family_count, "sink-verdict": sink_verdict,
-                                       "backcopy-verdict": backcopy_verdict}
+FACTS: dict[str, Callable[[], str]] = {"family-count": family_count, "data-commands": data_commands,
+                                       "sink-verdict": sink_verdict, "backcopy-verdict": backcopy_verdict}
 
 
 def render(text: str) -> str:
