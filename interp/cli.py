@@ -61,16 +61,20 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_inventory(args: argparse.Namespace) -> int:
+    from interp.fingerprint import model_fingerprint
     from interp.heads import bias_spec
-    from interp.io import write_table
+    from interp.io import begin_outputs, write_manifest, write_table
     from interp.models.loading import load_model
 
     model = load_model(args.model)
     spec = bias_spec(model)
     out = Path(args.out)
+    begin_outputs(out, "inventory")
     write_table(spec, out / "bias_spec")
+    write_manifest(out, dict(command="inventory", model=args.model, family=model.interp.family,
+                             model_fingerprint=model_fingerprint(model)))
     print(spec.to_string(index=False))
-    print(f"wrote {out / 'bias_spec.csv'} and .parquet")
+    print(f"wrote {out / 'bias_spec.csv'}, .parquet and manifest.json")
     return 0
 
 
@@ -201,7 +205,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
     from interp.ablation.sweep import ablate_bias, merge_shards
     from interp.data import iter_batches
-    from interp.io import write_table
+    from interp.io import record_output, write_table
     from interp.models.loading import load_model
     from interp.report import begin_outputs
 
@@ -230,6 +234,10 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
         dist.barrier()  # every rank's table is written (atomically) in its folder: read, no pickling
         if rank == 0:
             results = merge_shards([pd.read_parquet(out / f"rank{r}" / "ablation.parquet") for r in range(world)])
+            for r in range(1, world):  # the other ranks' logs and tables: this command's outputs, written elsewhere
+                for path in sorted((out / f"rank{r}").rglob("*")):
+                    if path.is_file() and not path.name.endswith(".tmp"):
+                        record_output(path)
     if rank == 0:
         _write_ablation(results, args, out, world, data)
     if world > 1:
@@ -394,7 +402,8 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # the tables each command writes (with --stats, origin and scores write no qkv_stats: checked at writing)
-TABLES = {"record": ("qkv_stats",), "origin": ("origin_shift",), "scores": ("score_decomposition", "bias_invariances"),
+TABLES = {"inventory": ("bias_spec",), "record": ("qkv_stats",),
+          "origin": ("origin_shift",), "scores": ("score_decomposition", "bias_invariances"),
           "frequency": ("frequency_profile", "frequency_shift_q_bias"), "ablate": ("ablation",),
           "sinks": ("sink_profile", "sink_shares", "implicit_value_bias", "massive_activations")}
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import glob
 import hashlib
 import json
+import math
 import os
+import re
+import secrets
 import signal
-import tempfile
+import socket
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import pandas as pd
 from safetensors import SafetensorError
@@ -50,9 +55,44 @@ def _fix(path: Path, exc: BaseException) -> str:
     return f"check that {path.parent} is a writable folder with free space, or choose another output folder"
 
 
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _temporary_name(path: Path) -> str:
+    """This writer's own temporary for ``path``: ``.<name>.<host>-<pid>-<random>.tmp`` (unique per process and
+    per write, so writers side by side never share or remove each other's)."""
+    return f".{path.name}.{_HOST}-{os.getpid()}-{secrets.token_hex(6)}.tmp"
+
+
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{12}\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _sweep_dead_writers(path: Path) -> None:
+    """Remove temporaries for ``path`` left by writers of this host that were killed mid-write (their process is
+    gone); a live writer's, or another host's, are never touched."""
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        found = _TEMPORARY.fullmatch(stale.name)
+        if found and found["name"] == path.name and found["host"] == _HOST and not _alive(int(found["pid"])):
+            stale.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it over ``path`` only on success.
+    """Yield a temporary path beside ``path``, this writer's own (``.<name>.<host>-<pid>-<random>.tmp``); rename it
+    over ``path`` only on success, and record ``path`` as an output of every folder this process began
+    (``begin_outputs``) that holds it. Writers side by side (two processes, one folder) never touch each other's
+    temporaries; one killed mid-write leaves only its temporary (the file itself is whole: old or new), removed by
+    the next write of that file once the killed process is gone.
 
     Any failure to write (a full disk, a read-only folder; ``OSError`` or safetensors'
     ``SafetensorError``) raises ``OutputError`` naming the folder and the fix, and leaves
@@ -60,14 +100,11 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # a writer killed mid-write (SIGKILL) leaves its temporary behind: sweep those up
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):
-            stale.unlink(missing_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        _sweep_dead_writers(path)
+        tmp_path = path.parent / _temporary_name(path)
+        os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
         raise OutputError(f"cannot write to output folder {path.parent}: {_why(exc)} ({_fix(path, exc)})") from None
-    os.close(fd)
-    tmp_path = Path(tmp)
     try:
         try:
             yield tmp_path
@@ -75,14 +112,14 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
                 os.fsync(fh.fileno())
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode
+            os.chmod(tmp_path, 0o666 & ~umask)  # created 0600 while being written; give the usual mode
             fault_point(f"before-replace:{path.name}")
             os.replace(tmp_path, path)
         except (OSError, SafetensorError) as exc:
             raise OutputError(f"writing {path} failed ({_why(exc)}); nothing was written: {_fix(path, exc)}") from None
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        tmp_path.unlink(missing_ok=True)  # only this writer's own
+    record_output(path)
 
 
 def append_line(path: PathLike, line: str) -> None:
@@ -97,6 +134,7 @@ def append_line(path: PathLike, line: str) -> None:
             os.fsync(fh.fileno())
     except OSError as exc:
         raise OutputError(f"appending to {path} failed ({_why(exc)}): {_fix(path, exc)}; rerun to resume") from None
+    record_output(path)
 
 
 def sha256_file(path: PathLike) -> str:
@@ -119,9 +157,43 @@ def write_table(df: pd.DataFrame, stem: PathLike) -> tuple[Path, Path]:
     return csv, parquet
 
 
-STARTED = ".interp-started"  # touched when a command begins writing: its mtime bounds what the command wrote
 MANIFEST = "manifest.json"
 _begun: dict[Path, str] = {}  # folders this process has begun, with the command writing there (the first start counts)
+_written: dict[Path, dict[str, None]] = {}  # per begun folder: the files this process wrote there, in order
+
+
+def _folder_key(path: PathLike) -> Path:
+    return Path(os.path.abspath(path)).resolve()
+
+
+def record_output(path: PathLike) -> None:
+    """Record ``path`` as written by this process, in every folder it began (``begin_outputs``) that holds it:
+    ``atomic_path`` and ``append_line`` call this as each file lands, so a command's manifest entry lists what
+    it wrote, not what a clock suggests. Call it for a file this command owns but wrote another way (another
+    process's share it merged, a log it resumed). The folder's own ``manifest.json`` is never recorded."""
+    path = _folder_key(path)
+    for folder, files in _written.items():
+        if folder in path.parents and path != folder / MANIFEST:
+            files.setdefault(str(path.relative_to(folder)), None)
+
+
+def recorded_outputs(out: PathLike) -> list[Path]:
+    """The files this process recorded in ``out`` since ``begin_outputs`` (``record_output``), in the order
+    written, those still there."""
+    out = Path(out)
+    return [out / name for name in _written.get(_folder_key(out), {}) if (out / name).is_file()]
+
+
+@contextlib.contextmanager
+def manifest_lock(out: PathLike) -> Iterator[None]:
+    """Hold ``out``'s lock (``flock`` on the folder itself, no file left behind) while reading and rewriting its
+    manifest, so that commands writing into one folder side by side never lose each other's entries."""
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def manifest_entries(out: PathLike) -> list[dict]:
@@ -177,29 +249,36 @@ def check_output_folder(out: PathLike) -> Path:
 
 def begin_outputs(out: PathLike, command: Optional[str] = None) -> None:
     """Start ``command`` writing into ``out``: its entry in the folder's manifest is removed (until its new
-    one lands, its part of the folder is incomplete; other commands' entries stay), and the start is marked,
-    so that its entry lists only files it wrote, not earlier commands' files. A second begin of the same
-    command in one process (the demo begins twice) keeps the first start."""
+    one lands, its part of the folder is incomplete; other commands' entries stay, under the folder's lock) and
+    from now on the files this process writes there are recorded (``record_output``), so that its entry lists
+    only files it wrote, not earlier or concurrent commands' files. A second begin of the same command in one
+    process (the demo begins twice) keeps the first start."""
     out = check_output_folder(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        begun = _begun.get(out.resolve())
+        key = _folder_key(out)
+        begun = _begun.get(key)
         if begun is None or (command and begun and command != begun):  # a new command (another one: anew)
-            (out / STARTED).unlink(missing_ok=True)
-            (out / STARTED).touch()
-            _begun[out.resolve()] = command or ""
-        mine = _begun[out.resolve()] = _begun[out.resolve()] or command or ""
-        entries = manifest_entries(out)
-        kept = [e for e in entries if e.get("command") != mine and e.get("command")]
-        if len(kept) != len(entries) or (not entries and (out / MANIFEST).exists()):  # {}: not ours, stale
-            write_manifest_entries(out, kept)
+            _written[key] = {}
+            _begun[key] = command or ""
+        mine = _begun[key] = _begun[key] or command or ""
+        with manifest_lock(out):
+            entries = manifest_entries(out)
+            kept = [e for e in entries if e.get("command") != mine and e.get("command")]
+            if len(kept) != len(entries) or (not entries and (out / MANIFEST).exists()):  # {}: not ours, stale
+                write_manifest_entries(out, kept)
     except OSError as exc:
         raise OutputError(f"cannot write to output folder {out}: {exc.strerror or exc}") from None
 
 
+def began(out: PathLike) -> bool:
+    """Whether this process began ``out`` (``begin_outputs``) and has not finished it."""
+    return _folder_key(out) in _begun
+
+
 def command_of(out: PathLike) -> str:
     """The command this process began in ``out`` ("" when none was named or none began)."""
-    return _begun.get(Path(out).resolve(), "")
+    return _begun.get(_folder_key(out), "")
 
 
 def refuse_overwriting(out: PathLike, names: list[str], command: str) -> None:
@@ -217,15 +296,46 @@ def refuse_overwriting(out: PathLike, names: list[str], command: str) -> None:
                     "that command's files and its entry first")
 
 
-def written_since_begin(out: PathLike) -> list[Path]:
-    """Files of ``out`` written since ``begin_outputs`` (all files when it was not called), marker excluded."""
-    out = Path(out)
-    marker = out / STARTED
-    since = marker.stat().st_mtime_ns if marker.exists() else 0
-    return [p for p in sorted(out.rglob("*")) if p.is_file() and p.name != STARTED
-            and not p.name.endswith(".tmp") and p.stat().st_mtime_ns >= since]
-
-
 def forget_outputs(out: PathLike) -> None:
     """This command is done with ``out``: the next ``begin_outputs`` starts a new command there."""
-    _begun.pop(Path(out).resolve(), None)
+    _begun.pop(_folder_key(out), None)
+    _written.pop(_folder_key(out), None)
+
+
+def write_manifest(out: PathLike, meta: dict) -> Path:
+    """Write this command's entry into ``manifest.json``, last: every file it wrote into the folder since
+    ``begin_outputs``, as recorded when each landed (``record_output``; files earlier commands left there, or
+    commands writing beside it, are not listed) with its sha256, and what produced them (``meta``, whose
+    ``command`` names the entry). The folder's other commands keep their entries (``commands``, oldest first; a
+    rerun of a command replaces its own); the top-level ``meta`` and ``files`` are this one's. The manifest is
+    read and rewritten under the folder's lock (``manifest_lock``): commands finishing side by side keep both
+    entries.
+
+    Files written together form one unit: a reader that finds no entry, or a file whose hash differs from
+    it, is looking at a run that did not finish.
+    """
+    out = Path(out)
+    if not began(out):
+        raise OutputError(f"write_manifest({out}): begin_outputs({out}) was not called first, so nothing written "
+                          "there was recorded: call it before the command writes")
+    files = {str(p.relative_to(out)): sha256_file(p) for p in recorded_outputs(out)}
+    command = str(meta.get("command") or command_of(out) or "report")
+    forget_outputs(out)
+    entry = json_ready(dict(command=command, meta=meta, files=files))
+    with manifest_lock(out):
+        entries = [e for e in manifest_entries(out) if e.get("command") and e.get("command") != command]
+        return write_manifest_entries(out, [*entries, entry])
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as JSON can hold it: keys as strings, tuples as lists, non-finite floats as null, numpy / torch
+    scalars as Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return json_ready(value.item())
+    return value

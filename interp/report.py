@@ -13,15 +13,14 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from urllib.parse import quote
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from interp.interactive import heatmap_html, page_scripts, rows_of, sortable_table
 from interp.io import (
-    MANIFEST, atomic_path, begin_outputs, command_of, forget_outputs, manifest_entries, refuse_overwriting, sha256_file,
-    write_manifest_entries, write_table, written_since_begin,
+    json_ready, atomic_path, begin_outputs, command_of, manifest_entries, refuse_overwriting,
+    write_manifest, write_table,
 )
 from interp.sections import Section
 from interp.plots import save_figure
@@ -44,40 +43,11 @@ def write_section(section: Section, out: Path) -> dict[str, Path]:
     return {name: save_figure(fig, out / f"{name}.png") for name, fig in section.figures.items()}
 
 
-def write_manifest(out: Path, meta: dict) -> Path:
-    """Write this command's entry into ``manifest.json``, last: every file it wrote into the folder (since
-    ``begin_outputs``; files earlier commands left there are not listed) with its sha256, and what produced them
-    (``meta``, whose ``command`` names the entry). The folder's other commands keep their entries (``commands``,
-    oldest first; a rerun of a command replaces its own); the top-level ``meta`` and ``files`` are this one's.
-
-    Files written together form one unit: a reader that finds no entry, or a file whose hash differs from
-    it, is looking at a run that did not finish.
-    """
-    files = {str(p.relative_to(out)): sha256_file(p) for p in written_since_begin(out) if p.name != MANIFEST}
-    command = str(meta.get("command") or command_of(out) or "report")
-    forget_outputs(out)
-    entries = [e for e in manifest_entries(out) if e.get("command") and e.get("command") != command]
-    entry = _json_ready(dict(command=command, meta=meta, files=files))
-    return write_manifest_entries(out, [*entries, entry])
-
-
 def manifest_entry(out: Path, command: Optional[str] = None, file: Optional[str] = None) -> Optional[dict]:
     """The entry of ``out``'s manifest written by ``command`` and/or listing ``file`` (the latest such), or None."""
     found = [e for e in manifest_entries(out) if (command is None or e.get("command") == command)
              and (file is None or file in e.get("files", {}))]
     return found[-1] if found else None
-
-
-def _json_ready(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):  # numpy / torch scalars
-        return _json_ready(value.item())
-    return value
 
 
 def headline_of(section: Section) -> str:
@@ -88,7 +58,7 @@ def headline_of(section: Section) -> str:
 def summary(sections: Sequence[Section], meta: dict) -> dict:
     """Every headline number (each with its sample size), by section, with what produced them; ``samples``: the
     data each section's numbers come from ("" for the weights alone)."""
-    return _json_ready(dict(meta=meta, headlines=[headline_of(s) for s in sections if s.headline],
+    return json_ready(dict(meta=meta, headlines=[headline_of(s) for s in sections if s.headline],
                             sections={s.key: s.numbers for s in sections},
                             samples={s.key: s.sample for s in sections},
                             seconds={s.key: s.seconds for s in sections}))

@@ -78,6 +78,7 @@ def test_analysis_subcommands_list_their_options_and_write_their_tables(command,
     expected = {"origin": "origin_shift.csv", "scores": "score_decomposition.csv", "frequency": "frequency_profile.csv",
                 "sinks": "sink_profile.csv"}
     assert expected[command] in written and "manifest.json" in written
+    assert_manifest_lists_every_file(tmp_path, command)
     # --layers / --heads: exactly the same rows of the full run, no others
     aimed = tmp_path / "aimed"
     assert cli_main([command, "--model", "digits-vit", "--data", "digits", "--quick", "--layers", "1", "--heads",
@@ -348,3 +349,47 @@ def test_an_output_folder_that_cannot_hold_the_results_is_refused_before_the_mod
     monkeypatch.setattr(interp.io.os, "access", lambda *a: False)  # (as root every folder is writable)
     assert cli_main(["sinks", "--model", "no-such-model", "--out", str(tmp_path / "new")]) == 1
     assert "is not writable: choose another output folder" in capsys.readouterr().err
+
+
+# Every command that writes an output folder, with a cheap run (the shipped 4-layer ViT, one batch of 8 digits), or
+# the test that checks its folder's manifest where a test already runs it.
+CHEAP_RUNS = {
+    "inventory": [],
+    "record": ["--data", "digits", "--max-batches", "1"],
+    "ablate": ["--data", "digits", "--max-batches", "1", "--kinds", "v", "--estimate", "exact", "--n-control", "1",
+               "--n-boot", "0"],
+    **{c: "test_analysis_subcommands_list_their_options_and_write_their_tables"
+       for c in ("origin", "scores", "frequency", "sinks")},
+    "demo": "tests/test_pipeline.py::test_manifest_is_written_last_and_lists_every_file",
+}
+
+
+def assert_manifest_lists_every_file(out, command):
+    """``out``'s manifest: one entry, ``command``'s, listing exactly the files on disk with their sha256."""
+    from interp.io import sha256_file
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    assert [e["command"] for e in manifest["commands"]] == [command] and manifest["meta"]["command"] == command
+    assert set(manifest["files"]) == on_disk and on_disk, command
+    assert all(sha256_file(out / name) == digest for name, digest in manifest["files"].items()), command
+
+
+def test_every_command_with_an_output_folder_is_checked():
+    """A new command that writes a folder must join CHEAP_RUNS (so its manifest is checked)."""
+    import argparse
+
+    from interp.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    writing = {name for name, p in sub.choices.items() if any("--out" in a.option_strings for a in p._actions)}
+    assert writing == set(CHEAP_RUNS)
+
+
+@pytest.mark.parametrize("command", [c for c, run in CHEAP_RUNS.items() if isinstance(run, list)])
+def test_a_command_ends_its_folder_with_a_manifest_of_every_file(command, tmp_path, run_cli, capsys):
+    """README: every output folder ends with manifest.json, sha256 of every file (inventory wrote none)."""
+    out = tmp_path / command
+    argv = [command, "--model", "digits-vit", *CHEAP_RUNS[command], "--out", out]
+    assert run_cli(argv) == 0, capsys.readouterr().err[-2000:]
+    assert_manifest_lists_every_file(out, command)

@@ -103,8 +103,15 @@ def test_truncated_statistics_file(tmp_path):
 
 
 def test_stale_temporaries_from_a_killed_writer_are_removed(tmp_path):
-    stale = tmp_path / ".t.csv.abc123.tmp"
-    stale.write_text("half a table")
+    """A temporary whose writer is gone is removed; one of a live writer (this process), or not of this form, stays."""
+    from interp.io import _HOST
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".t.csv.{_HOST}-{int(gone.stdout)}-0123456789ab.tmp"
+    live = tmp_path / f".t.csv.{_HOST}-{os.getpid()}-0123456789ab.tmp"
+    other = tmp_path / ".t.csv.abc123.tmp"
+    for path in (stale, live, other):
+        path.write_text("half a table")
     write_table(pd.DataFrame({"a": [1]}), tmp_path / "t")
-    assert not stale.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.parquet"]
+    assert not stale.exists() and live.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".tmp")) == ["t.csv", "t.parquet"]

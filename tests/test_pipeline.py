@@ -68,12 +68,12 @@ def test_ablation_section_refuses_nothing_and_names_its_metric(written):
 
 
 def test_manifest_is_written_last_and_lists_every_file(written):
-    from interp.io import STARTED, sha256_file
+    from interp.io import sha256_file
 
     out, sections, report = written
     manifest = json.loads((out / "manifest.json").read_text())
     on_disk = {str(p.relative_to(out)) for p in out.rglob("*")
-               if p.is_file() and p.name not in ("manifest.json", STARTED)}
+               if p.is_file() and p.name != "manifest.json"}
     assert set(manifest["files"]) == on_disk and "report.html" in on_disk and "summary.json" in on_disk
     assert all(sha256_file(out / name) == digest for name, digest in manifest["files"].items())
 

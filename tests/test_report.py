@@ -2,17 +2,23 @@
 
 import json
 
+from interp.io import atomic_path
 from interp.report import begin_outputs, write_manifest
+
+
+def _write(path, text):
+    """A file written as commands write theirs (``atomic_path``: recorded as it lands)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def test_a_manifest_lists_only_files_its_own_command_wrote(tmp_path):
     begin_outputs(tmp_path)  # command 1 (another model, say)
-    (tmp_path / "origin_shift.csv").write_text("a\n1\n")
+    _write(tmp_path / "origin_shift.csv", "a\n1\n")
     write_manifest(tmp_path, dict(command="origin", model="a"))
     begin_outputs(tmp_path)  # command 2 into the same folder
-    (tmp_path / "ablation.csv").write_text("b\n2\n")
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "figure.png").write_bytes(b"png")
+    _write(tmp_path / "ablation.csv", "b\n2\n")
+    _write(tmp_path / "sub" / "figure.png", "png")
     manifest = json.loads(write_manifest(tmp_path, dict(command="ablate", model="b")).read_text())
     assert sorted(manifest["files"]) == ["ablation.csv", "sub/figure.png"]
     assert manifest["meta"]["model"] == "b"
@@ -20,9 +26,9 @@ def test_a_manifest_lists_only_files_its_own_command_wrote(tmp_path):
 
 def test_beginning_twice_in_one_command_keeps_the_first_start(tmp_path):
     begin_outputs(tmp_path)
-    (tmp_path / "first.csv").write_text("x\n")
+    _write(tmp_path / "first.csv", "x\n")
     begin_outputs(tmp_path)  # the demo begins its folder twice
-    (tmp_path / "second.csv").write_text("y\n")
+    _write(tmp_path / "second.csv", "y\n")
     manifest = json.loads(write_manifest(tmp_path, dict(command="demo")).read_text())
     assert sorted(manifest["files"]) == ["first.csv", "second.csv"]
 
@@ -33,10 +39,10 @@ def test_a_folder_keeps_every_commands_entry_and_a_rerun_replaces_only_its_own(t
     from interp.io import sha256_file
 
     begin_outputs(tmp_path, "record")
-    (tmp_path / "qkv_stats.csv").write_text("a\n1\n")
+    _write(tmp_path / "qkv_stats.csv", "a\n1\n")
     write_manifest(tmp_path, dict(command="record", data="photos"))
     begin_outputs(tmp_path, "sinks")
-    (tmp_path / "sink_profile.csv").write_text("b\n2\n")
+    _write(tmp_path / "sink_profile.csv", "b\n2\n")
     write_manifest(tmp_path, dict(command="sinks", data="digits"))
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     entries = {e["command"]: e for e in manifest["commands"]}
@@ -47,7 +53,7 @@ def test_a_folder_keeps_every_commands_entry_and_a_rerun_replaces_only_its_own(t
     assert manifest["meta"] == entries["sinks"]["meta"]  # the top level: the latest command, as before
     begin_outputs(tmp_path, "record")  # a rerun: its old entry goes at once, the other command's stays
     assert [e["command"] for e in json.loads((tmp_path / "manifest.json").read_text())["commands"]] == ["sinks"]
-    (tmp_path / "qkv_stats.csv").write_text("a\n3\n")
+    _write(tmp_path / "qkv_stats.csv", "a\n3\n")
     write_manifest(tmp_path, dict(command="record", data="mnist"))
     entries = {e["command"]: e for e in json.loads((tmp_path / "manifest.json").read_text())["commands"]}
     assert entries["record"]["meta"]["data"] == "mnist" and entries["sinks"]["meta"]["data"] == "digits"

@@ -36,7 +36,7 @@ LAYERS = [
     ["interp.ablation.sweep"],
     ["interp.ablation"], ["interp.sections"],
     ["interp.pipeline", "interp.training.digits", "interp.training.mnist_vit"],
-    ["interp.training.corpus", "interp.training.ngram", "interp.training.sink_metrics"],
+    ["interp.training.corpus", "interp.training.ngram", "interp.training.sink_metrics", "interp.training.results"],
     ["interp.training.sinks"], ["interp.training.sink_results", "interp.training.backcopy"],
     ["interp.training.backcopy_results", "interp.training.sink_report"], ["interp.training.backcopy_report"], ["interp.training"],
     ["interp.report"],

@@ -8,7 +8,9 @@ from the runs' checkpoints, so processes training different parts of the plan ad
 * ``gate.csv``: the causal check on every run's last checkpoint: the slot arms with the slot's gate
   at 0 and at -inf (the slot removed exactly), every arm at 0 for reference.
 
-Each row carries ``recipe`` (the recipe's fingerprint) and ``fingerprint`` (of recipe, arm and seed).
+Each row carries ``recipe`` (the recipe's fingerprint) and ``fingerprint`` (of recipe, arm and seed:
+``results.tag_rows``). The run loop, the folder check and the writer are ``interp.training.results``, shared
+with the sink experiment.
 ``summarise``: per arm x metric at a step, over seeds s = 1..n, the mean, its 95% t-interval
 (mean +- t_{0.975, n-1} sd / sqrt(n)) and the per-seed values, in seed order.
 """
@@ -24,25 +26,18 @@ import torch
 from torch import Tensor
 
 from interp.analysis.sinks import SINK_THRESHOLD
-from interp.errors import StaleResultsError
-from interp.io import atomic_path
 from interp.training.backcopy import (
     ARMS, SLOT_ARMS, BackcopyRecipe, BackcopyRun, build_model, gate_check, make_task, n_start, recipe_fingerprint,
     run_fingerprint, shares, train_run, verify_checkpoint, with_start,
 )
 from interp.training.sink_metrics import drop_own_rows, uniform_floor
-from interp.training.sink_results import t_interval
+from interp.training import results
+from interp.training.results import refuse_other_recipes, t_interval, tag_rows
 
 TABLES = ("runs", "heads", "gate")
 METRICS = ["loss", "copy_loss", "bigram_loss", "bigram_floor", "copy_accuracy", "sink_share_start",
            "sink_heads_start", "sink_near_start", "mean_mass_start", "max_mass_start", "uniform_start",
            "sink_share_slot", "sink_heads_slot", "sink_near_slot", "mean_mass_slot", "max_mass_slot", "uniform_slot"]
-
-
-def _retag(rows: list[dict], recipe_fp: str) -> list[dict]:
-    """run_arm tags each row ``recipe`` with the run's fingerprint: name it so, and add the recipe's."""
-    return [{**{k: v for k, v in r.items() if k != "recipe"}, "recipe": recipe_fp, "fingerprint": r["recipe"]}
-            for r in rows]
 
 
 def collect(recipe: BackcopyRecipe, work: Path, arms: Iterable[str] = ARMS,
@@ -60,8 +55,8 @@ def collect(recipe: BackcopyRecipe, work: Path, arms: Iterable[str] = ARMS,
             fp = run_fingerprint(recipe, arm, seed)
             verify_checkpoint(path, fp)
             state = torch.load(path, weights_only=True)
-            runs += _retag(state["runs"], recipe_fp)
-            heads += _retag(state["heads"], recipe_fp)
+            runs += tag_rows(state["runs"], recipe_fp)
+            heads += tag_rows(state["heads"], recipe_fp)
             model = build_model(arm, seed, recipe)
             model.load_state_dict(state["model"])
             gate += [dict(r, step=state["step"], recipe=recipe_fp, fingerprint=fp) for r in gate_check(model, run)]
@@ -70,35 +65,28 @@ def collect(recipe: BackcopyRecipe, work: Path, arms: Iterable[str] = ARMS,
 
 def check_results_folder(out: Path, recipe: BackcopyRecipe, overwrite: bool = False) -> None:
     """Refuse ``out`` if its runs.csv holds rows of another recipe (``overwrite``: replaced)."""
-    path = Path(out) / "runs.csv"
-    if overwrite or not path.exists():
-        return
-    found = sorted(set(pd.read_csv(path, usecols=["recipe"]).recipe.astype(str)) - {recipe_fingerprint(recipe)})
-    if found:
-        raise StaleResultsError(f"{path} holds runs of recipe {', '.join(found)}, not this run's "
-                                f"{recipe_fingerprint(recipe)}: choose another --out, or pass --overwrite")
+    refuse_other_recipes(out, recipe_fingerprint(recipe), overwrite=overwrite)
 
 
-def write_tables(out: Path, frames: dict[str, pd.DataFrame]) -> None:
-    for name in TABLES:
-        with atomic_path(Path(out) / f"{name}.csv") as tmp:
-            frames[name].to_csv(tmp, index=False)
+def write_tables(out: Path, frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """runs.csv, heads.csv and gate.csv, each written atomically."""
+    return results.write_tables(out, frames, TABLES)
 
 
 def run_all(plan: list[tuple[str, int]], recipe: BackcopyRecipe, work: Path, out: Path,
             seeds: Iterable[int] = (0, 1, 2), log: Callable[[str], None] = print) -> dict[str, pd.DataFrame]:
     """Every (arm, seed) of ``plan``, trained to ``recipe.steps`` (or resumed, or read back); after each,
-    the tables of every checkpoint of the recipe and ``seeds`` in ``work`` (by any process) into ``out``."""
-    frames = {}
-    for arm, seed in plan:
+    the tables of every checkpoint of the recipe and ``seeds`` in ``work`` (by any process) into ``out``
+    (``results.run_plan``)."""
+    def train(item: tuple[str, int]) -> str:
+        arm, seed = item
         _, state, _ = train_run(arm, seed, recipe, work)
         last = state["runs"][-1]
-        log(f"{arm:13s} seed {seed}: step {last['step']}, loss {last['loss']:.3f}, copy accuracy "
-            f"{last['copy_accuracy']:.3f}, heads sinking on <s> {last['sink_heads_start']:.0f}, on the slot "
-            f"{last['sink_heads_slot']:.0f}, train {state['seconds']:.0f} s")
-        frames = collect(recipe, work, seeds=seeds)
-        write_tables(out, frames)
-    return frames
+        return (f"{arm:13s} seed {seed}: step {last['step']}, loss {last['loss']:.3f}, copy accuracy "
+                f"{last['copy_accuracy']:.3f}, heads sinking on <s> {last['sink_heads_start']:.0f}, on the slot "
+                f"{last['sink_heads_slot']:.0f}, train {state['seconds']:.0f} s")
+
+    return results.run_plan(plan, train, lambda: collect(recipe, work, seeds=seeds), out, TABLES, log)
 
 
 def common_step(runs: pd.DataFrame) -> int:

@@ -18,7 +18,7 @@ import seaborn as sns
 
 from interp.analysis.sinks import NEAR_BAND, SINK_THRESHOLD, THRESHOLDS
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
-from interp.training.sink_results import t_interval
+from interp.training.results import t_interval
 
 ADDS = {
     ("text", "none"): "nothing (no q, k, v, o bias)",

@@ -1,7 +1,8 @@
 """The sink experiment's tables: every run, the summary at the last step, and Gu et al.'s Table 4.
 
 ``run_all`` trains (or resumes, or just reads back) every domain x arm x seed and writes, after
-each run, atomically: ``runs.csv`` (one row per run and measured step), ``heads.csv`` (per layer x
+each run, atomically (the loop, the folder check and the writer: ``interp.training.results``, shared with
+the Bigram-Backcopy control): ``runs.csv`` (one row per run and measured step), ``heads.csv`` (per layer x
 head), ``layers.csv`` (per layer), all long-form, every row tagged with the recipe fingerprint.
 A results folder holding another recipe's rows is refused (``StaleResultsError``).
 
@@ -18,13 +19,12 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from interp.errors import StaleResultsError
-from interp.io import atomic_path
 from interp.models.sink_arms import N_REGISTERS, TEXT_ARMS, VISION_ARMS, n_prefix, save_lm_arm
 from interp.training.sink_metrics import drop_own_rows, uniform_floor
+from interp.training import results
 from interp.training.corpus import Corpus
+from interp.training.results import refuse_other_recipes, t_interval
 from interp.training.sinks import (
     TextRecipe, TextTask, VisionRecipe, VisionTask, read_checkpoint, recipe_fingerprint, run_arm,
 )
@@ -44,14 +44,7 @@ METRICS = {
 def check_results_folder(out: Path, fingerprints: dict[str, str], overwrite: bool = False) -> None:
     """Refuse ``out`` if its runs.csv holds rows of another recipe than ``fingerprints[domain]`` for
     their domain (``overwrite``: they are replaced)."""
-    path = Path(out) / "runs.csv"
-    if overwrite or not path.exists():
-        return
-    found = pd.read_csv(path, usecols=["domain", "recipe"]).drop_duplicates()
-    stale = sorted(f"{d} {r}" for d, r in zip(found.domain, found.recipe.astype(str)) if fingerprints.get(d) != r)
-    if stale:
-        raise StaleResultsError(f"{path} holds runs of recipe {', '.join(stale)}, not this run's "
-                                f"{fingerprints}: choose another --out, or pass --overwrite to replace them")
+    refuse_other_recipes(out, fingerprints, by="domain", overwrite=overwrite)
 
 
 def finished_states(folders: dict[str, tuple[Path, str]]) -> list[dict]:
@@ -66,14 +59,15 @@ def finished_states(folders: dict[str, tuple[Path, str]]) -> list[dict]:
     return states
 
 
+def frames_of(states: Iterable[dict]) -> dict[str, pd.DataFrame]:
+    """The runs, heads and layers tables of the runs' states (their rows, in state order)."""
+    states = list(states)
+    return {name: pd.DataFrame([row for s in states for row in s[name]]) for name in TABLES}
+
+
 def write_tables(out: Path, states: Iterable[dict]) -> dict[str, pd.DataFrame]:
     """runs.csv, heads.csv and layers.csv from the runs' states, each written atomically."""
-    states = list(states)
-    frames = {name: pd.DataFrame([row for s in states for row in s[name]]) for name in TABLES}
-    for name, frame in frames.items():
-        with atomic_path(Path(out) / f"{name}.csv") as tmp:
-            frame.to_csv(tmp, index=False)
-    return frames
+    return results.write_tables(out, frames_of(states), TABLES)
 
 
 def run_all(plan: list[tuple[str, str, int]], text: TextRecipe, vision: VisionRecipe, corpus: Corpus,
@@ -81,34 +75,26 @@ def run_all(plan: list[tuple[str, str, int]], text: TextRecipe, vision: VisionRe
             log: Callable[[str], None] = print, device: str = "cpu") -> dict[str, pd.DataFrame]:
     """Every (domain, arm, seed) of ``plan``, resumed from ``work/<the domain's fingerprint>``; after
     each, the tables of every finished run of the ``collect`` domains' recipes (so processes running
-    other parts of the plan add up) into ``out``; the seed-0 text arms' weights into ``ship``. The text
-    arms train on ``device`` (``TextTask``), the vision arms on the CPU."""
+    other parts of the plan add up) into ``out`` (``results.run_plan``), and once more at the end; the seed-0
+    text arms' weights into ``ship``. The text arms train on ``device`` (``TextTask``), the vision arms on the
+    CPU."""
     fps = dict(text=recipe_fingerprint(text, corpus.sha256), vision=recipe_fingerprint(vision))
     folders = {d: (Path(work) / fp, fp) for d, fp in fps.items() if d in collect}
-    for domain, arm, seed in plan:
+
+    def train(item: tuple[str, str, int]) -> str:
+        domain, arm, seed = item
         task = TextTask(arm, seed, text, corpus, device) if domain == "text" else VisionTask(arm, seed, vision)
         model, state = run_arm(task, Path(work) / fps[domain], fps[domain])
         last = state["runs"][-1]
-        log(f"{domain:6s} {arm:10s} seed {seed}: step {last['step']}, val_loss {last['val_loss']:.4f}, "
-            f"accuracy {last['accuracy']:.4f}, first-token share {last['sink_share_first']:.3f}, "
-            f"train {state['seconds']:.0f} s")
         if ship is not None and domain == "text" and seed == 0:
             save_lm_arm(model, arm, text.shape, ship, dict(recipe=fps["text"], val_loss=f"{last['val_loss']:.6f}",
                                                            corpus_sha256=corpus.sha256, step=last["step"]))
-        write_tables(out, finished_states(folders))
+        return (f"{domain:6s} {arm:10s} seed {seed}: step {last['step']}, val_loss {last['val_loss']:.4f}, "
+                f"accuracy {last['accuracy']:.4f}, first-token share {last['sink_share_first']:.3f}, "
+                f"train {state['seconds']:.0f} s")
+
+    results.run_plan(plan, train, lambda: frames_of(finished_states(folders)), out, TABLES, log)
     return write_tables(out, finished_states(folders))
-
-
-def t_interval(values: Iterable[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the 95% t-interval of the mean (NaN bounds for fewer than 2 values)."""
-    x = np.asarray([v for v in values if not np.isnan(v)], float)
-    if len(x) == 0:
-        return np.nan, np.nan, np.nan
-    mean = float(x.mean())
-    if len(x) < 2:
-        return mean, np.nan, np.nan
-    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-    return mean, mean - half, mean + half
 
 
 HEAD_MAXIMA = ["mass_first", "mass_first_text", "mass_slot", "mass_registers"]

@@ -277,6 +277,16 @@ def test_interp_ablate_under_torchrun_equals_one_process(tmp_path, run_cli, caps
     exact = [s[s.estimate == "exact"] for s in shares]
     assert len(exact[0]) and len(exact[1]) and len(exact[0]) + len(exact[1]) == (one.estimate == "exact").sum()
     pd.testing.assert_frame_equal(two, one, check_exact=False, rtol=1e-7, atol=1e-12)  # float32 model
+    # rank 0's manifest lists every file of the command, the other rank's too, each with its hash
+    import json
+
+    from interp.io import sha256_file
+
+    files = json.loads((tmp_path / "two" / "manifest.json").read_text())["files"]
+    on_disk = {str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*")
+               if p.is_file() and p.name != "manifest.json"}
+    assert set(files) == on_disk and {"rank1/ablation.jsonl", "rank1/ablation.parquet"} <= on_disk
+    assert all(sha256_file(tmp_path / "two" / name) == digest for name, digest in files.items())
 
 
 def test_delta_standard_error_equals_the_spread_of_per_item_deltas():

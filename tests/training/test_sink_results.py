@@ -10,7 +10,8 @@ import pytest
 
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
 from interp.training.sink_report import findings_tables, massive_figure, sink_share_figure, table_figure
-from interp.training.sink_results import summarise, t_interval
+from interp.training.results import t_interval
+from interp.training.sink_results import summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "sinks"
