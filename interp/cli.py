@@ -533,11 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(p)
     p.set_defaults(func=_cmd_record)
 
-    _add_analysis_parsers(sub)
-
-    _add_ablate_parser(sub)
-
-    _add_compare_parser(sub)
+    for add_parsers in (_add_analysis_parsers, _add_ablate_parser, _add_compare_parser):
+        add_parsers(sub)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
     p.add_argument("--model", default=None, help="zoo name (default dinov2-s14)")

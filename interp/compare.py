@@ -19,7 +19,9 @@ in units that compare across models of different widths and depths:
 * ``residual``: per layer l (``blocks.{l}.hook_resid_post``, padding left out), the residual stream's
   scale in its own units, which differ by model: ``resid_max_to_rms`` = max |h_ic| / sqrt(mean h_ic^2)
   (a massive activation in RMS units of the entries) and ``resid_norm_max_to_median`` = max_i ||h_i|| /
-  median_i ||h_i|| (the largest token norm in units of the median token's).
+  median_i ||h_i|| (the largest token norm in units of the median token's). Both rest on a maximum, whose
+  percentile bootstrap leans low (a resample leaves the largest item out about 37% of the time): read the
+  interval as the spread over items, not as a bound on the maximum.
 
 Every row has ``depth`` = layer / (n_layers - 1) (0: the first block, 1: the last), so models of
 different depths line up; ``lo`` / ``hi``: the 95% percentile bootstrap over items (``interp.bootstrap``,
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FormatStrFormatter
 import numpy as np
 import pandas as pd
 import torch
@@ -157,7 +160,7 @@ def _text_batches(models: dict[str, InterpBridge], data: Any, n_items: Optional[
         if m.interp.max_positions is not None and longest > m.interp.max_positions:
             raise InputError(f"{label} reads at most {m.interp.max_positions} tokens and a text gives {longest}: "
                              "pass shorter texts (max_chars=)")
-    return out, _digest([t.encode() for t in texts]), f"{len(texts)} texts (one item each)"
+    return out, _digest([t.encode() for t in texts]), f"{len(texts)} texts, one item each"
 
 
 def _image_batches(models: dict[str, InterpBridge], data: Any, n_items: Optional[int],
@@ -423,13 +426,21 @@ def _heatmap_row(fig: plt.Figure, axes: Sequence[plt.Axes], rows: pd.DataFrame, 
 
 
 def _line_row(axes: Sequence[plt.Axes], rows: pd.DataFrame, models: list[str], title: str) -> None:
-    top = float(np.nanmax(rows[["value", "hi"]].to_numpy(float))) if len(rows) else 1.0
+    """Per model: the per-layer quantity against relative depth with its interval band, one log y scale for all
+    (the residual scales differ by orders of magnitude between models)."""
+    values = rows[["value", "lo", "hi"]].to_numpy(float)
+    values = values[np.isfinite(values) & (values > 0)]
+    low, top = (float(values.min()) / 1.3, float(values.max()) * 1.3) if values.size else (0.1, 10.0)
     for ax, label in zip(axes, models):
         mine = rows[rows.model == label].sort_values("depth")
         ax.set_title(f"{label}\n{title}", fontsize=8)
         ax.plot(mine.depth, mine.value, marker="o", ms=3, color="black")
         ax.fill_between(mine.depth, mine.lo, mine.hi, color="grey", alpha=0.35, lw=0, label="95% interval")
-        ax.set_ylim(0, top * 1.05)
+        ax.set_yscale("log")
+        ax.set_ylim(low, top)
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FormatStrFormatter("%g"))
+        ax.tick_params(which="both", labelsize=6)
         ax.set_xlim(-0.03, 1.03)
         ax.set_xlabel("relative depth", fontsize=7)
         ax.tick_params(labelsize=6)

@@ -165,3 +165,33 @@ def test_cli_refuses_a_text_model_beside_a_vision_model(tmp_path, run_cli, capsy
                     "--out", tmp_path / "x"]) == 1
     assert "cannot share data" in capsys.readouterr().err
     assert not (tmp_path / "x" / "compare.csv").exists()
+
+
+README_QUOTES = [("minilm-vs-smollm2", "minilm-l6", "shift_ratio", "q"),
+                 ("minilm-vs-smollm2", "minilm-l6", "score_share", "key_prior"),
+                 ("minilm-vs-smollm2", "smollm2-135m", "sink_head_share", "first"),
+                 ("minilm-vs-smollm2", "minilm-l6", "sink_head_share", "first"),
+                 ("minilm-vs-smollm2", "smollm2-135m", "resid_max_to_rms", "hook_resid_post"),
+                 ("minilm-vs-smollm2", "minilm-l6", "resid_max_to_rms", "hook_resid_post"),
+                 ("digits-vit-bias", "digits-vit", "sink_head_share", "top_content"),
+                 ("digits-vit-bias", "digits-vit-nobias", "sink_head_share", "top_content")]
+
+
+def test_readme_quotes_the_kept_comparisons():
+    """README's side-by-side numbers are docs/results/compare/*/compare_summary.csv's, and each summary is its kept
+    table's (the largest row of the quantity, with that row's interval)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    section = text[text.index("## Models side by side"):text.index("## Development")]
+    for run, model, quantity, part in README_QUOTES:
+        folder = root / "docs" / "results" / "compare" / run
+        summary = pd.read_csv(folder / "compare_summary.csv")
+        row = summary[(summary.model == model) & (summary.quantity == quantity) & (summary.part == part)].iloc[0]
+        quoted = f"{row.largest:.3g} [{row.largest_lo:.3g}, {row.largest_hi:.3g}]"
+        assert quoted in section, (run, model, quantity, quoted)
+        table = pd.read_parquet(folder / "compare.parquet")
+        rows = table[(table.model == model) & (table.quantity == quantity) & (table.part == part)]
+        top = rows.loc[rows.value.idxmax()]
+        assert (top.value, top.lo, top.hi) == pytest.approx((row.largest, row.largest_lo, row.largest_hi), rel=1e-12)
