@@ -400,7 +400,8 @@ def _add_compare_parser(sub: Any) -> None:
                    "paragraphs, one item each), images for vision models (digits, photos, mnist, a folder)")
     p.add_argument("--out", default="out/compare", help="output folder (default: %(default)s)")
     p.add_argument("--analyses", default=",".join(COMPARE_ANALYSES), help="comma-separated, of "
-                   f"{', '.join(COMPARE_ANALYSES)} (default: %(default)s)")
+                   f"{', '.join(COMPARE_ANALYSES)}, and frequency (the spread of hf_ratio over heads, each model's "
+                   "minus the first's with a paired interval) (default: %(default)s)")
     p.add_argument("--max-items", type=int, default=None, help="items (texts or images) read by every model "
                    "(default: 16 paragraphs of text, every image of a built-in set)")
     p.add_argument("--max-chars", type=int, default=COMPARE_MAX_CHARS, help="each paragraph cut to this many "

@@ -23,6 +23,10 @@ in units that compare across models of different widths and depths:
   percentile bootstrap leans low (a resample leaves the largest item out about 37% of the time): read the
   interval as the spread over items, not as a bound on the maximum.
 
+* ``frequency`` (on request: ``analyses=(..., "frequency")``): ``hf_ratio_spread``, how differently the heads
+  filter (``spread_interval``), and for each model after the first ``hf_ratio_spread_difference``, its spread
+  minus the first model's with the paired interval (``spread_difference``: the same items in the same order).
+
 Every row has ``depth`` = layer / (n_layers - 1) (0: the first block, 1: the last), so models of
 different depths line up; ``lo`` / ``hi``: the 95% percentile bootstrap over items (``interp.bootstrap``,
 ``n_boot`` resamples fixed by ``seed``); ``model_fingerprint`` and ``data_fingerprint`` (the exact
@@ -47,6 +51,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from interp.analysis.frequency import spread_difference, spread_interval
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import score_decomposition
 from interp.analysis.sink_intervals import sink_profiles_by_item, sink_share_intervals
@@ -76,7 +81,9 @@ UNITS = {"shift_ratio": "||b|| / RMS(XW)", "bias_share": "||b|| / (||b|| + ||E[X
          "score_share": "Cov(term, s) / Var(s)", "sink_mass": "attention mass (floor: uniform attention)",
          "sink_mass_over_uniform": "mass - uniform mass",
          "sink_head_share": f"share of heads with mass > {SINK_THRESHOLD}",
-         "resid_max_to_rms": "max |h| / RMS(h)", "resid_norm_max_to_median": "max ||h_i|| / median ||h_i||"}
+         "resid_max_to_rms": "max |h| / RMS(h)", "resid_norm_max_to_median": "max ||h_i|| / median ||h_i||",
+         "hf_ratio_spread": "std over heads of hf_ratio",
+         "hf_ratio_spread_difference": "spread minus the first model's (paired over the same items)"}
 TEXT_MIN_CHARS, TEXT_MAX_CHARS, DEFAULT_ITEMS = 80, COMPARE_MAX_CHARS, 16
 
 
@@ -301,14 +308,48 @@ def _residual_rows(model: InterpBridge, batches: list[Batch], boot: tuple[int, i
     return pd.DataFrame(rows).assign(analysis="residual", present=True)
 
 
-RUNNERS = {"origin": _origin_rows, "scores": _score_rows, "sinks": _sink_rows, "residual": _residual_rows}
+def _frequency_rows(model: InterpBridge, batches: list[Batch], boot: tuple[int, int]) -> pd.DataFrame:
+    """The spread over heads of hf_ratio with its interval (``spread_interval``); its resamples ride along in
+    ``boots`` until ``_spread_differences`` pairs them with the first model's (the same items, in the same order)."""
+    spread = spread_interval(model, batches, column="hf_ratio", n_boot=boot[0], seed=boot[1], progress=False)
+    return pd.DataFrame([dict(analysis="frequency", quantity="hf_ratio_spread", part="all heads",
+                              value=float(spread.spread.iloc[0]), lo=float(spread.spread_lo.iloc[0]),
+                              hi=float(spread.spread_hi.iloc[0]), present=True,
+                              boots=spread.attrs.get("boots", ()))])
+
+
+def _spread_differences(table: pd.DataFrame) -> pd.DataFrame:
+    """Each later model's hf_ratio spread minus the first model's, with the paired interval (``spread_difference``:
+    every resample draws the same items for both, which holds here because every model reads the same items in
+    the same order); appended as ``hf_ratio_spread_difference`` rows of the later model."""
+    rows = table[table.quantity == "hf_ratio_spread"]
+    if len(rows) < 2 or not rows.n_boot.iloc[0]:
+        return table.drop(columns="boots", errors="ignore")
+
+    def one(r: Any) -> pd.DataFrame:
+        frame = pd.DataFrame([dict(model=r.model, column="hf_ratio", spread=r.value, n_items=r.n_items,
+                                   n_boot=r.n_boot, seed=r.seed)])
+        frame.attrs["boots"] = tuple(r.boots)
+        return frame
+
+    first, extra = rows.iloc[0], []
+    for _, r in rows.iloc[1:].iterrows():
+        d = spread_difference(one(r), one(first)).iloc[0]
+        extra.append(r.to_dict() | dict(quantity="hf_ratio_spread_difference", part=f"{r.model} - {first.model}",
+                                        value=d.difference, lo=d.difference_lo, hi=d.difference_hi,
+                                        unit=UNITS["hf_ratio_spread_difference"]))
+    return pd.concat([table, pd.DataFrame(extra)], ignore_index=True).drop(columns="boots")
+
+
+RUNNERS = {"origin": _origin_rows, "scores": _score_rows, "sinks": _sink_rows, "residual": _residual_rows,
+           "frequency": _frequency_rows}
 
 
 def _check_analyses(analyses: Any) -> list[str]:
     chosen = [analyses] if isinstance(analyses, str) else list(analyses)
     unknown = [a for a in chosen if a not in RUNNERS]
     if unknown or not chosen:
-        raise InputError(f"analyses must be some of {', '.join(ANALYSES)}; got {analyses!r}")
+        raise InputError(f"analyses must be some of {', '.join(RUNNERS)}; got {analyses!r}")
     return list(dict.fromkeys(chosen))
 
 
@@ -327,16 +368,16 @@ def _model_rows(label: str, model: InterpBridge, batches: list[Batch], analyses:
         if column not in table:
             table[column] = np.nan if column not in ("note",) else ""
     table["note"] = table["note"].fillna("")
-    return table[COLUMNS]
+    return table[COLUMNS + (["boots"] if "boots" in table else [])]
 
 
 @public
 def compare_models(models: Any, data: Any, *, analyses: Sequence[str] = ANALYSES, n_items: Optional[int] = None,
                    max_chars: int = TEXT_MAX_CHARS, batch_size: int = 8, n_boot: int = 200, seed: int = 0,
                    device: Any = None) -> pd.DataFrame:
-    """Run ``analyses`` (of origin, scores, sinks, residual) on every model over the same ``data`` and return one
-    long-form table in comparable units (module doc): columns model, analysis, quantity, part, layer, depth,
-    head, value, lo, hi, floor, present, unit, note, n_layers, n_heads, n_items, n_boot, seed,
+    """Run ``analyses`` (of origin, scores, sinks, residual; frequency on request) on every model over the same
+    ``data`` and return one long-form table in comparable units (module doc): columns model, analysis, quantity,
+    part, layer, depth, head, value, lo, hi, floor, present, unit, note, n_layers, n_heads, n_items, n_boot, seed,
     model_fingerprint, data_fingerprint, source_fingerprint.
 
     ``models``: a list of zoo names, folders or loaded models (labelled by name), or a dict {label: model}.
@@ -348,8 +389,8 @@ def compare_models(models: Any, data: Any, *, analyses: Sequence[str] = ANALYSES
     analyses = _check_analyses(analyses)
     loaded = _models(models, device)
     batches, source, what = shared_batches(loaded, data, n_items=n_items, max_chars=max_chars, batch_size=batch_size)
-    table = pd.concat([_model_rows(label, m, batches[label], analyses, boot, source) for label, m in loaded.items()],
-                      ignore_index=True)
+    table = _spread_differences(pd.concat([_model_rows(label, m, batches[label], analyses, boot, source)
+                                           for label, m in loaded.items()], ignore_index=True))
     table.attrs.update(source=what, source_fingerprint=source)
     return table
 
@@ -498,7 +539,8 @@ def comparison_markdown(table: pd.DataFrame, summary: pd.DataFrame) -> str:
         lines.append(f"| {label} | {r.n_layers} x {r.n_heads} | {r.model_fingerprint} | {r.data_fingerprint} |")
     notes = table[table.note != ""].drop_duplicates(["model", "note"])
     lines += [""] + [f"- {r.model}: {r.analysis}: {r.note}" for r in notes.itertuples()]
-    picks = [(q, _headline_part(table, q, p)) for _, q, p in HEADLINES] + [("sink_head_share", None)]
+    picks = [(q, _headline_part(table, q, p)) for _, q, p in HEADLINES] + \
+        [(q, None) for q in ("sink_head_share", "hf_ratio_spread", "hf_ratio_spread_difference")]
     for quantity, part in picks:
         chosen = summary[(summary.quantity == quantity) & ((summary.part == part) if part else True)]
         if chosen.empty:

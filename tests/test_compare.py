@@ -41,11 +41,11 @@ def planted():
     intact, no_bk = (interp.load_model(m, device="cpu", dtype=torch.float64) for m in (hf, zeroed))
     data = token_batches()
     table = compare_models({"intact": intact, "no_b_k": no_bk}, data, n_boot=10, seed=1)
-    return intact, data, table
+    return intact, data, table, no_bk
 
 
 def test_planted_b_k_difference_is_recovered_in_the_k_rows_only(planted):
-    _, _, table = planted
+    _, _, table, _ = planted
     a, b = (table[table.model == m].set_index(KEYS).sort_index() for m in ("intact", "no_b_k"))
     assert a.index.equals(b.index) and len(a) > 100
     k_rows = (a.index.get_level_values("analysis") == "origin") & (a.index.get_level_values("part") == "k")
@@ -61,7 +61,7 @@ def test_planted_b_k_difference_is_recovered_in_the_k_rows_only(planted):
 
 
 def test_rows_equal_the_analyzers_and_a_brute_force_residual(planted):
-    model, data, table = planted
+    model, data, table, _ = planted
     mine = table[table.model == "intact"]
     origin = interp.origin_shift(model, interp.record_qkv(model, data, progress=False), data=data, n_boot=10, seed=1)
     got = mine[mine.quantity == "shift_ratio"].set_index(["layer", "head", "part"]).sort_index()
@@ -85,11 +85,33 @@ def test_rows_equal_the_analyzers_and_a_brute_force_residual(planted):
     assert np.allclose(mine.depth.dropna(), mine.layer.dropna() / (model.interp.n_layers - 1))
 
 
+def test_frequency_spread_rows_and_their_paired_difference(planted):
+    """The spread rows are spread_interval's; the planted b_k change leaves every pattern as it was, so the paired
+    difference is 0 with the interval [0, 0]; another model's difference is spread_difference's."""
+    model, data, _, no_bk = planted
+    big_bq = interp.load_model(tiny_hf_model("bert", n_layers=2, n_heads=4, seed=3, bias_scale=4.0), device="cpu",
+                               dtype=torch.float64)  # other weights, larger biases
+    table = compare_models({"intact": model, "no_b_k": no_bk, "big_b_q": big_bq}, data, analyses=["frequency"],
+                           n_boot=10, seed=1).set_index(["model", "quantity"])
+    for label, m in (("intact", model), ("big_b_q", big_bq)):
+        want = interp.spread_interval(m, data, n_boot=10, seed=1, progress=False).iloc[0]
+        got = table.loc[(label, "hf_ratio_spread")]
+        assert (got.value, got.lo, got.hi) == pytest.approx((want.spread, want.spread_lo, want.spread_hi), rel=1e-12)
+    same = table.loc[("no_b_k", "hf_ratio_spread_difference")]
+    assert same.part == "no_b_k - intact" and abs(same.value) < 1e-12 and abs(same.lo) < 1e-12 and abs(same.hi) < 1e-12
+    a = interp.spread_interval(model, data, n_boot=10, seed=1, progress=False)
+    b = interp.spread_interval(big_bq, data, n_boot=10, seed=1, progress=False)
+    want = interp.spread_difference(b, a).iloc[0]
+    got = table.loc[("big_b_q", "hf_ratio_spread_difference")]
+    assert (got.value, got.lo, got.hi) == pytest.approx((want.difference, want.difference_lo, want.difference_hi))
+    assert got.value != 0 and abs(same.value) < abs(got.value) * 1e-3  # another model: not the b_k clone's zero
+
+
 def test_pooled_sink_mass_intervals_are_percentiles_of_resampled_profiles(planted):
     """Each resample's pooled mass equals sink_profile on the resampled items themselves (brute force)."""
     from interp.bootstrap import PERCENTILES, item_keys, resample_indices
 
-    model, data, _ = planted
+    model, data, _, _ = planted
     per_item = interp.sink_profiles_by_item(model, data)
     pooled = pooled_sink_masses(per_item, 3, 2).set_index(["layer", "head", "position"]).sort_index()
     items = [Batch(b.inputs[i:i + 1], b.attention_mask[i:i + 1]) for b in data for i in range(len(b.inputs))]
@@ -103,7 +125,7 @@ def test_pooled_sink_mass_intervals_are_percentiles_of_resampled_profiles(plante
 
 
 def test_figure_draws_the_table_on_one_scale_per_quantity(planted):
-    _, _, table = planted
+    _, _, table, _ = planted
     fig = comparison_figure(table)
     grid = np.array(fig.axes[:8]).reshape(4, 2)  # 4 headline rows x 2 models (colour bars come after)
     for axes, quantity, part in ((grid[0], "shift_ratio", "q"), (grid[1], "score_share", "key_prior"),
