@@ -59,6 +59,7 @@ from interp.analysis.sink_parts import SINK_THRESHOLD, class_masks
 from interp.analysis.sinks import resid_hook
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.capture import stream_batches
+from interp.colours import drawn_values, limits, rule_for, tag
 from interp.data import Batch, iter_batches, open_data
 from interp.data.builtin import python_docs_text
 from interp.data.sources import BUILTIN
@@ -433,17 +434,13 @@ def _headline_part(table: pd.DataFrame, quantity: str, preferred: Sequence[str])
     return next((p for p in preferred if p in common), sorted(common)[0] if common else None)
 
 
-def _colour_scale(values: np.ndarray) -> tuple[str, float, float]:
-    """One scale per quantity: sequential (bright = large) from 0 when nothing is negative, else diverging
-    centred on 0."""
-    finite = values[np.isfinite(values)]
-    top = float(np.abs(finite).max()) if finite.size else 1.0
-    top = top if top > 0 else 1.0
-    return ("viridis", 0.0, top) if not (finite < 0).any() else ("RdBu_r", -top, top)
+# the colour language's name (interp.colours.RULES) of each quantity drawn as a heatmap
+COLOUR_QUANTITY = {"score_share": "share"}
 
 
 def _heatmap_row(fig: plt.Figure, axes: Sequence[plt.Axes], rows: pd.DataFrame, models: list[str], title: str) -> None:
-    cmap, vmin, vmax = _colour_scale(rows.value.to_numpy(float))
+    rule = rule_for(COLOUR_QUANTITY.get(rows.quantity.iloc[0], rows.quantity.iloc[0]), rows.value.to_numpy(float))
+    vmin, vmax = limits(rule, rows.value.to_numpy(float))  # one range for every model's panel (interp.colours)
     image = None
     for ax, label in zip(axes, models):
         mine = rows[rows.model == label]
@@ -456,8 +453,10 @@ def _heatmap_row(fig: plt.Figure, axes: Sequence[plt.Axes], rows: pd.DataFrame, 
         grid = mine.pivot_table(index="layer", columns="head", values="value", aggfunc="first")
         n = int(mine.n_layers.iloc[0])
         half = 0.5 / max(n - 1, 1)
-        image = ax.imshow(grid.to_numpy(float), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest",
-                          extent=(-0.5, grid.shape[1] - 0.5, 1 + half if n > 1 else 0.5, -half if n > 1 else -0.5))
+        image = tag(ax.imshow(drawn_values(rule, grid.to_numpy(float)), cmap=rule.cmap, vmin=vmin, vmax=vmax,
+                              aspect="auto", interpolation="nearest",
+                              extent=(-0.5, grid.shape[1] - 0.5, 1 + half if n > 1 else 0.5, -half if n > 1 else -0.5)),
+                    rule.quantity)
         ax.set_xticks(range(grid.shape[1]))
         ax.set_xlabel("head", fontsize=7)
         ax.set_ylabel("relative depth", fontsize=7)
@@ -489,7 +488,9 @@ def _line_row(axes: Sequence[plt.Axes], rows: pd.DataFrame, models: list[str], t
 
 def comparison_figure(table: pd.DataFrame) -> plt.Figure:
     """Side-by-side panels, one column per model, one row per headline quantity (``HEADLINES``), each row on one
-    colour (or y) scale; heatmaps are layer x head with the layers placed at their relative depth. Draws only."""
+    colour (or y) scale, coloured by the library's colour language (``interp.colours``: bright = large, a quantity
+    of both signs diverging around 0); heatmaps are layer x head with the layers placed at their relative depth.
+    Draws only."""
     models = list(dict.fromkeys(table.model))
     rows = [(q, _headline_part(table, q, parts)) for _, q, parts in HEADLINES if (table.quantity == q).any()]
     fig, grid = plt.subplots(len(rows), len(models), figsize=(3.2 * len(models) + 1, 2.6 * len(rows)),
