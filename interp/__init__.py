@@ -4,7 +4,7 @@ Load a model (``load_model``), record per-head Q/K/V statistics (``record_qkv``)
 ask what each head's bias does: ``origin_shift``, ``score_decomposition``,
 ``bias_invariances``, ``frequency_profile`` / ``cluster_heads``, ``ablate_bias``; and what a model
 makes for itself without a bias: ``sink_profile``, ``implicit_value_bias``, ``massive_activations``,
-``high_norm_tokens``.
+``high_norm_tokens``; and several models side by side over the same data: ``compare_models``.
 Analyzers return tidy long-form DataFrames; ``interp.plots`` draws them; ``interp.pipeline``
 runs them all and ``interp.report`` writes ``report.html`` and ``summary.json``.
 
@@ -53,13 +53,14 @@ _PUBLIC = {
     "clone_model": "interp.models", "list_families": "interp.models", "list_models": "interp.models",
     "load_model": "interp.models", "register_family": "interp.models.families", "get_family": "interp.models.families",
     "bias_patch_hooks": "interp.patching", "record_qkv": "interp.record",
+    "compare_models": "interp.compare", "combine_comparisons": "interp.compare",
     "DataSource": "interp.data", "resolve_data": "interp.data", "open_data": "interp.data", "QKVStats": "interp.stats",
 }
 # reachable as interp.<name> for tests and notebooks, but not the public face (not in __all__)
 _EXTRAS = {"tiny_hf_model": "interp.testing", "tiny_inputs": "interp.testing", "require_bridge": "interp.models",
            "kv_group": "interp.heads"}
 _SUBMODULES = ("errors", "plots", "pipeline", "report", "fingerprint", "models", "data", "analysis", "ablation",
-               "testing")
+               "testing", "compare")
 
 __all__ = ["__version__", "errors", "plots", "InterpError", *sorted(_PUBLIC, key=str.lower)]
 

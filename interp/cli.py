@@ -5,7 +5,7 @@ Subcommands: ``models`` (the offline zoo), ``families`` (the family registry), `
 (per-head Q/K/V statistics, torchrun-aware), ``origin`` (origin shift), ``scores`` (score
 decomposition and the float64 invariances), ``frequency`` (frequency profiles and head
 families), ``sinks`` (attention sinks, implicit value bias, massive activations), ``ablate``
-(bias ablations), ``demo`` (the main job: every analysis,
+(bias ablations), ``compare`` (several models side by side over the same data), ``demo`` (the main job: every analysis,
 report.html and summary.json). Each writes CSV/Parquet tables and PNG figures into
 ``--out``. ``--debug`` (anywhere on the line) shows tracebacks; ``--version`` the version.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from interp.types import CLI_ESTIMATES, CLI_SCOPES, DEMO_ESTIMATES, IMPLICIT_KINDS, METHODS, NORMALIZE, QKV
+from interp.types import COMPARE_ANALYSES, COMPARE_MAX_CHARS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -383,6 +384,43 @@ def _check_same_data(stats: Any, file: Path, ctx: Any) -> None:
             "this data, or give the --data and data flags (--batch-size, --seq-len, --max-items) the recording used")
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    """Several models over the same data: one table, its summary, one figure, report.md, manifest.json."""
+    from interp.compare import compare_models, write_comparison
+
+    analyses = [a.strip() for a in args.analyses.split(",") if a.strip()]
+    table = compare_models(args.models, args.data, analyses=analyses, n_items=args.max_items,
+                           max_chars=args.max_chars, batch_size=args.batch_size, n_boot=args.n_boot, seed=args.seed,
+                           device=args.device)
+    out = write_comparison(table, Path(args.out), dict(model_sources=args.models, data=args.data))
+    print((out / "report.md").read_text())
+    print(f"wrote {out}")
+    return 0
+
+
+def _add_compare_parser(sub: Any) -> None:
+    p = sub.add_parser("compare", help="several models side by side over the same data (one table, one figure)",
+                       description="Run the analyses on several models over the same items and write one long-form "
+                                   "table in comparable units (compare.csv), its summary, compare.png, report.md.")
+    p.add_argument("--model", dest="models", action="append", required=True,
+                   help="a model (zoo name or local folder); give it once per model, at least twice")
+    p.add_argument("--data", required=True, help="text for language models (python-docs, a .txt file: its "
+                   "paragraphs, one item each), images for vision models (digits, photos, mnist, a folder)")
+    p.add_argument("--out", default="out/compare", help="output folder (default: %(default)s)")
+    p.add_argument("--analyses", default=",".join(COMPARE_ANALYSES), help="comma-separated, of "
+                   f"{', '.join(COMPARE_ANALYSES)}, and frequency (the spread of hf_ratio over heads, each model's "
+                   "minus the first's with a paired interval) (default: %(default)s)")
+    p.add_argument("--max-items", type=int, default=None, help="items (texts or images) read by every model "
+                   "(default: 16 paragraphs of text, every image of a built-in set)")
+    p.add_argument("--max-chars", type=int, default=COMPARE_MAX_CHARS, help="each paragraph cut to this many "
+                   "characters, so every tokenizer reads it whole (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8, help="items per batch (default: %(default)s)")
+    p.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples over items (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the resamples (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.set_defaults(func=_cmd_compare)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from interp.demo import run_demo
 
@@ -405,12 +443,13 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
 TABLES = {"inventory": ("bias_spec",), "record": ("qkv_stats",),
           "origin": ("origin_shift",), "scores": ("score_decomposition", "bias_invariances"),
           "frequency": ("frequency_profile", "frequency_shift_q_bias"), "ablate": ("ablation",),
-          "sinks": ("sink_profile", "sink_shares", "implicit_value_bias", "massive_activations")}
+          "sinks": ("sink_profile", "sink_shares", "implicit_value_bias", "massive_activations"),
+          "compare": ("compare", "compare_summary")}
 
 
 # integer flags, checked before a command does anything (the name its error uses, the least value)
 COUNTS = {"batch_size": 1, "seq_len": 1, "max_items": 1, "max_tokens": 1, "top_k": 0, "sample_k": 0, "n_boot": 0,
-          "seed": 0}
+          "seed": 0, "max_chars": 1}
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -504,9 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(p)
     p.set_defaults(func=_cmd_record)
 
-    _add_analysis_parsers(sub)
-
-    _add_ablate_parser(sub)
+    for add_parsers in (_add_analysis_parsers, _add_ablate_parser, _add_compare_parser):
+        add_parsers(sub)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
     p.add_argument("--model", default=None, help="zoo name (default dinov2-s14)")

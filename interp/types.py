@@ -44,3 +44,7 @@ CLI_ESTIMATES: tuple[str, ...] = (*ESTIMATES, "both")
 CLI_SCOPES: tuple[str, ...] = tuple(s for s in SCOPES if s != "custom")
 #: the demo's --ablation-estimate: the two that rank every head
 DEMO_ESTIMATES: tuple[str, ...] = ("auto", "exact")
+#: the analyses ``interp.compare_models`` (and ``interp compare``) can run on several models side by side
+COMPARE_ANALYSES: tuple[str, ...] = ("origin", "scores", "sinks", "residual")
+#: each paragraph of a text corpus cut to this many characters in a comparison, so every tokenizer reads it whole
+COMPARE_MAX_CHARS: int = 400

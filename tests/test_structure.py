@@ -40,7 +40,7 @@ LAYERS = [
     ["interp.training.sinks"], ["interp.training.sink_results", "interp.training.backcopy"],
     ["interp.training.backcopy_results", "interp.training.sink_report"], ["interp.training.backcopy_report"], ["interp.training"],
     ["interp.report"],
-    ["interp.demo"],
+    ["interp.demo", "interp.compare"],
     ["interp.cli", "interp.models", "interp.testing", "interp"],
 ]
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}
