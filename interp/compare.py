@@ -71,6 +71,7 @@ from interp.models.bridge import InterpBridge
 from interp.models.loading import load_model
 from interp.plots import save_figure
 from interp.record import record_qkv
+from interp.io import atomic_path
 from interp.report import begin_outputs, write_manifest
 from interp.types import COMPARE_ANALYSES, COMPARE_MAX_CHARS
 
@@ -571,7 +572,8 @@ def write_comparison(table: pd.DataFrame, out: Any, meta: Optional[dict] = None)
     fig = comparison_figure(table)
     save_figure(fig, out / "compare.png")
     plt.close(fig)
-    (out / "report.md").write_text(comparison_markdown(table, summary))
+    with atomic_path(out / "report.md") as tmp:  # recorded as written: the manifest lists it
+        tmp.write_text(comparison_markdown(table, summary))
     models = table.drop_duplicates("model")
     write_manifest(out, dict(command="compare", **(meta or {}), models=list(models.model),
                              model_fingerprints=dict(zip(models.model, models.model_fingerprint)),
