@@ -399,14 +399,15 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
     return Section("ablation", "Bias ablations", text, numbers, headline=headline, tables=tables,
                    figures=figs, shown=[n for n in [top_name] + comparison if n],
                    heatmaps=[Heatmap("ablation", "delta", f"delta {first.metric} (ablated - intact)",
-                                     query=f"scope == 'head' and estimate == '{every}'",
+                                     query=f"scope == 'head' and estimate == '{every}' and method == '{first.method}'",
                                      title=f"{model_name}: effect of removing each head's bias ({every})")],
                    # the heads run exactly, each with its matched control (the heatmap above: every head, estimated)
                    top_tables=[TopTable("ablation", ("layer", "head", "kind", "delta", "delta_lo", "delta_hi",
                                                      "control_lo", "control_hi", "control_p", "bias_dependent"),
                                         "delta", "The largest effects of the heads run exactly, with their matched "
                                         "control (click a column to sort)",
-                                        query="scope == 'head' and estimate == 'exact' and identity.fillna('') == ''")])
+                                        query=f"scope == 'head' and estimate == 'exact' and method == '{first.method}' "
+                                        "and identity.fillna('') == ''")])
 
 
 def control_numbers(per_head: pd.DataFrame) -> dict:
