@@ -5,8 +5,9 @@ Subcommands: ``models`` (the offline zoo), ``families`` (the family registry), `
 (per-head Q/K/V statistics, torchrun-aware), ``origin`` (origin shift), ``scores`` (score
 decomposition and the float64 invariances), ``frequency`` (frequency profiles and head
 families), ``sinks`` (attention sinks, implicit value bias, massive activations), ``ablate``
-(bias ablations), ``compare`` (several models side by side over the same data), ``demo`` (the main job: every analysis,
-report.html and summary.json). Each writes CSV/Parquet tables and PNG figures into
+(bias ablations), ``compare`` (several models side by side over the same data), ``one-input`` (one image or
+prompt closely: patterns with and without each bias, the key prior's tokens, a ViT's overlays), ``demo`` (the main job:
+every analysis, report.html and summary.json). Each writes CSV/Parquet tables and PNG figures into
 ``--out``. ``--debug`` (anywhere on the line) shows tracebacks; ``--version`` the version.
 """
 
@@ -31,6 +32,41 @@ def _int_list(text: str) -> list[int]:
         return [int(item) for item in text.split(",") if item.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,3; got {text!r}") from None
+
+
+def _load(args: argparse.Namespace, device: Any = None) -> Any:
+    """``--model`` with ``--weights`` / ``--model-args`` (timm:NAME, open_clip:NAME), as ``interp.load_model``."""
+    from interp.models.loading import load_model
+
+    return load_model(args.model, device=device, weights=getattr(args, "weights", None),
+                      model_args=getattr(args, "model_args", None))
+
+
+def _json_object(text: str) -> dict:
+    """'{"img_size": 32}' -> a dict (argparse type: anything else is a usage error naming it)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"img_size\": 32}}'; got {text!r}")
+    return value
+
+
+MODEL_HELP = ("zoo name (interp models), timm:NAME or open_clip:NAME (with --weights), a local HF folder, a folder "
+              "timm's or open_clip's save_for_hf wrote, or a hub id")
+
+
+def _add_model_options(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """--model, and --weights / --model-args for a timm:NAME or open_clip:NAME model."""
+    p.add_argument("--model", required=required, help=MODEL_HELP)
+    p.add_argument("--weights", default=None, help="with --model timm:NAME or open_clip:NAME: a state dict, "
+                   ".safetensors or .pth (read with torch.load(weights_only=True), never unpickled); without it the "
+                   "model is randomly initialised (its q/k/v biases zero)")
+    p.add_argument("--model-args", type=_json_object, default=None,
+                   help="with timm:NAME or open_clip:NAME: constructor arguments as JSON, e.g. '{\"img_size\": 32}'")
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -65,9 +101,8 @@ def _cmd_inventory(args: argparse.Namespace) -> int:
     from interp.fingerprint import model_fingerprint
     from interp.heads import bias_spec
     from interp.io import begin_outputs, write_manifest, write_table
-    from interp.models.loading import load_model
 
-    model = load_model(args.model)
+    model = _load(args)
     spec = bias_spec(model)
     out = Path(args.out)
     begin_outputs(out, "inventory")
@@ -145,7 +180,6 @@ def _cmd_record(args: argparse.Namespace) -> int:
     """Record Q/K/V statistics, streaming; under torchrun every rank reads its own share, rank 0 writes."""
     import torch.distributed as dist
 
-    from interp.models.loading import load_model
     from interp.pipeline import summarise_recording
     from interp.record import record_qkv
     from interp.report import begin_outputs, write_manifest, write_section
@@ -154,7 +188,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if rank == 0:
         begin_outputs(out, "record")
-    model = load_model(args.model, device=device)
+    model = _load(args, device)
     batches, source = _record_batches(model, args, rank, world)
     stats = record_qkv(model, batches, progress=rank == 0)
     skipped, peak_rss_mb, items, n_batches = _gather_counts(source, world, batches)
@@ -207,14 +241,13 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     from interp.ablation.sweep import ablate_bias, merge_shards
     from interp.data import iter_batches
     from interp.io import record_output, write_table
-    from interp.models.loading import load_model
     from interp.report import begin_outputs
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     # attribution first: it refuses an unfit metric at once, before a long exact sweep
     estimates = ["attribution", "exact"] if args.estimate == "both" else [args.estimate]
     rank, world, device = _distributed(args.device)
-    model = load_model(args.model, device=device)
+    model = _load(args, device)
     # what the sweep reads (it holds its batches in memory): counted for the manifest
     data = list(itertools.islice(iter_batches(model, _data_source(model, args)), args.max_batches))
     out = Path(args.out)
@@ -289,11 +322,10 @@ def _cmd_analysis(args: argparse.Namespace) -> int:
     ``--stats`` (origin, scores): the statistics a previous ``interp record`` wrote, checked against this model
     and data by fingerprint; ``origin`` reads them instead of recording again, ``scores`` runs on the data they
     were recorded on; both reference them (not copied) in the manifest."""
-    from interp.models.loading import load_model
     from interp.pipeline import make_context, referenced_recording, run_steps
     from interp.report import begin_outputs, write_manifest, write_section
 
-    model = load_model(args.model, device=args.device)
+    model = _load(args, args.device)
     out = Path(args.out or f"out/{args.command}")
     stats, data, options, used = None, args.data, _data_options(args), {}
     if getattr(args, "stats", None) is not None:
@@ -394,6 +426,25 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                            device=args.device)
     out = write_comparison(table, Path(args.out), dict(model_sources=args.models, data=args.data))
     print((out / "report.md").read_text())
+
+
+def _cmd_one_input(args: argparse.Namespace) -> int:
+    """``single_input`` on one image or prompt: its tables, figures and manifest in ``--out``."""
+    from interp.one_input_run import one_input_section
+    from interp.report import begin_outputs, write_manifest, write_section
+
+    model = _load(args, args.device)
+    out = Path(args.out)
+    query = int(args.query) if args.query is not None and args.query.lstrip("-").isdigit() else args.query
+    view, section = one_input_section(model, args.input, what=f"input {args.input!r}", layers=args.layers,
+                                      heads=args.heads, query=query, top_k=args.top_k, float64=args.float64)
+    begin_outputs(out, "one-input")
+    write_section(section, out)
+    print(section.text)
+    meta = {k: v for k, v in view.meta.items() if k != "notes"}
+    write_manifest(out, dict(command="one-input", input=args.input, weights=args.weights, model_args=args.model_args,
+                             top_k=args.top_k, float64=args.float64, notes=view.meta.get("notes", []),
+                             **{**meta, "model": args.model}))
     print(f"wrote {out}")
     return 0
 
@@ -444,7 +495,9 @@ TABLES = {"inventory": ("bias_spec",), "record": ("qkv_stats",),
           "origin": ("origin_shift",), "scores": ("score_decomposition", "bias_invariances"),
           "frequency": ("frequency_profile", "frequency_shift_q_bias"), "ablate": ("ablation",),
           "sinks": ("sink_profile", "sink_shares", "implicit_value_bias", "massive_activations"),
-          "compare": ("compare", "compare_summary")}
+          "compare": ("compare", "compare_summary"),
+          "one-input": ("single_input_patterns", "single_input_heads", "single_input_key_prior",
+                        "single_input_positions")}
 
 
 # integer flags, checked before a command does anything (the name its error uses, the least value)
@@ -527,14 +580,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fetch)
 
     p = sub.add_parser("inventory", help="write the bias inventory of a model")
-    p.add_argument("--model", required=True, help="zoo name (interp models), local HF folder or hub id")
+    _add_model_options(p)
     p.add_argument("--out", default="out/inventory", help="output folder (default: %(default)s)")
     p.set_defaults(func=_cmd_inventory)
 
     p = sub.add_parser("record", help="record per-head Q/K/V statistics, streaming (torchrun-aware)",
                        description="Record per-head Q/K/V statistics over a data set, streaming: batches are read "
                                    "lazily and, under torchrun, each rank reads only its own items.")
-    p.add_argument("--model", required=True, help="zoo name, local HF folder or hub id")
+    _add_model_options(p)
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", default="out/record", help="output folder (default: %(default)s)")
     p.add_argument("--max-batches", type=int, default=None, help=MAX_BATCHES_HELP
@@ -543,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(p)
     p.set_defaults(func=_cmd_record)
 
-    for add_parsers in (_add_analysis_parsers, _add_ablate_parser, _add_compare_parser):
+    for add_parsers in (_add_analysis_parsers, _add_ablate_parser, _add_compare_parser, _add_one_input_parser):
         add_parsers(sub)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
@@ -563,9 +616,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_one_input_parser(sub: Any) -> None:
+    p = sub.add_parser("one-input", help="one image or prompt closely: each head's pattern with and without each "
+                       "bias, the key prior's favoured tokens, a ViT's attention over the image",
+                       description="interp.single_input on one input: each head's attention pattern intact and "
+                                   "without b_q, b_k, b_v or the key prior b_q . x_j W_k, the keys the key prior "
+                                   "favours, and for a ViT the attention maps laid over the image; tables "
+                                   "(CSV + Parquet), PNG figures and manifest.json in --out.")
+    _add_model_options(p)
+    p.add_argument("--input", required=True, help="a prompt (language model) or an image file (ViT)")
+    p.add_argument("--out", default="out/one-input", help="output folder (default: %(default)s)")
+    p.add_argument("--layers", type=_int_list, default=None, help="comma-separated layers (default: all)")
+    p.add_argument("--heads", type=_int_list, default=None, help="comma-separated heads (default: all)")
+    p.add_argument("--query", default=None, help="the query rows in the patterns table: a position, cls, first, "
+                   "last, mean or all (default: cls for a ViT with a class token, mean for one without, all for "
+                   "text, the last token on a long prompt)")
+    p.add_argument("--top-k", type=int, default=10, help="keys per head in the key-prior table "
+                   "(default: %(default)s)")
+    p.add_argument("--float64", action="store_true", help="run a float64 copy (exact comparisons: without b_k "
+                   "the pattern then moves by rounding only)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.set_defaults(func=_cmd_one_input)
+
+
 def _add_ablate_parser(sub: Any) -> None:
     p = sub.add_parser("ablate", help="patch biases out per head and measure the task metric")
-    p.add_argument("--model", required=True, help="zoo name (interp models), local HF folder or hub id")
+    _add_model_options(p)
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--kinds", default="q,k,v", help="comma-separated biases to ablate, of q, k, v, and the "
                    "implicit ones sink_v (a kv head's values at the sink positions) and massive (a layer's massive "
@@ -619,7 +695,7 @@ def _add_ablate_parser(sub: Any) -> None:
 def _add_analysis_parsers(sub: Any) -> None:
     for name, (_, what) in ANALYSES.items():
         p = sub.add_parser(name, help=what, description=f"{what[0].upper()}{what[1:]}; the demo's step, alone.")
-        p.add_argument("--model", required=True, help="zoo name (interp models), local HF folder or hub id")
+        _add_model_options(p)
         p.add_argument("--data", default=None, help="default: photos (vision) or python-docs (text); "
                        + DATA_HELP.split("; ", 1)[1])
         p.add_argument("--out", default=None, help=f"output folder (default: out/{name})")

@@ -8,8 +8,10 @@ tensors; non-finite values set a device-side flag that is checked once at the en
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import torch
 from einops import rearrange
 from torch import Tensor
@@ -81,6 +83,15 @@ def _hooks(stats: QKVStats, state: dict, capture_limit_mb: float) -> list[tuple[
 
 
 @public
+def readable_again(data: Any) -> bool:
+    """Whether ``data`` is in memory and reads the same batches again: a list, tuple, tensor or array, or a string
+    that names no file or folder (a built-in data set or a text), not a stream or a path (re-reading a folder would
+    cost a second full pass unasked)."""
+    if isinstance(data, (list, tuple, torch.Tensor, np.ndarray)):
+        return True
+    return isinstance(data, str) and not os.path.exists(data)
+
+
 def record_qkv(
     model: InterpBridge,
     data: Any,
@@ -117,6 +128,7 @@ def record_qkv(
         raise InputError("no real tokens to record: every position of every batch is masked out (attention_mask all 0)")
     stats.check_finite()
     stats.data_fingerprint = data_fp
+    stats.recorded_data = (data, max_batches) if readable_again(data) else None
     if stats.captured is not None:
         stats.captured = {k: [torch.cat(v)] if v else [] for k, v in stats.captured.items()}
     return stats

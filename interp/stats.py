@@ -57,6 +57,8 @@ class QKVStats:
     # the data fingerprints of the shards merged into these statistics (this session; a file holds only the
     # combined data_fingerprint): merging a shard already in them would count its data twice
     data_parts: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
+    # (data, max_batches) record_qkv read, when in memory (record.readable_again); None if loaded or merged
+    recorded_data: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:
         count = self.count(self.layers[0]) if self.layers else 0
@@ -144,7 +146,7 @@ class QKVStats:
         for layer, mom in self.input_moments.items():
             mom.merge(other.input_moments[layer])
         self.data_fingerprint = combine(str(self.data_fingerprint), str(other.data_fingerprint))
-        self.data_parts = mine | theirs
+        self.data_parts, self.recorded_data = mine | theirs, None  # merged data is no longer one object
         return self
 
     def all_reduce(self, group: Any = None) -> "QKVStats":
@@ -155,7 +157,7 @@ class QKVStats:
             part = QKVStats(**fields_from_state(state, next(iter(self.moments.values())).mean.device))
             merged = part if merged is None else merged.merge(part)
         self.moments, self.input_moments, self.nonfinite = merged.moments, merged.input_moments, merged.nonfinite
-        self.data_fingerprint, self.data_parts = merged.data_fingerprint, merged.data_parts
+        self.data_fingerprint, self.data_parts, self.recorded_data = merged.data_fingerprint, merged.data_parts, None
         return self
 
     # ----- tidy output ---------------------------------------------------------------

@@ -361,6 +361,8 @@ CHEAP_RUNS = {
     **{c: "test_analysis_subcommands_list_their_options_and_write_their_tables"
        for c in ("origin", "scores", "frequency", "sinks")},
     "demo": "tests/test_pipeline.py::test_manifest_is_written_last_and_lists_every_file",
+    "compare": "tests/test_compare.py::test_cli_equals_api_on_the_shipped_digits_vits",
+    "one-input": "test_one_input_command_writes_single_inputs_tables",
 }
 
 
@@ -393,3 +395,60 @@ def test_a_command_ends_its_folder_with_a_manifest_of_every_file(command, tmp_pa
     argv = [command, "--model", "digits-vit", *CHEAP_RUNS[command], "--out", out]
     assert run_cli(argv) == 0, capsys.readouterr().err[-2000:]
     assert_manifest_lists_every_file(out, command)
+
+
+def _through_csv(table):
+    import io
+
+    return pd.read_csv(io.StringIO(table.to_csv(index=False)))
+
+
+ONE_INPUT_TABLES = ("patterns", "heads", "key_prior", "positions")
+
+
+def test_one_input_command_writes_single_inputs_tables(digit_folder, digits_vit, tmp_path):
+    """`interp one-input` on an image file: the tables of interp.single_input on the same file, number for number
+    (both through CSV), its figures (patterns, key prior, overlays intact and without b_q) and a manifest."""
+    import interp
+    from interp.cli import main as cli_main
+
+    image, out = digit_folder / "03.png", tmp_path / "one"
+    assert cli_main(["one-input", "--model", "digits-vit", "--input", str(image), "--device", "cpu",
+                     "--out", str(out)]) == 0
+    view = interp.single_input(digits_vit, str(image))
+    for name in ONE_INPUT_TABLES:
+        pd.testing.assert_frame_equal(pd.read_csv(out / f"single_input_{name}.csv"),
+                                      _through_csv(getattr(view, name)), check_exact=True, obj=name)
+    for fig in ("patterns", "key_prior", "overlay", "overlay_no_b_q"):
+        assert (out / f"single_input_{fig}.png").stat().st_size > 10_000, fig
+    meta = json.loads((out / "manifest.json").read_text())["meta"]
+    assert meta["command"] == "one-input" and meta["data_fingerprint"] == view.meta["data_fingerprint"]
+    assert meta["model_fingerprint"] == view.meta["model_fingerprint"] and meta["query"] == "cls"
+    assert_manifest_lists_every_file(out, "one-input")
+
+
+def test_a_timm_model_with_weights_from_the_command_line(digit_folder, tmp_path):
+    """--model timm:NAME --weights FILE --model-args JSON: the model the API loads from the same file (the trained
+    digits ViT as timm weights), in `inventory` and `one-input`, table for table."""
+    import torch
+
+    import interp
+    from interp.cli import main as cli_main
+    from interp.training.digits import digits_vit_as_timm
+
+    trained = digits_vit_as_timm("digits-vit")
+    torch.save(trained.state_dict(), tmp_path / "digits.pth")
+    args = dict(img_size=8, patch_size=trained.patch_embed.patch_size[0], embed_dim=trained.embed_dim,
+                depth=len(trained.blocks), num_heads=trained.blocks[0].attn.num_heads,
+                mlp_ratio=trained.blocks[0].mlp.fc1.out_features / trained.embed_dim)
+    flags = ["--model", "timm:vit_tiny_patch16_224", "--weights", str(tmp_path / "digits.pth"),
+             "--model-args", json.dumps(args)]
+    assert cli_main(["inventory", *flags, "--out", str(tmp_path / "inv")]) == 0
+    model = interp.load_model("timm:vit_tiny_patch16_224", weights=tmp_path / "digits.pth", model_args=args,
+                              device="cpu")
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "inv" / "bias_spec.csv"), _through_csv(interp.bias_spec(model)))
+    assert cli_main(["one-input", *flags, "--input", str(digit_folder / "03.png"), "--device", "cpu",
+                     "--out", str(tmp_path / "one")]) == 0
+    view = interp.single_input(model, str(digit_folder / "03.png"))
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "single_input_heads.csv"), _through_csv(view.heads),
+                                  check_exact=True)

@@ -495,3 +495,20 @@ def test_readme_demo_time_is_the_measured_one():
     text = " ".join(README.split())
     quoted = f"({int(t.wall_seconds // 60)} min {round(t.wall_seconds % 60)} s on 2 cores, idle, `docs/results/demo/timing.csv`"
     assert quoted in text, quoted
+
+
+def test_readme_quickstart_time_equals_its_csv():
+    """README's time for the ten lines is `benchmarks/quickstart_time.py`'s last run
+    (docs/results/quickstart/timing.csv): total wall and CPU seconds, the load it ran under, the slowest line."""
+    timing = pd.read_csv(RESULTS / "quickstart" / "timing.csv")
+    total = timing[timing.line == "total"].iloc[0]
+    said = re.search(r"The ten lines above took ([\d.]+) s wall on (\d+) cores at a load average of ([\d.]+) "
+                     r"\(([\d.]+) s of CPU time", README)
+    assert said, "README states the quickstart's time (benchmarks/quickstart_time.py --out ...)"
+    wall, cores, load, cpu = said.groups()
+    assert agrees(wall, total.wall_s) and int(cores) == total.cores and agrees(cpu, total.cpu_s)
+    assert agrees(load, max(total.load_1min_before, total.load_1min_after))
+    lines = [line for line in timing.line if line != "total"]
+    block = re.search(r"## Ten lines\s+```python\n(.*?)```", README, re.S).group(1)
+    code = [line.split("  #")[0].rstrip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    assert lines == code, "timing.csv was measured on another quickstart: rerun benchmarks/quickstart_time.py"

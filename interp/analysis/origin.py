@@ -88,7 +88,10 @@ def origin_shift(model: InterpBridge, stats: QKVStats, *, layers: Any = None, he
     shift_ratio_lo / shift_ratio_hi and bias_share_lo / bias_share_hi: 95% percentile bootstrap over
     items (``n_boot`` resamples fixed by ``seed``). The statistics keep no per-item data, so the
     intervals need the ``data`` (and ``max_batches``) they were recorded on, passed again: one more pass
-    keeps per-item sums (``interp.analysis.origin_intervals``). Without ``data`` these columns are NaN."""
+    keeps per-item sums (``interp.analysis.origin_intervals``). Without ``data`` the data ``record_qkv`` read is
+    used when the statistics kept it (in memory and readable again: ``QKVStats.recorded_data``), with their
+    ``max_batches``; otherwise (a file, folder or stream recorded, statistics loaded or merged, ``n_boot=0``) these
+    columns are NaN. ``interval_note`` says per row which data gave the intervals, or why there are none."""
     info = require_bridge(model, "origin_shift").interp
     stats = require_stats(stats).require_model(model)
     layers, heads = _recorded_layers(stats, layers, info), check_heads(heads, info)
@@ -131,11 +134,30 @@ def origin_shift(model: InterpBridge, stats: QKVStats, *, layers: Any = None, he
     return _with_intervals(pd.DataFrame(rows), model, stats, data, layers, boot, max_batches)
 
 
+NO_DATA_NOTE = ("no intervals: the statistics keep no per-item sums and no data to read again (recorded from a file, "
+                "folder or stream, loaded or merged): pass data= (the data they were recorded on)")
+
+
 def _with_intervals(table: pd.DataFrame, model: InterpBridge, stats: QKVStats, data: Any, layers: list[int],
                     boot: tuple[int, int], max_batches: Optional[int]) -> pd.DataFrame:
+    """The interval columns and ``interval_note``: from ``data``, else from the data ``record_qkv`` kept, else NaN
+    with the reason (a kept list changed since the recording is a reason too, never an error)."""
     columns = ("shift_ratio_lo", "shift_ratio_hi", "bias_share_lo", "bias_share_hi")
-    if data is None or boot[0] == 0 or table.empty:
-        return table.assign(**{c: np.nan for c in columns})
-    bounds = origin_intervals(model, stats, data, layers, boot, max_batches)
+    note = f"95% bootstrap over items, {boot[0]} resamples, of the data passed (data=)"
+    if data is None and stats.recorded_data is not None:
+        data, max_batches = stats.recorded_data
+        note = f"95% bootstrap over items, {boot[0]} resamples, of the data record_qkv read (kept with the statistics)"
+        try:
+            bounds = None if boot[0] == 0 or table.empty else origin_intervals(model, stats, data, layers, boot,
+                                                                                max_batches)
+        except InputError as exc:
+            return table.assign(**{c: np.nan for c in columns}, interval_note=f"no intervals: {exc}")
+    elif data is None or boot[0] == 0 or table.empty:
+        bounds = None
+    else:
+        bounds = origin_intervals(model, stats, data, layers, boot, max_batches)
+    if bounds is None:
+        why = "no intervals: n_boot=0" if boot[0] == 0 else NO_DATA_NOTE
+        return table.assign(**{c: np.nan for c in columns}, interval_note=why)
     return table.assign(**{c: [float(bounds[(r.layer, r.kind)][c][r.head]) for r in table.itertuples()]
-                           for c in columns})
+                           for c in columns}, interval_note=note)

@@ -38,15 +38,30 @@ def read_config_json(path: Path) -> dict:
         raise UnknownSourceError(f"{file} holds a JSON {type(raw).__name__}, not an object of config fields: "
                                  "re-save the model with model.save_pretrained(folder)")
     if not raw.get("model_type"):
-        arch = (raw.get("architectures") or ["?"])[0]
-        raise UnknownSourceError(f"{file} has no model_type: add the type its architecture {arch} belongs to "
-                                 '(e.g. "model_type": "gpt2")')
+        raise UnknownSourceError(_no_model_type(file, raw))
     if not raw.get("architectures"):
         raise UnsupportedModelError(f"{file} names no architecture: add e.g. "
                                     '"architectures": ["GPT2LMHeadModel"]')
     if not isinstance(raw["architectures"], list) or not all(isinstance(a, str) for a in raw["architectures"]):
         raise UnknownSourceError(f"{file}: architectures must be a list of class names, got {raw['architectures']!r}")
     return raw
+
+
+def _no_model_type(file: Path, raw: dict) -> str:
+    """What a config.json without ``model_type`` needs: the type of the HF class it names (read from
+    transformers), or, naming no class, what the two kinds of folder interp reads hold."""
+    archs = raw.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    cls = getattr(transformers, arch, None) if arch else None
+    kind = getattr(getattr(cls, "config_class", None), "model_type", "") or ""
+    if kind:
+        return f'{file} has no model_type: add "model_type": "{kind}" (the type of its architecture {arch})'
+    if arch:
+        return (f"{file} has no model_type, and its architecture {arch} is not a transformers class: add the "
+                "model_type of the class it was saved from, or re-save it with model.save_pretrained(folder)")
+    return (f"{file} names neither a model_type and architectures (a transformers folder: model.save_pretrained) "
+            "nor an architecture (a timm folder: timm.models.save_for_hf), so its type cannot be read: re-save "
+            "the model with its library's save function, or pass timm:NAME with weights=")
 
 
 def check_architecture(path: Path, raw: dict, cls: type) -> None:

@@ -22,7 +22,7 @@ from interp.checks import check_dtype
 from interp.errors import (
     InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError, public,
 )
-from interp.models import folder
+from interp.models import external, folder
 from interp.models.audit import check_config
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.families import family_for_model_type
@@ -40,7 +40,7 @@ def _hf_model_class(architecture: str) -> type:
 
 
 def from_hf(hf_model: nn.Module, *, name: Optional[str] = None, tokenizer: Any = None, processor: Any = None,
-            device: Device = None, dtype: Optional[torch.dtype] = None) -> InterpBridge:
+            device: Device = None, dtype: Optional[torch.dtype] = None, warn_zero_biases: bool = True) -> InterpBridge:
     """Move/cast an in-memory HF model, then wrap it in an ``InterpBridge`` (in place)."""
     if isinstance(hf_model, nn.Module):
         family_of(hf_model)  # refuse an unsupported model before moving it
@@ -49,7 +49,8 @@ def from_hf(hf_model: nn.Module, *, name: Optional[str] = None, tokenizer: Any =
             hf_model = hf_model.to(dtype=dtype)
         if device is not None:
             hf_model = hf_model.to(device)
-    return InterpBridge(hf_model, name=name, tokenizer=tokenizer, processor=processor)
+    return InterpBridge(hf_model, name=name, tokenizer=tokenizer, processor=processor,
+                        warn_zero_biases=warn_zero_biases)
 
 
 def _refuse_meta(hf_model: nn.Module) -> None:
@@ -83,6 +84,10 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
 
 def _load_local_dir(path: Path, *, tokenizer: Any, device: Device, dtype: Optional[torch.dtype],
                     name: Optional[str] = None) -> InterpBridge:
+    library = external.folder_library(path)  # a folder timm's or open_clip's save_for_hf wrote
+    if library is not None:
+        module = external.timm_folder(path) if library == "timm" else external.open_clip_folder(path)
+        return from_hf(module, name=name or str(path), device=device, dtype=dtype)
     raw = folder.read_config_json(path)  # every check below runs before anything is built
     arch = raw["architectures"][0]
     require_family(raw["model_type"], arch)
@@ -171,18 +176,29 @@ def check_device(device: Device) -> Union[str, torch.device]:
 
 @public
 def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] = None, *,
-               tokenizer: Any = None) -> InterpBridge:
+               tokenizer: Any = None, weights: Any = None, model_args: Optional[dict] = None) -> InterpBridge:
     """Load a model as a hooked ``TransformerBridge`` with its own, unfolded biases.
 
-    ``source`` is a zoo name (``interp.list_models()``), a local HF folder, an in-memory
-    HF model (wrapped in place), or a hub id (online only). ``device`` defaults to CUDA
-    when available.
+    ``source`` is a zoo name (``interp.list_models()``), a local HF folder, a folder written by
+    timm's or open_clip's ``save_for_hf``, ``timm:NAME`` / ``open_clip:NAME`` (built from the
+    library's config, nothing downloaded; ``weights``: a ``.safetensors`` or ``.pth`` state dict,
+    read without unpickling; ``model_args``: constructor arguments, e.g. ``{"img_size": 32}``;
+    see ``interp.models.external``), an in-memory HF / timm / open_clip model (wrapped in place),
+    or a hub id (online only). ``device`` defaults to CUDA when available.
     """
     if isinstance(source, InterpBridge):
         return source
     device = check_device(device)
     dtype = check_dtype(dtype)
     tokenizer = resolve_tokenizer(tokenizer)
+    library = external.library_source(source) if isinstance(source, str) else None
+    if library is not None:
+        module = external.build(*library, weights, model_args)
+        return from_hf(module, name=source, device=device, dtype=dtype, warn_zero_biases=weights is not None)
+    if weights is not None or model_args is not None:
+        given = repr(source) if isinstance(source, str) else type(source).__name__
+        raise InputError("weights= and model_args= go with a timm:NAME or open_clip:NAME source (e.g. "
+                         f"'timm:vit_tiny_patch16_224'); {given} carries its own weights")
     if isinstance(source, nn.Module):
         return from_hf(source, tokenizer=tokenizer, device=device, dtype=dtype)
     if isinstance(source, os.PathLike):
@@ -198,8 +214,8 @@ def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] 
         return _load_local_dir(path, tokenizer=tokenizer, device=device, dtype=dtype)
     if source.count("/") != 1 or source.startswith((".", "/", "~")):
         raise UnknownSourceError(
-            f"unknown model source {source!r}: not a zoo name ({', '.join(ZOO)}), "
-            f"not a local folder, not an in-memory model"
+            f"unknown model source {source!r}: not a zoo name ({', '.join(ZOO)}), not timm:NAME or "
+            f"open_clip:NAME, not a local folder, not an in-memory model"
         )
     return _load_hub(source, tokenizer, device, dtype)
 

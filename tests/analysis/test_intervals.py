@@ -91,4 +91,28 @@ def test_origin_intervals_refuse_data_other_than_the_recorded(gpt2):
     stats = interp.record_qkv(gpt2, [torch.stack(_items(4))], progress=False)
     with pytest.raises(InputError, match="not the data the statistics were recorded on"):
         interp.origin_shift(gpt2, stats, data=[torch.stack(_items(4, seed=9))])
-    assert interp.origin_shift(gpt2, stats).shift_ratio_lo.isna().all()  # no data: no intervals, said as NaN
+    stats.recorded_data = None  # statistics that kept no data (loaded, merged, a stream): NaN, and why
+    df = interp.origin_shift(gpt2, stats)
+    assert df.shift_ratio_lo.isna().all() and df.interval_note.str.contains("pass data=").all()
+
+
+def test_intervals_come_from_the_data_record_qkv_kept(gpt2, tmp_path):
+    """Data in memory is kept with the statistics, so origin_shift(model, stats) gives the intervals of
+    origin_shift(model, stats, data=data); a stream, a loaded file or a merge keeps none and says so per row."""
+    data = [torch.stack(_items(3)), torch.stack(_items(3, seed=1))]
+    stats = interp.record_qkv(gpt2, data, progress=False)
+    kept, passed = interp.origin_shift(gpt2, stats, n_boot=30), interp.origin_shift(gpt2, stats, data=data, n_boot=30)
+    columns = ["shift_ratio_lo", "shift_ratio_hi", "bias_share_lo", "bias_share_hi"]
+    assert not kept[columns].isna().any().any() and kept[columns].equals(passed[columns])
+    assert kept.interval_note.str.contains("record_qkv read").all() and passed.interval_note.str.contains("data=").all()
+    stream = interp.record_qkv(gpt2, (b for b in data), progress=False)
+    stats.save(tmp_path / "s.safetensors")
+    for other in (stream, interp.QKVStats.load(tmp_path / "s.safetensors"),
+                  interp.record_qkv(gpt2, data[:1], progress=False).merge(
+                      interp.record_qkv(gpt2, data[1:], progress=False))):
+        df = interp.origin_shift(gpt2, other, n_boot=30)
+        assert df.shift_ratio_lo.isna().all() and df.interval_note.str.startswith("no intervals").all()
+    data.append(torch.stack(_items(3, seed=2)))  # the kept list changed after recording: NaN with the reason
+    df = interp.origin_shift(gpt2, stats, n_boot=30)
+    assert df.shift_ratio_lo.isna().all() and df.interval_note.str.contains("not the data").all()
+    assert interp.origin_shift(gpt2, stats, n_boot=0).interval_note.eq("no intervals: n_boot=0").all()
