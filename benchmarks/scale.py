@@ -241,6 +241,8 @@ def profile_pass(name: str, args) -> str:
     text.write(f"cProfile of {name} at {size}@{tokens}, batch {args.batch_size} x {args.batches} batches, "
                f"{args.device}, {args.dtype}, {args.threads} thread(s); top 25 by cumulative time\n")
     pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
+    text.write("top 20 by own time\n")
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
     folder = Path(args.out).parent if args.out else ROOT / "docs" / "results" / "scale"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}_profile.txt").write_text(text.getvalue())
