@@ -222,6 +222,34 @@ def table(args) -> pd.DataFrame:
     return frame
 
 
+def profile_pass(name: str, args) -> str:
+    """cProfile's top entries (cumulative time) of pass ``name`` at the first ``--runs`` item, written to
+    ``docs/results/scale/<name>_profile.txt`` (or beside ``--out``) and returned."""
+    import cProfile
+    import io
+    import pstats
+
+    if name not in PASSES:
+        raise SystemExit(f"--profile {name!r}: one of {', '.join(PASSES)}")
+    size, tokens = args.runs.split(",")[0].split("@")
+    model = build(size, args.device, DTYPES[args.dtype])
+    data = make_batches(SIZES[size][5], args.batches, args.batch_size, int(tokens), args.device)
+    plain_forward(model, data[:1])
+    profiler = cProfile.Profile()
+    profiler.runcall(PASSES[name][1], model, data)
+    text = io.StringIO()
+    text.write(f"cProfile of {name} at {size}@{tokens}, batch {args.batch_size} x {args.batches} batches, "
+               f"{args.device}, {args.dtype}, {args.threads} thread(s); top 25 by cumulative time\n")
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
+    text.write("top 20 by own time\n")
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
+    folder = Path(args.out).parent if args.out else ROOT / "docs" / "results" / "scale"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}_profile.txt").write_text(text.getvalue())
+    print(text.getvalue())
+    return text.getvalue()
+
+
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
@@ -236,6 +264,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="the CSV (default docs/results/scale/<device>.csv)")
     p.add_argument("--fingerprint", default=None, metavar="SIZE",
                    help="time and memory of model_fingerprint and load_model at SIZE (to fingerprint_<device>.csv)")
+    p.add_argument("--profile", default=None, metavar="PASS",
+                   help="cProfile PASS at the first --runs item -> docs/results/scale/PASS_profile.txt")
     p.add_argument("--dry-run", action="store_true", help="tiny model, 16 tokens, CPU: seconds")
     p.add_argument("--gpu-check", action="store_true", help="pytest -m cuda, then 0.5b and 1.5b at 4096 tokens in bf16")
     args = p.parse_args(argv)
@@ -259,6 +289,8 @@ def main(argv=None) -> pd.DataFrame:
         code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-x", "-m", "cuda", "-p", "no:cacheprovider",
                                 "--tier", "all", str(ROOT / "tests")], cwd=ROOT)
         print(f"pytest -m cuda: exit {code}", flush=True)
+    if args.profile:
+        return profile_pass(args.profile, args)
     if args.fingerprint:
         frame = fingerprint_cost(args.fingerprint, args.device)
         out = Path(args.out or ROOT / "docs" / "results" / "scale" / f"fingerprint_{args.device.split(':')[0]}.csv")

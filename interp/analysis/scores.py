@@ -82,15 +82,18 @@ def _require_bilinear_scores(info: Any) -> None:
                                     f"{info.spec.score_refusal}")
 
 
-def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreTerm]:
-    """The four score terms of ``layer`` from a cache holding hook_q/hook_k (and cos/sin under rotary)."""
+def score_terms(model: InterpBridge, cache: Any, layer: int, heads: Optional[slice] = None) -> dict[str, ScoreTerm]:
+    """The four score terms of ``layer`` from a cache holding hook_q/hook_k (and cos/sin under rotary);
+    with ``heads`` (a slice of query heads), those heads' terms only (the same numbers as theirs in the full
+    terms: each head's score reads only its own q and its kv head's k)."""
     info = model.interp
     _require_bilinear_scores(info)
+    heads = heads if heads is not None else slice(None)
     w = attention_weights(model, layer)
-    q = cache[hook_name(layer, "q")]
+    q = cache[hook_name(layer, "q")][:, :, heads]
     k = cache[hook_name(layer, "k")]
     dt = q.dtype
-    bq, bk = w.b_Q.to(q.device, dt), w.b_K.to(k.device, dt)
+    bq, bk = w.b_Q[heads].to(q.device, dt), w.b_K.to(k.device, dt)
     cq, ck = q - bq, k - bk
     bq_full = bq.expand_as(q)
     bk_full = bk.expand_as(k)
@@ -98,7 +101,7 @@ def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreT
         cos, sin = cache[hook_name(layer, "cos")], cache[hook_name(layer, "sin")]
         cq, ck = apply_rotary(cq, cos, sin), apply_rotary(ck, cos, sin)
         bq_full, bk_full = apply_rotary(bq_full, cos, sin), apply_rotary(bk_full, cos, sin)
-    group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads), device=q.device)
+    group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads), device=q.device)[heads]
     ck, bk_full = ck[:, :, group], bk_full[:, :, group]
     scale = info.score_scale(layer)  # 1/sqrt(d_head); GPT-2's scale_attn_by_inverse_layer_idx divides by layer + 1
     dot = lambda a, b: torch.einsum("bihd,bjhd->bhij", a, b) * scale  # noqa: E731
@@ -110,28 +113,77 @@ def score_terms(model: InterpBridge, cache: Any, layer: int) -> dict[str, ScoreT
     }
 
 
-def _row_centred(a: Tensor, m: Tensor, n: Tensor) -> Tensor:
-    """a less its mean over the allowed keys of its row, 0 on the keys not allowed (m: 0/1 mask, n: counts)."""
-    return (a - (a * m).sum(-1, keepdim=True) / n[..., None]) * m
+#: Float64 elements of one score-term tensor [batch, heads, query, key] that ``score_decomposition`` forms at
+#: a time (4 MiB): heads are taken in chunks of at most this size, so its extra memory does not grow with the
+#: number of heads (one head of 2 x 512 x 512 fills it).
+CHUNK_ELEMENTS = 2**19
+#: The batches (by index in the data) on which ``score_decomposition`` checks that the four terms give the
+#: model's own pattern: the first. A config flag the audit misses changes every batch alike.
+PATTERN_CHECK_BATCHES = (0,)
 
 
-def _accumulate_terms(terms: dict[str, Tensor], allowed: Tensor, valid_rows: Tensor, acc: dict, layer: int) -> Tensor:
-    """Add each term's row variance and row covariance with the score to ``acc``; return the score.
-    Within a row, Cov(a, b) = mean over allowed keys of (a - mean a)(b - mean b); each term is centred
-    once. The per-item sums a share's bootstrap needs (each term's covariance, the score's variance) are
-    kept too, [batch, h] per batch under ("items", layer, name, stat)."""
-    terms = {name: t.double() for name, t in terms.items()}
-    total = sum(terms.values())  # in float64, so that sum_t Cov(t, s) = Var(s) to rounding
-    m = allowed.to(torch.float64)
-    n = m.sum(-1).clamp(min=1)
-    centred = {name: _row_centred(t, m, n) for name, t in [*terms.items(), ("total", total)]}
-    for name, c in centred.items():
-        for stat, other in (("var", c), ("cov", centred["total"])):
-            per_item = ((c * other).sum(-1) / n * valid_rows).sum(2)  # [b, h]
-            acc[(layer, name, stat)] = acc.get((layer, name, stat), 0) + per_item.sum(0)
-            if (stat == "cov") != (name == "total"):
-                acc.setdefault(("items", layer, name, stat), []).append(per_item)
-    return total
+def head_chunks(n_heads: int, per_head: int) -> list[slice]:
+    """Slices of ``n_heads`` heads, each of at most ``CHUNK_ELEMENTS // per_head`` heads (at least one)."""
+    size = max(1, CHUNK_ELEMENTS // max(per_head, 1))
+    return [slice(h, min(h + size, n_heads)) for h in range(0, n_heads, size)]
+
+
+def _term_sums(terms: dict[str, Tensor], keys: Tensor, n: Tensor, valid_rows: Tensor) -> dict[tuple[str, str], Tensor]:
+    """Per item and head [batch, h]: each term's row variance and row covariance with the score, and the
+    score's row variance, summed over valid query rows. Within a row, Cov(a, b) = mean over allowed keys of
+    (a - mean a)(b - mean b); each term is centred once in float64 (in place, one term tensor at a time) and
+    the centred score is their sum. Also ``("kl", "")``: per item and head, the sum over rows of
+    KL(P || P without the key_prior term) (``_kl_without_key_prior``), from the centred score and key prior
+    (softmax ignores a row constant)."""
+    first = next(iter(terms.values()))
+    centred = torch.empty((len(TERMS), *first.shape), dtype=torch.float64, device=first.device)
+    for i, name in enumerate(TERMS):  # centred[i] = (t - row mean over allowed keys) on allowed keys, 0 elsewhere
+        c = centred[i]
+        c.copy_(terms[name])
+        c.sub_((torch.einsum("bhqk,bqk->bhq", c, keys) / n)[..., None]).mul_(keys[:, None])
+    total = centred.sum(0)
+    row = lambda a, b: torch.einsum("...qk,...qk->...q", a, b)  # noqa: E731  (row dot products)
+    out = {}
+    weight = valid_rows / n  # [b, 1, q]: a row's mean over its keys, 0 for rows that attend nothing
+    for i, name in enumerate(TERMS):
+        out[(name, "var")] = (row(centred[i], centred[i]) * weight).sum(-1)
+        out[(name, "cov")] = (row(centred[i], total) * weight).sum(-1)
+    out[("total", "var")] = (row(total, total) * weight).sum(-1)
+    out[("total", "cov")] = out[("total", "var")]
+    out[("kl", "")] = _kl_without_key_prior(total, centred[TERMS.index("key_prior")], keys, valid_rows)
+    return out
+
+
+def _accumulate_terms(model: InterpBridge, store: dict, layer: int, allowed: Tensor, valid_rows: Tensor,
+                      acc: dict, kl_acc: dict, check: Optional[Tensor] = None) -> None:
+    """Add ``layer``'s sums to ``acc`` (per term and stat: the sum over items [h], and the per-item sums
+    [batch, h] a share's bootstrap needs, under ("items", layer, name, stat)) and its KL sum to ``kl_acc``,
+    one chunk of heads at a time (``head_chunks``): no float64 [batch, head, query, key] tensor of every
+    head is formed. With ``check`` (the model's pattern), the softmax of the four terms is compared with it
+    (``_check_terms_give_pattern``)."""
+    info = model.interp
+    keys = allowed[:, 0].to(torch.float64)  # [b, q, k]
+    n = keys.sum(-1).clamp(min=1)[:, None]  # [b, 1, q]
+    b, q, k = keys.shape
+    parts: dict[tuple[str, str], list[Tensor]] = {}
+    gaps = []
+    for heads in head_chunks(info.n_heads, b * q * k):
+        terms = score_terms(model, store, layer, heads)
+        if check is not None:
+            gaps.append(_pattern_gap(sum(t.double() for t in terms.values()), check[:, heads], allowed))
+        for key, value in _term_sums(terms, keys, n, valid_rows).items():
+            parts.setdefault(key, []).append(value)
+        del terms
+    if check is not None:
+        _check_terms_give_pattern(info, layer, gaps, check.dtype)
+    for (name, stat), chunks in parts.items():
+        per_item = torch.cat(chunks, 1)  # [b, h]
+        if name == "kl":
+            kl_acc[layer] = kl_acc.get(layer, 0) + per_item.sum(0)
+            continue
+        acc[(layer, name, stat)] = acc.get((layer, name, stat), 0) + per_item.sum(0)
+        if (stat == "cov") != (name == "total"):
+            acc.setdefault(("items", layer, name, stat), []).append(per_item)
 
 
 @public
@@ -153,12 +205,18 @@ def score_decomposition(
     family adds a content-free score term the four leave out: ALiBi, BEiT's relative
     position bias), share_lo / share_hi (95% percentile bootstrap over items of the share, ``n_boot``
     resamples fixed by ``seed``, from per-item sums kept for it: independent of the batching;
-    ``interp.bootstrap``). Refused (``UnsupportedModelError``, with the reason) where the score is
+    ``interp.bootstrap``), n_batches, pattern_checked (the batches, by index in the data, on which the softmax
+    of the four terms was compared with the model's own pattern: ``PATTERN_CHECK_BATCHES``, the first batch;
+    a config flag the audit misses changes every batch alike). Refused (``UnsupportedModelError``, with the reason) where the score is
     not bilinear in content + bias: qk-norm, Gemma 2's soft-capping, OLMo's ``clip_qkv``; and
     whenever the softmax of the four terms is not the model's own pattern (a config flag the
-    audit does not know). Each layer's rows use its sliding window (Mistral, Qwen2) and its
+    audit does not know; checked on the first batch). Each layer's rows use its sliding window (Mistral, Qwen2) and its
     score scale (GPT-2's ``scale_attn_by_inverse_layer_idx``). ``layers`` / ``heads`` (None: all): only
     those rows (the others' terms are not computed), equal to the same rows of the full table.
+
+    Cost: each layer's terms are reduced in its pattern hook, a chunk of heads at a time (``CHUNK_ELEMENTS``
+    float64 entries per term tensor), so memory beyond the forward's does not grow with the number of heads;
+    the forward stops at the last selected layer's pattern (no unembedding).
     """
     info = require_bridge(model, "score_decomposition").interp
     _require_bilinear_scores(info)
@@ -166,26 +224,33 @@ def score_decomposition(
     boot = check_bootstrap(n_boot, seed)
     acc: dict[tuple[int, str], Tensor] = {}
     kl_acc: dict[int, Tensor] = {}
-    n_rows, keys = [0.0], []  # real query rows over the batches; item keys
+    n_rows, keys, checked = [0.0], [], []  # real query rows over the batches; item keys; batches checked
     fired: list[Tensor] = []  # each pattern hook's real query rows in the current batch
+    index = [0]  # the batch being run
+    last = max(layers)  # the forward stops at its pattern: the blocks above it and the unembedding are skipped
 
     def hooks(batch: Batch) -> list:
         keys.extend(item_keys(batch))
         fired.clear()
-        return _decompose_hooks(model, batch, acc, kl_acc, layers, fired)
+        check = index[0] in PATTERN_CHECK_BATCHES
+        if check:
+            checked.append(index[0])
+        index[0] += 1
+        return _decompose_hooks(model, batch, acc, kl_acc, layers, fired, check)
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
-        if len(fired) != info.n_layers:
-            raise UnsupportedModelError(f"{info.name}: hook_pattern fired for {len(fired)} of {info.n_layers} "
+        if len(fired) != last + 1:
+            raise UnsupportedModelError(f"{info.name}: hook_pattern fired for {len(fired)} of {last + 1} "
                                         "layers; the decomposition needs every layer's pattern")
         n_rows[0] += float(fired[layers[0]])
 
-    stream_batches(model, data, max_batches, [], consume, hooks=hooks, desc="score decomposition",
-                   progress=progress)
+    n_batches, _ = stream_batches(model, data, max_batches, [hook_name(last, "pattern")], consume, hooks=hooks,
+                                  desc="score decomposition", progress=progress)
     rows_acc = n_rows[0]
     if rows_acc == 0:
         raise InputError("data is empty: no query rows to decompose")
     table = _share_intervals(_decomposition_table(info, acc, kl_acc, rows_acc, layers), acc, Resampler(keys, *boot))
+    table = table.assign(n_batches=n_batches, pattern_checked="+".join(map(str, checked)))
     return table[table["head"].isin(heads)].reset_index(drop=True)
 
 
@@ -206,10 +271,10 @@ _KEPT = {"attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "at
 
 
 def _decompose_hooks(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict, layers: list[int],
-                     rows: list) -> list:
+                     rows: list, check: bool = True) -> list:
     """The hooks of one batch's forward: each layer's terms are accumulated in its pattern hook (q, k, cos
-    and sin of that layer have been kept by then) and checked against the model's own pattern; each
-    pattern hook appends that layer's query rows to ``rows``."""
+    and sin of that layer have been kept by then) and, with ``check``, checked against the model's own
+    pattern; each pattern hook appends that layer's query rows to ``rows``."""
     store: dict[str, Tensor] = {}
 
     def keep(t: Tensor, hook: Any) -> None:
@@ -224,10 +289,7 @@ def _decompose_hooks(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict,
             return
         allowed = _key_mask(model, batch, pattern.shape[-1], pattern.device, layer)
         valid_rows = allowed.any(-1).to(torch.float64)  # [b, 1, q]
-        terms = score_terms(model, store, layer)
-        total = _accumulate_terms(terms, allowed, valid_rows, acc, layer)
-        _check_terms_give_pattern(model.interp, layer, total, pattern, allowed)
-        kl_acc[layer] = kl_acc.get(layer, 0) + _kl_without_key_prior(total, terms["key_prior"], allowed, valid_rows)
+        _accumulate_terms(model, store, layer, allowed, valid_rows, acc, kl_acc, pattern if check else None)
         rows.append(valid_rows.sum())
         store.clear()
 
@@ -236,19 +298,41 @@ def _decompose_hooks(model: InterpBridge, batch: Batch, acc: dict, kl_acc: dict,
     return [(kept, keep), (patterns, at_pattern)]
 
 
-def _kl_without_key_prior(total: Tensor, key_prior: Tensor, allowed: Tensor, valid_rows: Tensor) -> Tensor:
-    """Per head: the sum over query rows of KL(P || P without the key_prior term), nats."""
+def _kl_without_key_prior(score: Tensor, key_prior: Tensor, keys: Tensor, valid_rows: Tensor) -> Tensor:
+    """Per item and head [batch, h]: the sum over valid query rows of KL(P || Q), P = softmax of ``score``
+    and Q = softmax of ``score - key_prior`` over each row's allowed keys (``keys`` [batch, q, k], 0/1), nats.
+
+    log P_j - log Q_j = kp_j - lse(s) + lse(s - kp), so KL = sum_j P_j kp_j - lse(s) + lse(s - kp): one
+    softmax, no second distribution formed. Both inputs may carry any row constant (softmax ignores it)."""
     neg = torch.finfo(torch.float64).min
-    s = total.double().masked_fill(~allowed, neg)
-    s_wo = (total - key_prior.double()).masked_fill(~allowed, neg)
-    logp, logq = s.log_softmax(-1), s_wo.log_softmax(-1)
-    kl = (logp.exp() * (logp - logq)).masked_fill(~allowed, 0).sum(-1)
-    return (kl * valid_rows).sum((0, 2))
+    blocked = keys[:, None] == 0
+    s = score.masked_fill(blocked, neg)
+    kp = key_prior.masked_fill(blocked, 0.0)
+    lse = s.logsumexp(-1)
+    p = (s - lse[..., None]).exp_()
+    kl = torch.einsum("...qk,...qk->...q", p, kp) - lse + (s - kp).logsumexp(-1)
+    return (kl * valid_rows).sum(-1)
 
 
-def _check_terms_give_pattern(info: Any, layer: int, total: Tensor, pattern: Tensor, allowed: Tensor) -> None:
+def _pattern_gap(score: Tensor, pattern: Tensor, allowed: Tensor) -> tuple[float, float, float, float]:
+    """(gap, spread, largest, outside) of ``_check_terms_give_pattern`` for one chunk of heads."""
+    p, s = pattern.double(), score
+    logq = s.masked_fill(~allowed, float("-inf")).log_softmax(-1)
+    both = allowed & ((p > 1e-4) | (logq.exp() > 1e-4))
+    zero = torch.zeros_like(p)
+    gap = float(torch.where(both, (p.clamp_min(1e-300).log() - logq).abs(), zero).amax())
+    hi, lo = s.masked_fill(~allowed, float("-inf")).amax(-1), s.masked_fill(~allowed, float("inf")).amin(-1)
+    spread = float((hi - lo).nan_to_num(0.0, 0.0, 0.0).amax())  # rows with no allowed key: 0
+    largest = float(torch.where(allowed, s.abs(), zero).amax())
+    outside = float(torch.where(allowed, zero, p).sum(-1).masked_fill(~allowed.any(-1), 0).amax())  # real rows
+    return gap, spread, largest, outside
+
+
+def _check_terms_give_pattern(info: Any, layer: int, gaps: Sequence[tuple[float, float, float, float]],
+                              dtype: torch.dtype) -> None:
     """Refuse when the softmax of the four terms over the allowed keys is not the model's own pattern.
 
+    ``gaps``: ``_pattern_gap`` of each chunk of heads (the maxima below are over all of them).
     The config audit covers the flags it knows; this catches the ones it does not (a scale, window,
     norm or cap the decomposition does not model). Families with a content-free extra term (ALiBi,
     relative position bias) are not checked: the four terms leave it out by design. ``gap``: the largest
@@ -259,17 +343,9 @@ def _check_terms_give_pattern(info: Any, layer: int, total: Tensor, pattern: Ten
     """
     if info.spec.extra_score_term:
         return
-    p, s = pattern.double(), total.double()
-    logq = s.masked_fill(~allowed, float("-inf")).log_softmax(-1)
-    both = allowed & ((p > 1e-4) | (logq.exp() > 1e-4))
-    zero = torch.zeros_like(p)
-    gap = float(torch.where(both, (p.clamp_min(1e-300).log() - logq).abs(), zero).amax())
-    hi, lo = s.masked_fill(~allowed, float("-inf")).amax(-1), s.masked_fill(~allowed, float("inf")).amin(-1)
-    spread = float((hi - lo).nan_to_num(0.0, 0.0, 0.0).amax())  # rows with no allowed key: 0
-    largest = float(torch.where(allowed, s.abs(), zero).amax())
-    outside = float(torch.where(allowed, zero, p).sum(-1).masked_fill(~allowed.any(-1), 0).amax())  # real rows
-    rtol = 5e-2 if pattern.dtype in (torch.float16, torch.bfloat16) else 1e-3
-    allowed_gap = rtol * (1 + spread) + 16 * torch.finfo(pattern.dtype).eps * (1 + largest)
+    gap, spread, largest, outside = (max(g[i] for g in gaps) for i in range(4))
+    rtol = 5e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-3
+    allowed_gap = rtol * (1 + spread) + 16 * torch.finfo(dtype).eps * (1 + largest)
     if gap > allowed_gap or outside > rtol:
         raise UnsupportedModelError(
             f"{info.name}, layer {layer}: the four score terms do not reproduce the model's attention pattern "

@@ -285,15 +285,6 @@ def patterns_of(model: InterpBridge, store: dict[str, Tensor], layers: Sequence[
     return {layer: store[hook_name(layer, "pattern")] for layer in layers}
 
 
-def patterns_and_classes(model: InterpBridge, batch: Batch, store: dict[str, Tensor], layers: Sequence[int],
-                         acc: dict) -> tuple[dict[int, Tensor], Tensor, ClassMasks]:
-    """(each layer's pattern, real tokens, class masks) of one batch; counts its real query rows into acc["rows"]."""
-    patterns = patterns_of(model, store, layers)
-    real, masks = class_masks(model, batch, patterns[layers[0]].shape[-1], patterns[layers[0]].device)
-    acc["rows"] = acc.get("rows", 0) + real.sum()
-    return patterns, real, masks
-
-
 def add_sums(acc: dict, key: Any, sums: dict[str, Tensor]) -> None:
     into = acc.setdefault(key, {})
     for name, value in sums.items():

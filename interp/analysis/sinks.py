@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.analysis.scores import _key_mask, _require_bilinear_scores, score_terms
+from interp.analysis.scores import _key_mask, _require_bilinear_scores, head_chunks, score_terms
 from interp.analysis.sink_parts import (
     AbsHistogram,
     ClassMasks,
@@ -44,7 +44,7 @@ from interp.analysis.sink_parts import (
     check_positive,
     check_top_k,
     column_sums,
-    patterns_and_classes,
+    patterns_of,
     provenance,
     rows_or_fail,
     sink_weights,
@@ -82,6 +82,65 @@ def _check_remove(model: InterpBridge, remove: Any) -> tuple[str, ...]:
                 f"{info.spec.extra_score_term} to it; remove='b_q' (b_q zeroed through hooks) works on this model")
     return REMOVALS[remove]
 
+
+
+# ----- reducing in the hooks ---------------------------------------------------------------------------
+
+
+def _over_heads(pattern: Tensor, sums: Callable[[slice], dict[str, Tensor]]) -> dict[str, Tensor]:
+    """``sums(heads)`` over chunks of ``pattern``'s heads (``head_chunks``: at most ``CHUNK_ELEMENTS`` entries of
+    [batch, head, query, key] at a time), each sum's per-head rows concatenated: a float64 copy of one layer's
+    pattern is never formed for all heads at once."""
+    b, n_heads, q, k = pattern.shape
+    parts = [sums(heads) for heads in head_chunks(n_heads, b * q * k)]
+    return {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
+
+
+class _BatchClasses:
+    """The sink passes' reduction inside the forward, one layer at a time: per batch, ``hooks(batch)`` keeps the
+    activations named (each layer's dropped once its pattern hook has run) and calls ``reduce(batch, t, layer,
+    store)`` in each selected layer's ``point`` hook; ``classes`` gives the batch's real tokens and class masks
+    (built at the first pattern, its real query rows counted into acc["rows"]); ``finish_batch`` refuses a
+    forward whose patterns never fired (a fused attention kernel) and returns them."""
+
+    def __init__(self, model: InterpBridge, layers: Sequence[int], acc: dict) -> None:
+        self.model, self.layers, self.acc = model, list(layers), acc
+        self.real: Any = None
+        self.masks: Any = None
+        self.done: set[int] = set()
+
+    def hooks(self, reduce: Callable[[Batch, Tensor, int, dict], None], point: str,
+              kept: Sequence[str]) -> Callable[[Batch], list]:
+        def make(batch: Batch) -> list:
+            self.real, self.masks, self.done = None, None, set()
+            store: dict[str, Tensor] = {}
+
+            def keep(name: str) -> Callable[[Tensor, Any], None]:
+                def fn(t: Tensor, hook: Any) -> None:
+                    store[name] = t.detach()
+                return fn
+
+            def at(t: Tensor, hook: Any) -> None:
+                layer = int(hook.name.split(".")[1])
+                reduce(batch, t.detach(), layer, store)
+                self.done.add(layer)
+                for name in [n for n in store if n.startswith(f"blocks.{layer}.")]:
+                    del store[name]
+
+            return [(n, keep(n)) for n in kept] + [(hook_name(layer, point), at) for layer in self.layers]
+        return make
+
+    def classes(self, batch: Batch, n_pos: int, device: Any) -> tuple[Tensor, ClassMasks]:
+        if self.real is None:
+            self.real, self.masks = class_masks(self.model, batch, n_pos, device)
+            self.acc["rows"] = self.acc.get("rows", 0) + self.real.sum()
+        return self.real, self.masks
+
+    def finish_batch(self) -> tuple[Tensor, ClassMasks]:
+        missing = [layer for layer in self.layers if layer not in self.done]
+        if missing:
+            patterns_of(self.model, {}, missing)  # raises: the fused kernel's message
+        return self.real, self.masks
 
 
 # ----- sink profile -------------------------------------------------------------------------------------
@@ -175,30 +234,36 @@ def _profile_part(model: InterpBridge, threshold: Any, layers: Any, heads: Any, 
     threshold, layers, heads = check_threshold(threshold), check_layers(layers, info), check_heads(heads, info)
     names, removals = check_positions(model, positions), _check_remove(model, remove)
     has_b_q = {layer: attention_weights(model, layer).present["q"] for layer in layers}
-    hooks = [hook_name(layer, "pattern") for layer in layers]
-    if "key_prior" in removals:
-        parts = ("q", "k", "cos", "sin") if info.rotary else ("q", "k")
-        hooks += [hook_name(layer, p) for layer in layers if has_b_q[layer] for p in parts]
     acc: dict = {}
+    seen = _BatchClasses(model, layers, acc)
+
+    def reduce(batch: Batch, pattern: Tensor, layer: int, store: dict) -> None:
+        real, masks = seen.classes(batch, pattern.shape[-1], pattern.device)
+        allowed = _key_mask(model, batch, pattern.shape[-1], pattern.device, layer)
+        add_sums(acc, (layer, "mass"), _over_heads(pattern, lambda hs: _class_sums(pattern[:, hs], real, masks, names, allowed)))
+        if "key_prior" in removals and has_b_q[layer]:
+            without = _pattern_without_key_prior(model, store, layer, batch)
+            add_sums(acc, (layer, "mass_without_key_prior"), _over_heads(without, lambda hs: _class_sums(without[:, hs], real, masks, names)))
+            del without
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
-        patterns, real, masks = patterns_and_classes(model, batch, store, layers, acc)
+        real, masks = seen.finish_batch()
         for layer in layers:
-            allowed = _key_mask(model, batch, patterns[layer].shape[-1], patterns[layer].device, layer)
-            add_sums(acc, (layer, "mass"), _class_sums(patterns[layer], real, masks, names, allowed))
-            if "key_prior" in removals and has_b_q[layer]:
-                pattern = _pattern_without_key_prior(model, store, layer, batch)
-                add_sums(acc, (layer, "mass_without_key_prior"), _class_sums(pattern, real, masks, names))
             if "b_q" in removals and has_b_q[layer]:
                 pattern = _pattern_without_b_q(model, x, kw, layer)
-                add_sums(acc, (layer, "mass_without_b_q"), _class_sums(pattern, real, masks, names))
+                add_sums(acc, (layer, "mass_without_b_q"), _over_heads(pattern, lambda hs: _class_sums(pattern[:, hs], real, masks, names)))
+
+    kept = [hook_name(layer, p) for layer in layers if has_b_q[layer] for p in ("q", "k", "cos", "sin")
+            if "key_prior" in removals and (p in ("q", "k") or info.rotary)]
+    batch_hooks = seen.hooks(reduce, "pattern", kept)
+    stop = [hook_name(max(layers), "pattern")]  # the forward ends there: nothing above it is read
 
     def finish(n_batches: int, data_fp: str, max_batches: Optional[int]) -> pd.DataFrame:
         columns = ["mass"] + [f"mass_without_{r}" for r in removals]
         meta = dict(threshold=threshold, metric=MASS_METRIC, **provenance(model, data_fp, n_batches, max_batches))
         return _select_heads(_profile_table(acc, layers, names, columns, has_b_q, meta, info.n_heads), heads)
 
-    return Part(hooks, consume, finish, max(layers) + 1)
+    return Part(stop, consume, finish, max(layers) + 1, batch_hooks)
 
 
 def _select_heads(table: pd.DataFrame, heads: list[int]) -> pd.DataFrame:
@@ -320,17 +385,20 @@ def _quadratic(x: Float[Tensor, "batch head_index query_pos d_head"], gram: Tens
     return ((torch.einsum("bhqd,hde->bhqe", x, gram) * x).sum(-1) * w[:, None, :]).sum((0, 2))
 
 
-def _implicit_sums(pattern: Tensor, v: Tensor, z: Tensor, sink: Tensor, real: Tensor,
-                   gram: Float[Tensor, "head_index d_head d_head"]) -> dict[str, Tensor]:
-    """Sums over real query rows of u_i, ||c_i||^2, ||z_i W_O||^2 and A_iS, per head.
+def _sink_sums(pattern: Tensor, v: Tensor, real: Tensor, masks: ClassMasks, names: Sequence[str],
+               gram: Float[Tensor, "head_index d_head d_head"]) -> dict[str, Tensor]:
+    """Sums over real query rows of u_i, ||c_i||^2 and A_iS, per head (of ``pattern``'s heads; ``v`` and
+    ``gram`` are those heads'); the sink set S is the classes ``names``.
 
     c_i = u_i W_O with u_i = sum_{j in S} A_ij v_j, so sum_i c_i = (sum_i u_i) W_O and
-    ||c_i||^2 = u_i G u_i^T: nothing of width d_model is formed per row."""
+    ||c_i||^2 = u_i G u_i^T: nothing of width d_model is formed per row. ||z_i W_O||^2 is summed in the
+    z hook (``_quadratic``)."""
+    sink = sink_weights(column_sums(pattern, real), real, masks, names)
     a = pattern.double() * sink[:, :, None, :]  # attention on the sink set only
     w = real.double()
     u = torch.einsum("bhqk,bkhd->bhqd", a, v.double())
     return dict(u=torch.einsum("bhqd,bq->hd", u, w), c_sq=_quadratic(u, gram, w),
-                o_sq=_quadratic(z.double().transpose(1, 2), gram, w), mass=torch.einsum("bhqk,bq->h", a, w))
+                mass=torch.einsum("bhqk,bq->h", a, w))
 
 
 @public
@@ -357,18 +425,29 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     weights = {layer: attention_weights(model, layer, dtype=torch.float64) for layer in layers}
     grams = {layer: w.W_O @ w.W_O.transpose(1, 2) for layer, w in weights.items()}  # W_O W_O^T per head
     acc: dict = {}
+    seen = _BatchClasses(model, layers, acc)
+
+    def at_pattern(batch: Batch, pattern: Tensor, layer: int, store: dict) -> None:
+        real, masks = seen.classes(batch, pattern.shape[-1], pattern.device)
+        v, gram = store.pop(hook_name(layer, "v"))[:, :, group], grams[layer].to(pattern.device)
+        add_sums(acc, layer, _over_heads(pattern, lambda hs: _sink_sums(pattern[:, hs], v[:, :, hs], real, masks, sink_names, gram[hs])))
+
+    def hooks(batch: Batch) -> list:
+        def at_z(z: Tensor, hook: Any) -> None:  # before or after the pattern hook, by family (ViT: before)
+            layer = int(hook.name.split(".")[1])
+            real, _ = seen.classes(batch, z.shape[1], z.device)
+            add_sums(acc, layer, {"o_sq": _quadratic(z.detach().double().transpose(1, 2), grams[layer].to(z.device),
+                                                     real.double())})
+
+        return seen.hooks(at_pattern, "pattern", [hook_name(layer, "v") for layer in layers])(batch) + [
+            (hook_name(layer, "z"), at_z) for layer in layers]
 
     def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
-        patterns, real, masks = patterns_and_classes(model, batch, store, layers, acc)
-        for layer in layers:
-            sink = sink_weights(column_sums(patterns[layer], real), real, masks, sink_names)
-            v = store[hook_name(layer, "v")][:, :, group]
-            z, gram = store[hook_name(layer, "z")], grams[layer].to(v.device)
-            add_sums(acc, layer, _implicit_sums(patterns[layer], v, z, sink, real, gram))
+        seen.finish_batch()
 
-    hooks = [hook_name(layer, n) for layer in layers for n in ("pattern", "v", "z")]
-    n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc="implicit value bias",
-                                        progress=progress, stop_at_layer=max(layers) + 1)
+    stop = [hook_name(max(layers), n) for n in ("pattern", "z")]  # the forward ends there: nothing above is read
+    n_batches, data_fp = stream_batches(model, data, max_batches, stop, consume, desc="implicit value bias",
+                                        progress=progress, stop_at_layer=max(layers) + 1, hooks=hooks)
     meta = dict(positions="+".join(sink_names), **provenance(model, data_fp, n_batches, max_batches))
     return _select_heads(_implicit_table(acc, weights, group, layers, meta), heads)
 
@@ -538,6 +617,7 @@ class Part:
     consume: Consumer
     finish: Callable[[int, str, Optional[int]], pd.DataFrame]
     blocks: int
+    batch_hooks: Optional[Callable[[Batch], list]] = None  # hooks that reduce as the forward passes
 
 
 def run_parts(model: InterpBridge, data: Any, max_batches: Optional[int], parts: Sequence[Part], desc: str,
@@ -547,9 +627,12 @@ def run_parts(model: InterpBridge, data: Any, max_batches: Optional[int], parts:
         for part in parts:
             part.consume(batch, store, x, kw)
 
+    def batch_hooks(batch: Batch) -> list:
+        return [hook for part in parts if part.batch_hooks is not None for hook in part.batch_hooks(batch)]
+
     hooks = list(dict.fromkeys(name for part in parts for name in part.hooks))
     n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc=desc, progress=progress,
-                                        stop_at_layer=max(part.blocks for part in parts))
+                                        stop_at_layer=max(part.blocks for part in parts), hooks=batch_hooks)
     return [part.finish(n_batches, data_fp, max_batches) for part in parts]
 
 
