@@ -1,10 +1,11 @@
-"""Input checks: a bad input gets one clear ``InputError`` before it reaches a model."""
+"""Input checks: a bad input gets one clear ``InputError`` before it reaches a model.
+
+The bridge's forward runs them on every input but one: a ``CheckedBatch`` (``interp.data.batch``), which
+``check_batch`` makes after running them on the host copy. No switch turns them off."""
 
 from __future__ import annotations
 
-import contextvars
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -13,24 +14,6 @@ from torch import Tensor
 from interp.errors import InputError
 from interp.models.info import ModelInfo
 from interp.types import KINDS, QKV
-
-_CHECKED_ON_HOST = contextvars.ContextVar("interp_inputs_checked_on_host", default=False)
-
-
-@contextmanager
-def inputs_checked_on_host() -> Iterator[None]:
-    """Inside: the bridge's forward skips its own input checks, because the caller ran them on
-    the host copy of every batch (``Batch.check``). The same checks on a GPU tensor would
-    synchronise the host with the device on every forward."""
-    token = _CHECKED_ON_HOST.set(True)
-    try:
-        yield
-    finally:
-        _CHECKED_ON_HOST.reset(token)
-
-
-def checked_on_host() -> bool:
-    return _CHECKED_ON_HOST.get()
 
 
 def check_pixel_values(x: Any, info: ModelInfo) -> None:

@@ -55,9 +55,9 @@ from interp.analysis.sink_parts import (
     SINK_THRESHOLD,
     default_sink_positions,
     prefix_names,
-    run_until_kept,
     stream_batches,
 )
+from interp.capture import run_until_kept
 from interp.checks import as_real, check_heads, check_layers
 from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError, public
@@ -104,11 +104,11 @@ def _pattern_without_key_prior(model: InterpBridge, store: dict, layer: int, bat
     return scores.masked_fill(~allowed, torch.finfo(torch.float64).min).softmax(-1)
 
 
-def _pattern_without_b_q(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> Tensor:
+def _pattern_without_b_q(model: InterpBridge, batch: Batch, layer: int) -> Tensor:
     """``layer``'s pattern in a forward with that layer's b_q zeroed (``bias_patch_hooks``), stopped after it."""
     name = hook_name(layer, "pattern")
     hooks = bias_patch_hooks(model, [(layer, h, "q") for h in range(model.interp.n_heads)], "zero")
-    return run_until_kept(model, x, kw, [name], hooks)[name]  # ends at the pattern: ViT/BERT blocks too
+    return run_until_kept(model, batch, [name], hooks)[name]  # ends at the pattern: ViT/BERT blocks too
 
 
 def _class_sums(pattern: Tensor, real: Tensor, masks: ClassMasks, names: Sequence[str],
@@ -181,7 +181,7 @@ def _profile_part(model: InterpBridge, threshold: Any, layers: Any, heads: Any, 
         hooks += [hook_name(layer, p) for layer in layers if has_b_q[layer] for p in parts]
     acc: dict = {}
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         patterns, real, masks = patterns_and_classes(model, batch, store, layers, acc)
         for layer in layers:
             allowed = _key_mask(model, batch, patterns[layer].shape[-1], patterns[layer].device, layer)
@@ -190,7 +190,7 @@ def _profile_part(model: InterpBridge, threshold: Any, layers: Any, heads: Any, 
                 pattern = _pattern_without_key_prior(model, store, layer, batch)
                 add_sums(acc, (layer, "mass_without_key_prior"), _class_sums(pattern, real, masks, names))
             if "b_q" in removals and has_b_q[layer]:
-                pattern = _pattern_without_b_q(model, x, kw, layer)
+                pattern = _pattern_without_b_q(model, batch, layer)
                 add_sums(acc, (layer, "mass_without_b_q"), _class_sums(pattern, real, masks, names))
 
     def finish(n_batches: int, data_fp: str, max_batches: Optional[int]) -> pd.DataFrame:
@@ -358,7 +358,7 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     grams = {layer: w.W_O @ w.W_O.transpose(1, 2) for layer, w in weights.items()}  # W_O W_O^T per head
     acc: dict = {}
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         patterns, real, masks = patterns_and_classes(model, batch, store, layers, acc)
         for layer in layers:
             sink = sink_weights(column_sums(patterns[layer], real), real, masks, sink_names)
@@ -496,7 +496,7 @@ def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: A
     ratio_threshold = check_positive(ratio_threshold, "ratio_threshold")
     acc: dict = {"sequences": 0}
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         h0 = store[hooks[layers[0]]]
         real, _ = class_masks(model, batch, h0.shape[1], h0.device)
         ids = batch.inputs if info.modality == "text" else torch.full(real.shape, -1)
@@ -543,9 +543,9 @@ class Part:
 def run_parts(model: InterpBridge, data: Any, max_batches: Optional[int], parts: Sequence[Part], desc: str,
               progress: bool) -> list[pd.DataFrame]:
     """One forward per batch serving every part (``stream_batches``); each part's table."""
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         for part in parts:
-            part.consume(batch, store, x, kw)
+            part.consume(batch, store)
 
     hooks = list(dict.fromkeys(name for part in parts for name in part.hooks))
     n_batches, data_fp = stream_batches(model, data, max_batches, hooks, consume, desc=desc, progress=progress,
