@@ -1,5 +1,6 @@
-"""``Batch``, the unit every analysis consumes, ``CheckedBatch``, a batch that passed the input checks,
-and the image preprocessing shared by the built-in photos and a researcher's own images.
+"""``Batch``, the unit every analysis consumes, ``CheckedBatch``, a batch that passed the input checks (both
+defined in ``interp.checks``, below the bridge, whose forward takes them), and the image preprocessing shared
+by the built-in photos and a researcher's own images.
 
 A ``Batch`` holds ``inputs`` (token ids ``[batch, pos]`` or pixel values ``[batch, C, H, W]``),
 ``attention_mask`` (``[batch, pos]``, 1 = real token; None for images) and optional ``labels``.
@@ -13,8 +14,7 @@ makes one, after the checks (``iter_batches`` yields them), and moving or repeat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -22,147 +22,15 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.checks import check_model_input
+# the batch types sit below the bridge (its forward takes them): defined in interp.checks, named here too
+from interp.checks import (  # noqa: F401 - re-exported
+    Batch, CheckedBatch, check_batch, check_fits_dtype, check_key, model_inputs, to_device,
+)
 from interp.errors import InputError
-from interp.models.info import ModelInfo
-
-if TYPE_CHECKING:  # the bridge takes batches in its forward: it imports this module, not the other way
-    from interp.models.bridge import InterpBridge
+from interp.models.bridge import InterpBridge
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-@dataclass
-class Batch:
-    inputs: Tensor
-    attention_mask: Optional[Int[Tensor, "batch pos"]] = None
-    labels: Optional[Tensor] = None
-
-    def check(self, info: ModelInfo) -> None:
-        """Reject NaN/inf inputs and malformed shapes before they reach the model."""
-        check_model_input(self.inputs, self.attention_mask, info)
-
-    def to(self, device: Any) -> "Batch":
-        return Batch(
-            self.inputs.to(device),
-            None if self.attention_mask is None else self.attention_mask.to(device),
-            None if self.labels is None else self.labels.to(device),
-        )
-
-
-_WITNESS = object()  # held by this module only: what ``CheckedBatch._made`` asks for
-_NOT_BUILT = ("a CheckedBatch is made by checking a batch: interp.data.check_batch(model, batch) (iter_batches "
-              "yields checked batches); it cannot be built, or changed, from tensors directly")
-
-
-def check_key(info: ModelInfo, dtype: torch.dtype) -> tuple:
-    """What the checks of a batch depend on: the model's input sizes (``check_model_input``) and its dtype
-    (``check_fits_dtype``). A batch checked for one key holds for every model of that key."""
-    return (info.modality, info.num_channels, info.patch_size, info.image_size, info.spec.any_image_size,
-            info.vocab_size, info.max_positions, dtype)
-
-
-def _versions(batch: Batch) -> tuple:
-    """The version counters of the forward's tensors: an in-place write into one bumps its counter."""
-    return tuple(None if t is None else t._version for t in (batch.inputs, batch.attention_mask))
-
-
-class CheckedBatch(Batch):
-    """A ``Batch`` that passed ``check_batch`` for a model's input sizes and dtype (``check_key``): the one input
-    the bridge's forward runs without its own checks, which would synchronise a GPU on every forward.
-
-    Only ``check_batch`` makes one, after the checks; ``to`` and ``repeat`` give checked copies (moved or
-    repeated values are the values checked). ``CheckedBatch(...)``, ``dataclasses.replace`` and assigning a
-    field raise ``InputError``; an in-place write into its tensors voids it (``holds_for`` is then False), and
-    the forward checks it like any other batch."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise InputError(_NOT_BUILT)
-
-    @classmethod
-    def _made(cls, batch: Batch, key: tuple, witness: object) -> "CheckedBatch":
-        if witness is not _WITNESS:
-            raise InputError(_NOT_BUILT)
-        made = object.__new__(cls)
-        for name in ("inputs", "attention_mask", "labels"):
-            object.__setattr__(made, name, getattr(batch, name))
-        object.__setattr__(made, "_key", key)
-        object.__setattr__(made, "_stamp", _versions(made))
-        return made
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise InputError(_NOT_BUILT)
-
-    def __delattr__(self, name: str) -> None:
-        raise InputError(_NOT_BUILT)
-
-    def holds_for(self, info: ModelInfo, dtype: torch.dtype) -> bool:
-        """Whether this batch was checked for a model of ``info``'s input sizes and ``dtype``, and its tensors
-        are unchanged since."""
-        return self._key == check_key(info, dtype) and self._stamp == _versions(self)
-
-    def to(self, device: Any) -> "CheckedBatch":
-        """This batch on ``device`` (pinned and non-blocking to a GPU: ``to_device``), still checked."""
-        def move(t: Optional[Tensor]) -> Optional[Tensor]:
-            return None if t is None else to_device(t, device)
-        return CheckedBatch._made(Batch(move(self.inputs), move(self.attention_mask), move(self.labels)),
-                                  self._key, _WITNESS)
-
-    def repeat(self, n: int) -> "CheckedBatch":
-        """This batch repeated ``n`` times along the batch axis (stacked variants), still checked."""
-        def rep(t: Optional[Tensor]) -> Optional[Tensor]:
-            return None if t is None else t.repeat(n, *([1] * (t.ndim - 1)))
-        return CheckedBatch._made(Batch(rep(self.inputs), rep(self.attention_mask), rep(self.labels)),
-                                  self._key, _WITNESS)
-
-
-def check_fits_dtype(batch: Batch, dtype: torch.dtype) -> None:
-    """Pixel values finite on the host must stay finite in the model's dtype (float64 values beyond float32's
-    range become inf in the cast; a float16 model overflows past 65504). Checked on the host copy, only when
-    the dtypes differ."""
-    x = batch.inputs
-    if isinstance(x, Tensor) and x.is_floating_point() and dtype.is_floating_point and x.dtype != dtype:
-        big = float(x.abs().max()) if x.numel() else 0.0
-        if big > torch.finfo(dtype).max:
-            raise InputError(f"pixel values reach {big:.3g}, beyond what the model's {dtype} holds "
-                             f"({torch.finfo(dtype).max:.3g}): they would become inf; normalise the images first")
-
-
-def check_batch(model: "InterpBridge", batch: Batch) -> CheckedBatch:
-    """``batch`` checked for ``model`` (``Batch.check``: shape, dtype, vocabulary, finiteness, mask; and
-    ``check_fits_dtype`` for the model's dtype), as a ``CheckedBatch``; one ``InputError`` otherwise. Run it
-    on the host copy: on a GPU tensor the checks synchronise. A batch already checked for a model of the same
-    input sizes and dtype is returned as it is."""
-    info, dtype = model.interp, next(model.parameters()).dtype
-    if isinstance(batch, CheckedBatch) and batch.holds_for(info, dtype):
-        return batch
-    if not isinstance(batch, Batch) or not isinstance(batch.inputs, Tensor):
-        raise InputError(f"check_batch takes an interp Batch of tensors; got {type(batch).__name__}"
-                         + (f" holding {type(batch.inputs).__name__}" if isinstance(batch, Batch) else ""))
-    batch.check(info)
-    check_fits_dtype(batch, dtype)
-    return CheckedBatch._made(batch, check_key(info, dtype), _WITNESS)
-
-
-def model_inputs(model: "InterpBridge", batch: Batch) -> tuple[Tensor, dict]:
-    """(input, forward kwargs) for ``model``: pixels cast to the model's dtype, or token
-    ids with their attention mask, all on the model's device."""
-    p = next(model.parameters())
-    if model.interp.modality == "vision":
-        return to_device(batch.inputs, p.device).to(p.dtype), {}
-    kw = {} if batch.attention_mask is None else {"attention_mask": to_device(batch.attention_mask, p.device)}
-    ids = batch.inputs if batch.inputs.dtype in (torch.int64, torch.int32) else batch.inputs.long()  # uint8, int16
-    return to_device(ids, p.device), kw
-
-
-def to_device(t: Tensor, device: torch.device) -> Tensor:
-    """``t`` on ``device``; a host tensor bound for a GPU goes through pinned memory without
-    blocking, so that feeding a batch does not synchronise the host with the device."""
-    device = torch.device(device)
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:

@@ -26,7 +26,7 @@ from transformer_lens.model_bridge.sources import build_bridge_config_from_hf, d
 from transformer_lens.model_bridge.sources.transformers_driver import TransformersDriver
 from transformer_lens.utilities import get_tokenizer_with_bos
 
-from interp.checks import check_pixel_values, check_token_ids
+from interp.checks import Batch, CheckedBatch, check_batch, check_pixel_values, check_token_ids, model_inputs
 from interp.errors import InputError, UnknownSourceError, UnsupportedModelError
 from interp.models.families import Family, adapters
 from interp.models.info import ModelInfo, family_of, model_info
@@ -93,8 +93,6 @@ class InterpBridge(TransformerBridge):
         ``CheckedBatch`` that holds for this model (checked once on the host by ``check_batch``: the same
         checks on a GPU tensor would synchronise the host with the device on every forward). An
         ``interp.Batch`` carries its own attention mask (and is checked here like any input)."""
-        from interp.data.batch import Batch  # the data package imports the bridge, so not at the top
-
         info = self.interp
         refuse_active_dropout(self.hf_model)
         check = True
@@ -131,8 +129,6 @@ class InterpBridge(TransformerBridge):
 def _batch_forward(model: InterpBridge, batch: Any, kwargs: dict) -> tuple[Any, dict]:
     """(input, forward kwargs) of an ``interp.Batch``: a ``CheckedBatch`` that holds for ``model`` as it is,
     any other batch checked here first; on the model's device, pixels in its dtype (``model_inputs``)."""
-    from interp.data.batch import CheckedBatch, check_batch, model_inputs
-
     given = [k for k in ("attention_mask", "pixel_values") if kwargs.get(k) is not None]
     if given:
         raise InputError(f"a Batch carries its own inputs and attention mask: pass no {' or '.join(given)} with it")
