@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 import interp
-from interp.analysis.sink_parts import run_until_kept
-from interp.data import model_inputs
+from interp.capture import run_until_kept
+from interp.data import check_batch
 from interp.hooks import block_hook
 
 
@@ -50,8 +50,7 @@ def blocks_only(model, data) -> None:
     last = block_hook(model.interp.n_layers - 1, "hook_out")
     with torch.no_grad():
         for b in data:
-            x, kw = model_inputs(model, b)
-            run_until_kept(model, x, kw, [last])
+            run_until_kept(model, check_batch(model, b), [last])
 
 
 def timed(fn, repeats: int) -> float:

@@ -1,36 +1,22 @@
-"""Input checks: a bad input gets one clear ``InputError`` before it reaches a model."""
+"""Input checks: a bad input gets one clear ``InputError`` before it reaches a model.
+
+The bridge's forward runs them on every input but one: a ``CheckedBatch``, which ``check_batch`` makes after
+running them on the host copy (the batch types live here, below the bridge that takes them; ``interp.data``
+names them too). No switch turns the checks off."""
 
 from __future__ import annotations
 
-import contextvars
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 import torch
+from jaxtyping import Int
 from torch import Tensor
 
 from interp.errors import InputError
 from interp.models.info import ModelInfo
 from interp.types import KINDS, QKV
-
-_CHECKED_ON_HOST = contextvars.ContextVar("interp_inputs_checked_on_host", default=False)
-
-
-@contextmanager
-def inputs_checked_on_host() -> Iterator[None]:
-    """Inside: the bridge's forward skips its own input checks, because the caller ran them on
-    the host copy of every batch (``Batch.check``). The same checks on a GPU tensor would
-    synchronise the host with the device on every forward."""
-    token = _CHECKED_ON_HOST.set(True)
-    try:
-        yield
-    finally:
-        _CHECKED_ON_HOST.reset(token)
-
-
-def checked_on_host() -> bool:
-    return _CHECKED_ON_HOST.get()
 
 
 def check_pixel_values(x: Any, info: ModelInfo) -> None:
@@ -103,6 +89,138 @@ def check_model_input(x: Any, attention_mask: Optional[Tensor], info: ModelInfo)
             )
         if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
             raise InputError("attention_mask must hold only 0 (padding) and 1 (real token)")
+
+
+@dataclass
+class Batch:
+    inputs: Tensor
+    attention_mask: Optional[Int[Tensor, "batch pos"]] = None
+    labels: Optional[Tensor] = None
+
+    def check(self, info: ModelInfo) -> None:
+        """Reject NaN/inf inputs and malformed shapes before they reach the model."""
+        check_model_input(self.inputs, self.attention_mask, info)
+
+    def to(self, device: Any) -> "Batch":
+        return Batch(
+            self.inputs.to(device),
+            None if self.attention_mask is None else self.attention_mask.to(device),
+            None if self.labels is None else self.labels.to(device),
+        )
+
+
+_WITNESS = object()  # held by this module only: what ``CheckedBatch._made`` asks for
+_NOT_BUILT = ("a CheckedBatch is made by checking a batch: interp.data.check_batch(model, batch) (iter_batches "
+              "yields checked batches); it cannot be built, or changed, from tensors directly")
+
+
+def check_key(info: ModelInfo, dtype: torch.dtype) -> tuple:
+    """What the checks of a batch depend on: the model's input sizes (``check_model_input``) and its dtype
+    (``check_fits_dtype``). A batch checked for one key holds for every model of that key."""
+    return (info.modality, info.num_channels, info.patch_size, info.image_size, info.spec.any_image_size,
+            info.vocab_size, info.max_positions, dtype)
+
+
+def _versions(batch: Batch) -> tuple:
+    """The version counters of the forward's tensors: an in-place write into one bumps its counter."""
+    return tuple(None if t is None else t._version for t in (batch.inputs, batch.attention_mask))
+
+
+class CheckedBatch(Batch):
+    """A ``Batch`` that passed ``check_batch`` for a model's input sizes and dtype (``check_key``): the one input
+    the bridge's forward runs without its own checks, which would synchronise a GPU on every forward.
+
+    Only ``check_batch`` makes one, after the checks; ``to`` and ``repeat`` give checked copies (moved or
+    repeated values are the values checked). ``CheckedBatch(...)``, ``dataclasses.replace`` and assigning a
+    field raise ``InputError``; an in-place write into its tensors voids it (``holds_for`` is then False), and
+    the forward checks it like any other batch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise InputError(_NOT_BUILT)
+
+    @classmethod
+    def _made(cls, batch: Batch, key: tuple, witness: object) -> "CheckedBatch":
+        if witness is not _WITNESS:
+            raise InputError(_NOT_BUILT)
+        made = object.__new__(cls)
+        for name in ("inputs", "attention_mask", "labels"):
+            object.__setattr__(made, name, getattr(batch, name))
+        object.__setattr__(made, "_key", key)
+        object.__setattr__(made, "_stamp", _versions(made))
+        return made
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise InputError(_NOT_BUILT)
+
+    def __delattr__(self, name: str) -> None:
+        raise InputError(_NOT_BUILT)
+
+    def holds_for(self, info: ModelInfo, dtype: torch.dtype) -> bool:
+        """Whether this batch was checked for a model of ``info``'s input sizes and ``dtype``, and its tensors
+        are unchanged since."""
+        return self._key == check_key(info, dtype) and self._stamp == _versions(self)
+
+    def to(self, device: Any) -> "CheckedBatch":
+        """This batch on ``device`` (pinned and non-blocking to a GPU: ``to_device``), still checked."""
+        def move(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else to_device(t, device)
+        return CheckedBatch._made(Batch(move(self.inputs), move(self.attention_mask), move(self.labels)),
+                                  self._key, _WITNESS)
+
+    def repeat(self, n: int) -> "CheckedBatch":
+        """This batch repeated ``n`` times along the batch axis (stacked variants), still checked."""
+        def rep(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t.repeat(n, *([1] * (t.ndim - 1)))
+        return CheckedBatch._made(Batch(rep(self.inputs), rep(self.attention_mask), rep(self.labels)),
+                                  self._key, _WITNESS)
+
+
+def check_fits_dtype(batch: Batch, dtype: torch.dtype) -> None:
+    """Pixel values finite on the host must stay finite in the model's dtype (float64 values beyond float32's
+    range become inf in the cast; a float16 model overflows past 65504). Checked on the host copy, only when
+    the dtypes differ."""
+    x = batch.inputs
+    if isinstance(x, Tensor) and x.is_floating_point() and dtype.is_floating_point and x.dtype != dtype:
+        big = float(x.abs().max()) if x.numel() else 0.0
+        if big > torch.finfo(dtype).max:
+            raise InputError(f"pixel values reach {big:.3g}, beyond what the model's {dtype} holds "
+                             f"({torch.finfo(dtype).max:.3g}): they would become inf; normalise the images first")
+
+
+def check_batch(model: Any, batch: Batch) -> CheckedBatch:
+    """``batch`` checked for ``model`` (``Batch.check``: shape, dtype, vocabulary, finiteness, mask; and
+    ``check_fits_dtype`` for the model's dtype), as a ``CheckedBatch``; one ``InputError`` otherwise. Run it
+    on the host copy: on a GPU tensor the checks synchronise. A batch already checked for a model of the same
+    input sizes and dtype is returned as it is."""
+    info, dtype = model.interp, next(model.parameters()).dtype
+    if isinstance(batch, CheckedBatch) and batch.holds_for(info, dtype):
+        return batch
+    if not isinstance(batch, Batch) or not isinstance(batch.inputs, Tensor):
+        raise InputError(f"check_batch takes an interp Batch of tensors; got {type(batch).__name__}"
+                         + (f" holding {type(batch.inputs).__name__}" if isinstance(batch, Batch) else ""))
+    batch.check(info)
+    check_fits_dtype(batch, dtype)
+    return CheckedBatch._made(batch, check_key(info, dtype), _WITNESS)
+
+
+def model_inputs(model: Any, batch: Batch) -> tuple[Tensor, dict]:
+    """(input, forward kwargs) for ``model``: pixels cast to the model's dtype, or token
+    ids with their attention mask, all on the model's device."""
+    p = next(model.parameters())
+    if model.interp.modality == "vision":
+        return to_device(batch.inputs, p.device).to(p.dtype), {}
+    kw = {} if batch.attention_mask is None else {"attention_mask": to_device(batch.attention_mask, p.device)}
+    ids = batch.inputs if batch.inputs.dtype in (torch.int64, torch.int32) else batch.inputs.long()  # uint8, int16
+    return to_device(ids, p.device), kw
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device``; a host tensor bound for a GPU goes through pinned memory without
+    blocking, so that feeding a batch does not synchronise the host with the device."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def check_kinds(kinds: Any, allowed: tuple[str, ...] = QKV) -> list[str]:

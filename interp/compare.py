@@ -49,7 +49,6 @@ from matplotlib.ticker import FormatStrFormatter
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor
 
 from interp.analysis.frequency import spread_difference, spread_interval
 from interp.analysis.origin import origin_shift
@@ -273,7 +272,7 @@ def _residual_items(model: InterpBridge, batches: list[Batch]) -> tuple[list[str
     keys: list[str] = []
     per_layer: dict[int, list[tuple]] = {layer: [] for layer in hooks}
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         keys.extend(item_keys(batch))
         h0 = store[hooks[0]]
         real, _ = class_masks(model, batch, h0.shape[1], h0.device)

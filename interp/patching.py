@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from interp.data import Batch
-from interp.checks import as_index, inputs_checked_on_host
+from interp.data import Batch, CheckedBatch
+from interp.checks import as_index
 from interp.errors import InputError, public
 from interp.heads import attention_weights, kv_group, v_fold_vector
 from interp.hooks import attn_hook, hook_name
@@ -218,7 +218,11 @@ def stacked_patch_hooks(model: InterpBridge, groups: Sequence[Sequence[Target]],
 
 
 def repeat_batch(batch: Batch, n: int) -> Batch:
-    """``batch`` repeated ``n`` times along the batch axis (for stacked variants)."""
+    """``batch`` repeated ``n`` times along the batch axis (for stacked variants); a ``CheckedBatch`` stays
+    checked."""
+    if isinstance(batch, CheckedBatch):
+        return batch.repeat(n)
+
     def rep(t: Optional[Tensor]) -> Optional[Tensor]:
         return None if t is None else t.repeat(n, *([1] * (t.ndim - 1)))
     return Batch(rep(batch.inputs), rep(batch.attention_mask), rep(batch.labels))
@@ -226,28 +230,3 @@ def repeat_batch(batch: Batch, n: int) -> Batch:
 
 class StopForward(Exception):
     """Raised by a keeper once every activation a forward is read for is kept: nothing after is computed."""
-
-
-def run_until_kept(model: InterpBridge, x: Tensor, kw: dict, names: Sequence[str], hooks: Sequence = (),
-                   **forward: Any) -> dict[str, Tensor]:
-    """One forward with ``hooks`` that keeps the activations at ``names`` and ends as soon as all are kept,
-    whatever order the family fires them in (TransformerLens' ``stop_at_layer`` does not stop blocks named
-    ``encoder.layer.N``: ViT, DINOv2, BERT run to the end; and it never skips the final norm and unembedding,
-    which a language model's vocabulary makes costly). A hook that never fires (a fused attention kernel
-    has no pattern) lets the forward finish; the caller then finds the name missing."""
-    store: dict[str, Tensor] = {}
-    wanted = set(names)
-
-    def keeper(name: str) -> Callable[[Tensor, Any], None]:
-        def keep(t: Tensor, hook: Any) -> None:
-            store[name] = t.detach()
-            if len(store) == len(wanted):
-                raise StopForward
-        return keep
-
-    try:
-        with inputs_checked_on_host():  # the caller checked the batch on the host: no device sync here
-            model.run_with_hooks(x, fwd_hooks=list(hooks) + [(n, keeper(n)) for n in wanted], **kw, **forward)
-    except StopForward:
-        pass
-    return store

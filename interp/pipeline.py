@@ -8,7 +8,6 @@ sections out: tables (CSV + Parquet), figures (PNG), ``report.html`` and ``summa
 
 from __future__ import annotations
 
-import itertools
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -35,7 +34,7 @@ from interp.heads import bias_spec
 from interp.io import begin_outputs
 from interp.models.bridge import InterpBridge
 from interp.record import record_qkv
-from interp.sections import Context, Section
+from interp.sections import Context, DataBatches, Section
 from interp.stats import QKVStats
 
 
@@ -480,7 +479,8 @@ def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool
                  max_batches: Optional[int] = None, cap_steps: bool = False, command: Optional[str] = None) -> Context:
     """The shared context for ``model`` on a built-in dataset (its modality's default when None) or a
     researcher's own (anything ``open_data`` takes: the first 8 items in quick mode, else all of it), read
-    up to ``max_batches`` batches (None: all). ``cap_steps``: the expensive steps read only their first
+    up to ``max_batches`` batches (None: all), lazily and never whole (``DataBatches``: each step's pass reads
+    the batches it analyses). ``cap_steps``: the expensive steps read only their first
     batches (the demo; see ``Context.first``), else every step reads every batch read here.
     ``ablation_estimate`` / ``top_k``: how the ablation step measures (see ``ablate_bias``);
     ``data_options``: ``resolve_data``'s options (text_column, batch_size, max_items, ...); ``layers`` /
@@ -489,12 +489,14 @@ def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool
     aim = dict(layers=None if layers is None else check_layers(layers, model.interp),
                heads=None if heads is None else check_heads(heads, model.interp))
     max_batches = check_max_batches(max_batches)
-    dataset = dataset or ("photos" if model.interp.modality == "vision" else "python-docs")
+    if dataset is None or (isinstance(dataset, str) and not dataset):
+        dataset = "photos" if model.interp.modality == "vision" else "python-docs"
     options = {"batch_size": 4, **{k: v for k, v in (data_options or {}).items() if v is not None}}
-    batches = list(itertools.islice(open_data(model, dataset, options, n=8 if quick else None), max_batches))
+    batches = DataBatches(model, open_data(model, dataset, options, n=8 if quick else None), max_batches)
     if out is not None:
         begin_outputs(out, command)  # the command starts here: its steps write (ablation logs) before the report
-    return Context(model, str(dataset), batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k,
+    label = str(dataset) if isinstance(dataset, (str, Path)) else type(dataset).__name__  # an array: its type
+    return Context(model, label, batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k,
                    cap_steps=cap_steps, **aim)
 
 
@@ -539,7 +541,7 @@ def failed_section(step: str, skipped: list[str], exc: BaseException) -> Section
 
 def _first_item(ctx: Context) -> Any:
     """The data's first image, or its first sequence's real tokens."""
-    batch = ctx.batches[0]
+    batch = next(iter(ctx.batches))
     if ctx.model.interp.modality == "vision":
         return batch.inputs[0]
     mask = batch.attention_mask

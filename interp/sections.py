@@ -7,17 +7,63 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+import itertools
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from interp.data import Batch
+from interp.data import Batch, iter_batches
 from interp.interactive import Heatmap, TopTable
 from interp.models.bridge import InterpBridge
 from interp.stats import QKVStats
 
-__all__ = ["Context", "Section"]
+__all__ = ["Context", "DataBatches", "Section"]
+
+
+class DataBatches:
+    """The data the pipeline's steps read, never held whole: a re-iterable whose every pass reads the data
+    afresh as checked batches (``iter_batches``), at most ``max_batches`` of them.
+
+    ``source`` is what ``open_data`` made of the data: a list it holds already (a built-in data set) is read
+    from that list; a re-iterable (a ``DataSource`` reads its files again on each pass, a ``DataLoader``) is
+    iterated again; a one-shot iterator (a generator) is read once, lazily, only as far as the passes go, and
+    the batches read are kept for the next passes (it cannot be read twice). ``head(n)``: the first ``n``
+    batches, as lazily; ``len``: the number of batches (counted by the first whole pass, or by one pass then)."""
+
+    def __init__(self, model: InterpBridge, source: Iterable[Any], max_batches: Optional[int] = None) -> None:
+        self.model, self.source, self.max_batches = model, source, max_batches
+        self._once: Optional[Iterator[Batch]] = None  # a one-shot source's checked batches, read as far as needed
+        self._kept: list[Batch] = []  # what it gave so far
+        self._len: Optional[int] = None
+        if iter(source) is source:
+            self._once = iter_batches(model, source, max_batches)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self._once is None:
+            count = 0
+            for batch in iter_batches(self.model, self.source, self.max_batches):
+                count += 1
+                yield batch
+            self._len = count  # a whole pass: counted (``list`` asks ``len`` first, which must not read again)
+            return
+        for i in itertools.count():
+            if i == len(self._kept):
+                batch = next(self._once, None)
+                if batch is None:
+                    self._len = i
+                    return
+                self._kept.append(batch)
+            yield self._kept[i]
+
+    def head(self, n: int) -> "DataBatches":
+        """The first ``n`` batches (as a re-iterable of their own, read as lazily)."""
+        return DataBatches(self.model, self, n if self.max_batches is None else min(n, self.max_batches))
+
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = sum(1 for _ in self)
+        return self._len
 
 
 @dataclass
@@ -46,7 +92,7 @@ class Context:
 
     model: InterpBridge
     dataset: str
-    batches: list[Batch]
+    batches: Union[DataBatches, list[Batch]]  # ``make_context`` reads the data lazily: ``DataBatches``
     quick: bool = False
     out: Optional[Path] = None  # where steps that keep resumable logs (ablation) put them
     stats: Optional[QKVStats] = None
@@ -62,7 +108,7 @@ class Context:
     def name(self) -> str:
         return self.model.interp.name
 
-    def data_label(self, batches: Optional[list[Batch]] = None) -> str:
+    def data_label(self, batches: Optional[Iterable[Batch]] = None) -> str:
         """What a figure was made from, e.g. "photos, 2,056 patches (8 images)"."""
         batches = self.batches if batches is None else batches
         vision = self.model.interp.modality == "vision"
@@ -85,7 +131,7 @@ class Context:
         unit = "image" if self.model.interp.modality == "vision" else "sequence"
         return f"{n:,} {unit}{'s' if n != 1 else ''}"
 
-    def first(self, n_full: Optional[int] = None, n_quick: int = 1) -> list[Batch]:
+    def first(self, n_full: Optional[int] = None, n_quick: int = 1) -> Union[DataBatches, list[Batch]]:
         """The batches a step analyses, noted in ``analysed`` under the running step: all of ``batches`` (the
         data as read, already cut to ``--max-batches``) for a cheap step (``n_full`` None) and wherever steps
         are not capped (every CLI analysis command); else, for an expensive step, 1 in quick mode and the
@@ -93,9 +139,10 @@ class Context:
         if n_full is None or not (self.quick or self.cap_steps):
             chosen = self.batches
         else:
-            chosen = self.batches[:n_quick] if self.quick else self.batches[:n_full]
+            n = n_quick if self.quick else n_full
+            chosen = self.batches.head(n) if isinstance(self.batches, DataBatches) else self.batches[:n]
         seen = self.analysed.get(self.step or "?", dict(items=0, batches=0))
-        items = sum(int(b.inputs.shape[0]) for b in chosen)
-        self.analysed[self.step or "?"] = dict(items=max(items, seen["items"]),
-                                               batches=max(len(chosen), seen["batches"]))
+        sizes = [int(b.inputs.shape[0]) for b in chosen]  # one pass: items per batch
+        self.analysed[self.step or "?"] = dict(items=max(sum(sizes), seen["items"]),
+                                               batches=max(len(sizes), seen["batches"]))
         return chosen

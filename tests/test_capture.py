@@ -6,7 +6,7 @@ import torch
 
 import interp
 import interp.capture as capture
-from interp.data import Batch
+from interp.data import Batch, CheckedBatch
 from interp.errors import InputError
 from interp.models import tiny_hf_model
 
@@ -36,10 +36,11 @@ PASSES = {
 
 
 @pytest.mark.parametrize("name", PASSES)
-def test_every_forward_of_a_streaming_pass_goes_through_the_one_loop_after_the_host_check(models, monkeypatch, name):
-    """Each forward the pass runs is one of ``stream_batches``' (``run_until_kept`` inside it), on a batch that
-    ``Batch.check`` passed just before: a pass with a loop of its own (record, the intervals, the scores and
-    the frequency passes had one each) runs forwards the loop never saw."""
+def test_every_forward_of_a_streaming_pass_goes_through_the_one_loop_on_a_checked_batch(models, monkeypatch, name):
+    """Each forward the pass runs is one of ``stream_batches``' (``run_until_kept`` inside it), on a
+    ``CheckedBatch`` that holds for the model (only ``check_batch`` makes one, after ``Batch.check``, which ran
+    before the first forward): a pass with a loop of its own (record, the intervals, the scores and the
+    frequency passes had one each) runs forwards the loop never saw."""
     lm, _ = models
     events = []
     real_check, real_run, real_forward = Batch.check, capture.run_until_kept, type(lm).run_with_hooks
@@ -52,18 +53,20 @@ def test_every_forward_of_a_streaming_pass_goes_through_the_one_loop_after_the_h
         events.append("loop")
         return real_run(*args, **kwargs)
 
-    def forward(self, *args, **kwargs):
-        events.append("forward")
-        return real_forward(self, *args, **kwargs)
+    def forward(self, batch, *args, **kwargs):
+        held = isinstance(batch, CheckedBatch) and batch.holds_for(self.interp, next(self.parameters()).dtype)
+        events.append("forward" if held else f"forward of {type(batch).__name__}")
+        return real_forward(self, batch, *args, **kwargs)
 
     monkeypatch.setattr(Batch, "check", check)
     monkeypatch.setattr(capture, "run_until_kept", run)
     monkeypatch.setattr(type(lm), "run_with_hooks", forward)
     PASSES[name](lm, [_ids(0), _ids(1)])
-    forwards = [i for i, e in enumerate(events) if e == "forward"]
+    forwards = [i for i, e in enumerate(events) if e.startswith("forward")]
     assert forwards, "the pass ran no forward"
+    assert "check" in events[:forwards[0]], events  # the first batch checked before the first forward
     for i in forwards:
-        assert events[i - 1] == "loop" and events[i - 2] == "check", f"a forward outside the loop: {events}"
+        assert events[i] == "forward" and events[i - 1] == "loop", f"a forward outside the loop: {events}"
 
 
 @pytest.mark.parametrize("name", ["frequency_profile", "frequency_shift_under_ablation", "record_qkv"])
@@ -98,7 +101,7 @@ def test_the_loop_hashes_what_it_runs_and_restores_the_mode(models):
             config.attn_pdrop = 0.0
         seen = []
         n, fp = capture.stream_batches(lm, [_ids(0), _ids(1)], None, ["blocks.0.attn.hook_pattern"],
-                                       lambda b, store, x, kw: seen.append(store["blocks.0.attn.hook_pattern"].shape),
+                                       lambda b, store: seen.append(store["blocks.0.attn.hook_pattern"].shape),
                                        desc="test", progress=False)
         assert lm.training  # no dropout: eval inside, the caller's mode after
     finally:

@@ -216,3 +216,23 @@ def test_each_headline_states_the_sample_its_numbers_come_from(written):
     page = report.read_text()
     assert all(h.replace("'", "&#x27;") in page for h in summary["headlines"])
     assert "Samples (n), by section: 8 images: Recording, Shift ratio" in page
+
+
+def test_lazy_data_gives_the_numbers_of_the_data_held_in_a_list():
+    """``make_context`` reads its data lazily (``DataBatches``); the steps' numbers and tables equal those of a
+    context holding the same batches in a list, as ``make_context`` held them before."""
+    from interp.models import tiny_hf_model
+    from interp.sections import Context, DataBatches
+
+    model = interp.load_model(tiny_hf_model("vit", n_layers=2, n_heads=2), device="cpu")
+    lazy = make_context(model, "digits", quick=True)
+    held = Context(model, "digits", list(lazy.batches), quick=True)
+    assert isinstance(lazy.batches, DataBatches) and len(held.batches) == 2
+    steps = ["recording", "invariances"]
+    got, want = run_steps(lazy, steps, log=lambda _: None), run_steps(held, steps, log=lambda _: None)
+    assert [s.key for s in got] == [s.key for s in want]
+    for a, b in zip(got, want):
+        assert a.numbers == b.numbers and a.text == b.text
+        for name, table in b.tables.items():
+            pd.testing.assert_frame_equal(a.tables[name], table)
+    assert lazy.analysed == held.analysed

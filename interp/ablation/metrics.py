@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from interp.checks import inputs_checked_on_host
-from interp.data import Batch, model_inputs
+from interp.data import Batch
 from interp.errors import InputError
 from interp.hooks import block_hook
 from interp.models.bridge import InterpBridge
@@ -164,10 +163,11 @@ def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Ba
 
 
 def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """(output, final hidden states if asked) of one forward with ``hooks``; ``batch`` must have
-    passed ``Batch.check`` (the forward skips its checks, which would sync a GPU). With ``need_hidden`` the
-    forward stops after the last block and the hidden states stand in for the output (no unembedding)."""
-    x, kw = model_inputs(model, batch)
+    """(output, final hidden states if asked) of one forward of ``batch`` with ``hooks``; the forward checks
+    ``batch`` unless it is a ``CheckedBatch`` checked for this model (``iter_batches`` yields them: the sweeps
+    check each batch once, on the host; ``batch_to_device`` and ``repeat_batch`` keep it checked). With
+    ``need_hidden`` the forward stops after the last block and the hidden states stand in for the output (no
+    unembedding)."""
     store: dict[str, Tensor] = {}
     all_hooks = list(hooks)
     if need_hidden:  # a hidden-state metric reads nothing after the last block (e.g. MiniLM's random MLM head)
@@ -176,8 +176,7 @@ def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: boo
             raise StopForward
         all_hooks.append((block_hook(model.interp.n_layers - 1, "hook_out"), grab))
     try:
-        with inputs_checked_on_host():  # every sweep checks its batches on the host first (Batch.check)
-            out = model.run_with_hooks(x, fwd_hooks=all_hooks, **kw)
+        out = model.run_with_hooks(batch, fwd_hooks=all_hooks)
     except StopForward:
         return store["hidden"], store["hidden"]
     out = out if isinstance(out, Tensor) else out[0]

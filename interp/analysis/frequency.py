@@ -180,7 +180,7 @@ def _add_terms(acc: dict[str, Any], terms: dict[str, Any]) -> None:
             acc[key] = acc.get(key, 0) + (val.cpu() if isinstance(val, Tensor) else val)
 
 
-def _batch_terms(info: ModelInfo, batch: Batch, store: dict[str, Tensor], x: Tensor, l: int,
+def _batch_terms(info: ModelInfo, batch: Batch, store: dict[str, Tensor], l: int,
                  item: Optional[int] = None) -> Optional[dict[str, Any]]:
     """Layer ``l``'s per-head terms of the batch, or of its item ``item`` alone (None if it has no real token)."""
     z, pat, mask = store[hook_name(l, "z")], store[hook_name(l, "pattern")].double(), batch.attention_mask
@@ -190,7 +190,7 @@ def _batch_terms(info: ModelInfo, batch: Batch, store: dict[str, Tensor], x: Ten
         if mask is not None and not bool(mask.bool().any()):
             return None
     if info.modality == "vision":
-        return _vision_terms(info, z, pat, (x.shape[2], x.shape[3]))
+        return _vision_terms(info, z, pat, (batch.inputs.shape[2], batch.inputs.shape[3]))
     return _text_terms(z, pat, mask)
 
 
@@ -198,15 +198,15 @@ def _consumer(info: ModelInfo, layers: Sequence[int], acc: dict[int, dict[str, A
               items: Optional[list[dict[int, dict[str, Any]]]] = None):
     """Adds one batch's per-head terms of ``layers`` (from the kept z and pattern) into ``acc``; with
     ``items`` (a list), appends each item's own terms there instead (one accumulator per item)."""
-    def consume(batch: Batch, store: dict[str, Tensor], x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict[str, Tensor]) -> None:
         if items is None:
             for l in layers:
-                _add_terms(acc[l], _batch_terms(info, batch, store, x, l))
+                _add_terms(acc[l], _batch_terms(info, batch, store, l))
             return
-        for i in range(x.shape[0]):
+        for i in range(batch.inputs.shape[0]):
             own: dict[int, dict[str, Any]] = {l: {} for l in layers}
             for l in layers:
-                terms = _batch_terms(info, batch, store, x, l, item=i)
+                terms = _batch_terms(info, batch, store, l, item=i)
                 if terms is not None:
                     _add_terms(own[l], terms)
             if all(own.values()):

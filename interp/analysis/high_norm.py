@@ -86,7 +86,7 @@ def high_norm_tokens(model: InterpBridge, data: Any, *, k: float = 5.0, layers: 
     cutoff = {layer: k * hists[layer].lower_median() for layer in layers}
     acc: dict = {"sequences": 0}
 
-    def collect(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def collect(batch: Batch, store: dict) -> None:
         patterns = patterns_of(model, store, [r for r in readers.values() if r is not None])
         real, _ = class_masks(model, batch, store[hooks[layers[0]]].shape[1], store[hooks[layers[0]]].device)
         payload = _payload(model, batch, real, acc["sequences"])
@@ -116,7 +116,7 @@ def _norm_histograms(model: InterpBridge, data: Any, hooks: dict[int, str], max_
     hists: dict[int, AbsHistogram] = {}
     first = next(iter(hooks.values()))
 
-    def count(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def count(batch: Batch, store: dict) -> None:
         real, _ = class_masks(model, batch, store[first].shape[1], store[first].device)
         for layer, name in hooks.items():
             norms = store[name].double().norm(dim=-1)

@@ -44,12 +44,12 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from interp.analysis.scores import _key_mask, score_terms
-from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names, run_until_kept
-from interp.capture import check_fits_dtype
+from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names
+from interp.capture import check_fits_dtype, run_until_kept
 from interp.data.batch import Batch, image_norm, normalise, pil_pixels, square_resize
 from interp.checks import check_count, check_heads, check_layers
-from interp.data import iter_batches, model_inputs, open_data
-from interp.data.iterate import to_batch
+from interp.data import CheckedBatch, check_batch
+from interp.data.iterate import to_batch, unchecked_batches
 from interp.data.sources import data_kind
 from interp.errors import InputError, public
 from interp.fingerprint import data_fingerprint, model_fingerprint
@@ -157,7 +157,7 @@ def one_input_batch(model: InterpBridge, item: Any) -> Batch:
     if isinstance(item, (list, tuple)) and len(item) > 1 and all(isinstance(i, str) for i in item):
         raise _more_than_one(f"a {type(item).__name__} of {len(item)} prompts")
     item = _literal(model, item)
-    batch = _exactly_one(model, iter_batches(model, open_data(model, item)))
+    batch = _exactly_one(model, unchecked_batches(model, item))
     batch.check(info)
     check_fits_dtype(batch, next(model.parameters()).dtype)
     if batch.attention_mask is not None and info.modality == "text" and batch.attention_mask.shape == \
@@ -171,7 +171,7 @@ def one_input_batch(model: InterpBridge, item: Any) -> Batch:
 def _exactly_one(model: InterpBridge, batches: Any) -> Batch:
     """The one batch of one item ``batches`` hold; a second item (in the same batch or a later one) is refused
     without reading further."""
-    first = _literal(model, next(batches))  # iter_batches: an empty source is one clear error; one item un-batched
+    first = _literal(model, next(batches))  # unchecked_batches: an empty source is one clear error; one item un-batched
     vision = model.interp.modality == "vision"
     if not isinstance(first.inputs, Tensor) or first.inputs.ndim < 1:
         return first  # not a batch of tensors: Batch.check says what is wrong
@@ -243,24 +243,22 @@ def resolve_query(model: InterpBridge, query: Any, n_pos: int) -> tuple[str, Opt
 # ----- the forwards ----------------------------------------------------------------------------------------
 
 
-def _intact_store(model: InterpBridge, x: Tensor, kw: dict, layers: Sequence[int]) -> dict[str, Tensor]:
+def _intact_store(model: InterpBridge, batch: CheckedBatch, layers: Sequence[int]) -> dict[str, Tensor]:
     """hook_pattern, hook_q, hook_k, hook_v, hook_z (and hook_cos / hook_sin under rotary) of ``layers``."""
     parts = ("pattern", "q", "k", "v", "z") + (("cos", "sin") if model.interp.rotary else ())
-    store = run_until_kept(model, x, kw, [hook_name(layer, p) for layer in layers for p in parts])
+    store = run_until_kept(model, batch, [hook_name(layer, p) for layer in layers for p in parts])
     patterns_of(model, store, layers)  # a fused attention kernel (no pattern) is refused here, with the fix
     return store
 
 
-def _without_biases(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> dict[str, tuple[Tensor, Tensor]]:
+def _without_biases(model: InterpBridge, batch: CheckedBatch, layer: int) -> dict[str, tuple[Tensor, Tensor]]:
     """Per kind (q, k, v): (pattern [head, q, k], z [pos, head, d_head]) of ``layer`` with that layer's bias
     of that kind zeroed in every head (``bias_patch_hooks`` method "zero", a' = a - b, stacked as three
     variants of one forward), the layers below intact."""
     kinds = ("q", "k", "v")
     groups = [[(layer, h, kind) for h in range(model.interp.heads(kind))] for kind in kinds]
     names = [hook_name(layer, p) for p in ("pattern", "z")]
-    rep = lambda t: t.repeat(len(kinds), *([1] * (t.ndim - 1)))  # noqa: E731
-    store = run_until_kept(model, rep(x), {k: rep(v) for k, v in kw.items()}, names,
-                           stacked_patch_hooks(model, groups, "zero"))
+    store = run_until_kept(model, batch.repeat(len(kinds)), names, stacked_patch_hooks(model, groups, "zero"))
     return {kind: (store[names[0]][i], store[names[1]][i]) for i, kind in enumerate(kinds)}
 
 
@@ -300,16 +298,17 @@ class _Layer:
     real: Bool[Tensor, " query_pos"]  # query rows that attend something
 
 
-def _layer_conditions(model: InterpBridge, x: Tensor, kw: dict, store: dict, layer: int, batch: Batch) -> _Layer:
+def _layer_conditions(model: InterpBridge, batch: CheckedBatch, store: dict, layer: int) -> _Layer:
     """Every condition's pattern and head output at ``layer`` (module doc). The key-prior condition's
     output is z' = A' V (v of the intact forward, kv heads repeated under grouped-query attention)."""
     info = model.interp
     n_pos = store[hook_name(layer, "pattern")].shape[-1]
-    allowed = _key_mask(model, batch, n_pos, x.device, layer)[0, 0]  # with the layer's sliding window
+    device = store[hook_name(layer, "pattern")].device
+    allowed = _key_mask(model, batch, n_pos, device, layer)[0, 0]  # with the layer's sliding window
     pattern = store[hook_name(layer, "pattern")][0].double()
     patterns = {"intact": pattern}
     z = {"intact": store[hook_name(layer, "z")][0].double()}
-    for kind, (p, zk) in _without_biases(model, x, kw, layer).items():
+    for kind, (p, zk) in _without_biases(model, batch, layer).items():
         patterns[f"no_b_{kind}"], z[f"no_b_{kind}"] = p.double(), zk.double()
     kp, without, note = _key_prior_parts(model, store, layer, pattern, allowed)
     if without is not None:
@@ -477,9 +476,9 @@ def single_input(model: InterpBridge, input: Any, *, layer: Any = None, heads: A
     label, rows = _checked_query(model, query, len(positions), len(layers), len(heads))
     run = _float64_copy(model) if float64 else model
     with evaluating(run):
-        x, kw = model_inputs(run, batch)
-        store = _intact_store(run, x, kw, layers)
-        got = [_layer_conditions(run, x, kw, store, lay, batch) for lay in layers]
+        checked = check_batch(run, batch)  # once, on the host: the forwards below skip their own checks
+        store = _intact_store(run, checked, layers)
+        got = [_layer_conditions(run, checked, store, lay) for lay in layers]
     return _assemble(run, model, batch, positions, got, heads, rows, label, top_k)
 
 

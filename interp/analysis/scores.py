@@ -19,17 +19,16 @@ import pandas as pd
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_heads, check_layers
-from interp.capture import stream_batches
-from interp.data import Batch, iter_batches, model_inputs
+from interp.capture import BLOCK_OUTPUTS, OUTPUT, run_until_kept, stream_batches
+from interp.data import Batch
 from interp.errors import InputError, UnsupportedModelError, public
 from interp.heads import attention_weights, kv_group
 from interp.hooks import hook_name, is_block_hook
-from interp.patching import bias_patch_hooks, run_until_kept
-from interp.prefix import record_block_outputs, replay_blocks
+from interp.patching import bias_patch_hooks
+from interp.prefix import replay_blocks
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
 
@@ -207,7 +206,8 @@ def score_decomposition(
     resamples fixed by ``seed``, from per-item sums kept for it: independent of the batching;
     ``interp.bootstrap``), n_batches, pattern_checked (the batches, by index in the data, on which the softmax
     of the four terms was compared with the model's own pattern: ``PATTERN_CHECK_BATCHES``, the first batch;
-    a config flag the audit misses changes every batch alike). Refused (``UnsupportedModelError``, with the reason) where the score is
+    a config flag the audit misses changes every batch alike). Refused (``UnsupportedModelError``, with the reason)
+    where the score is
     not bilinear in content + bias: qk-norm, Gemma 2's soft-capping, OLMo's ``clip_qkv``; and
     whenever the softmax of the four terms is not the model's own pattern (a config flag the
     audit does not know; checked on the first batch). Each layer's rows use its sliding window (Mistral, Qwen2) and its
@@ -238,7 +238,7 @@ def score_decomposition(
         index[0] += 1
         return _decompose_hooks(model, batch, acc, kl_acc, layers, fired, check)
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         if len(fired) != last + 1:
             raise UnsupportedModelError(f"{info.name}: hook_pattern fired for {len(fired)} of {last + 1} "
                                         "layers; the decomposition needs every layer's pattern")
@@ -375,37 +375,30 @@ def _decomposition_table(info: Any, acc: dict, kl_acc: dict, rows_acc: float, la
     return pd.DataFrame(out)
 
 
-def _final_output(out: Any) -> Tensor:
-    return out if isinstance(out, Tensor) else out[0]
+def _invariance_hooks(m: InterpBridge, layer: int) -> tuple[list, list]:
+    """(b_k removed, b_v folded into b_O) at ``layer``: ``bias_patch_hooks`` on every kv head."""
+    heads = range(m.interp.n_kv_heads)
+    return (bias_patch_hooks(m, [(layer, h, "k") for h in heads], "zero"),
+            bias_patch_hooks(m, [(layer, h, "v") for h in heads], "fold"))
 
 
-def _intact(m: InterpBridge, batch: Batch, layers: Sequence[int]) -> tuple:
-    """(input, forward kwargs, intact output, intact pattern per layer, every block's output): one forward
-    serves every layer; the block outputs let a patched forward start at its layer (``interp.prefix``)."""
-    x, kw = model_inputs(m, batch)
-    names = [hook_name(layer, "pattern") for layer in layers]
-    with record_block_outputs(m) as blocks:
-        out, cache = m.run_with_cache(x, names_filter=names, **kw)
-    return x, kw, out, {layer: cache[name] for layer, name in zip(layers, names)}, blocks
-
-
-def _layer_invariances(m: InterpBridge, layer: int, intact: list[tuple]) -> tuple[float, float]:
-    """(max pattern change with b_k removed, max output change with b_v folded into b_O) at ``layer``.
-    Both patched forwards replay the intact blocks below ``layer`` (they compute the same there); the one
-    for the pattern stops at it (nothing after it can change it)."""
-    info = m.interp
-    remove_k = bias_patch_hooks(m, [(layer, h, "k") for h in range(info.n_kv_heads)], "zero")
-    fold_v = bias_patch_hooks(m, [(layer, h, "v") for h in range(info.n_kv_heads)], "fold")
+def _layer_invariances(m: InterpBridge, layer: int, hooks: tuple[list, list], batch: Batch, store: dict,
+                       diffs: dict[int, list[float]]) -> None:
+    """Max pattern change with b_k removed and max output change with b_v folded into b_O at ``layer``
+    (``hooks``: ``_invariance_hooks``), on one batch, taken into ``diffs[layer]``. Both patched forwards replay
+    the intact blocks below ``layer`` (they compute the same there); the one for the pattern stops at it
+    (nothing after it can change it)."""
+    remove_k, fold_v = hooks
     pat = hook_name(layer, "pattern")
-    k_diff, v_diff = 0.0, 0.0
-    for batch, x, kw, base_out, base, blocks in intact:
-        with replay_blocks(m, blocks, layer, 1, x.shape[0]):
-            patched = run_until_kept(m, x, kw, [pat], remove_k)[pat]
-            folded = m.run_with_hooks(x, fwd_hooks=fold_v, **kw)
-        allowed = _key_mask(m, batch, base[layer].shape[-1], base[layer].device, layer)
-        k_diff = max(k_diff, float((patched - base[layer]).abs().masked_fill(~allowed, 0).max()))
-        v_diff = max(v_diff, float((_final_output(folded) - _final_output(base_out)).abs().max()))
-    return k_diff, v_diff
+    base = store[pat]
+    with replay_blocks(m, store[BLOCK_OUTPUTS], layer, 1, batch.inputs.shape[0]):
+        patched = run_until_kept(m, batch, [pat], remove_k)[pat]
+        folded = m.run_with_hooks(batch, fwd_hooks=fold_v)
+    folded = folded if isinstance(folded, Tensor) else folded[0]
+    allowed = _key_mask(m, batch, base.shape[-1], base.device, layer)
+    k_diff = float((patched - base).abs().masked_fill(~allowed, 0).max())
+    v_diff = float((folded - store[OUTPUT]).abs().max())
+    diffs[layer] = [max(diffs[layer][0], k_diff), max(diffs[layer][1], v_diff)]
 
 
 @public
@@ -429,24 +422,27 @@ def bias_invariances(
     if not isinstance(float64, bool):  # a string such as "no" would be truthy
         raise InputError(f"float64 must be True or False; got {float64!r}")
     m = clone_model(model, dtype=torch.float64) if float64 else model
-    batches = list(iter_batches(m, data, max_batches))
-    if not batches:
-        raise InputError("data is empty: no batches to check the invariances on")
     dtype = str(next(m.parameters()).dtype).removeprefix("torch.")
     # HF's eager softmax of some families runs in float32 whatever the model's dtype
     softmax_dtype = "float32" if info.spec.softmax_float32 and dtype == "float64" else dtype
+    diffs = {layer: [0.0, 0.0] for layer in layers}
+    hooks = {layer: _invariance_hooks(m, layer) for layer in layers}
+
+    def consume(batch: Batch, store: dict) -> None:  # the intact forward's patterns, output and block outputs
+        for layer in layers:
+            _layer_invariances(m, layer, hooks[layer], batch, store, diffs)
+
+    n_batches, _ = stream_batches(m, data, max_batches, [hook_name(layer, "pattern") for layer in layers], consume,
+                                  desc="bias invariances", progress=progress, keep_output=True, block_outputs=True)
     rows = []
-    with torch.no_grad():
-        intact = [(batch, *_intact(m, batch, layers)) for batch in batches]
-        for layer in tqdm(layers, desc="bias invariances", disable=not progress):
-            w = attention_weights(m, layer)
-            k_diff, v_diff = _layer_invariances(m, layer, intact)
-            common = dict(layer=layer, rotary=info.rotary, n_batches=len(batches), dtype=dtype,
-                          softmax_dtype=softmax_dtype)
-            rows.append(dict(check="k_bias_pattern", max_abs_diff=k_diff, bias_kind="k",
-                             bias_norm=float(w.b_K.norm()), **common))
-            rows.append(dict(check="v_bias_fold", max_abs_diff=v_diff, bias_kind="v",
-                             bias_norm=float(w.b_V.norm()), **common))
+    for layer in layers:
+        w = attention_weights(m, layer)
+        (k_diff, v_diff), common = diffs[layer], dict(layer=layer, rotary=info.rotary, n_batches=n_batches,
+                                                      dtype=dtype, softmax_dtype=softmax_dtype)
+        rows.append(dict(check="k_bias_pattern", max_abs_diff=k_diff, bias_kind="k",
+                         bias_norm=float(w.b_K.norm()), **common))
+        rows.append(dict(check="v_bias_fold", max_abs_diff=v_diff, bias_kind="v",
+                         bias_norm=float(w.b_V.norm()), **common))
     return pd.DataFrame(rows)[["layer", "check", "max_abs_diff", "bias_kind", "bias_norm", "rotary",
                                "n_batches", "dtype", "softmax_dtype"]]
 

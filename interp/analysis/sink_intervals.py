@@ -26,7 +26,6 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from torch import Tensor
 
 from interp.analysis.sink_parts import SINK_THRESHOLD, check_threshold, stream_batches
 from interp.analysis.sinks import _profile_part
@@ -52,13 +51,13 @@ def sink_profiles_by_item(model: InterpBridge, data: Any, *, threshold: float = 
     template = _profile_part(model, threshold, layers, heads, positions, None)
     items: list[tuple[str, Any, str]] = []  # (key, part, data fingerprint)
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         n = batch.inputs.shape[0]
         for row, key in enumerate(item_keys(batch)):
             one = Batch(*(None if t is None else t[row:row + 1] for t in (batch.inputs, batch.attention_mask,
                                                                          batch.labels)))
             part = _profile_part(model, threshold, layers, heads, positions, None)
-            part.consume(one, {k: v[row:row + 1] if v.shape[0] == n else v for k, v in store.items()}, x, kw)
+            part.consume(one, {k: v[row:row + 1] if v.shape[0] == n else v for k, v in store.items()})
             hasher = DataHasher()
             hasher.update(one)
             seen = {k for k, _, _ in items}

@@ -42,9 +42,8 @@ from interp.errors import InputError, UnsupportedModelError
 from interp.fingerprint import model_fingerprint
 from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.patching import run_until_kept
 
-__all__ = ["Consumer", "evaluating", "run_until_kept", "stream_batches"]  # re-exported: the one capture loop
+__all__ = ["Consumer", "evaluating", "stream_batches"]  # re-exported: the one capture loop
 
 SINK_THRESHOLD = 0.3  # Gu et al. 2024: a head sinks on a position when its mean mass there exceeds 0.3
 SPECIAL_TOKENS = (("cls", "cls_token_id"), ("sep", "sep_token_id"), ("bos", "bos_token_id"))

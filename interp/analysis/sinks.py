@@ -55,9 +55,9 @@ from interp.analysis.sink_parts import (
     SINK_THRESHOLD,
     default_sink_positions,
     prefix_names,
-    run_until_kept,
     stream_batches,
 )
+from interp.capture import run_until_kept
 from interp.checks import as_real, check_heads, check_layers
 from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError, public
@@ -163,11 +163,11 @@ def _pattern_without_key_prior(model: InterpBridge, store: dict, layer: int, bat
     return scores.masked_fill(~allowed, torch.finfo(torch.float64).min).softmax(-1)
 
 
-def _pattern_without_b_q(model: InterpBridge, x: Tensor, kw: dict, layer: int) -> Tensor:
+def _pattern_without_b_q(model: InterpBridge, batch: Batch, layer: int) -> Tensor:
     """``layer``'s pattern in a forward with that layer's b_q zeroed (``bias_patch_hooks``), stopped after it."""
     name = hook_name(layer, "pattern")
     hooks = bias_patch_hooks(model, [(layer, h, "q") for h in range(model.interp.n_heads)], "zero")
-    return run_until_kept(model, x, kw, [name], hooks)[name]  # ends at the pattern: ViT/BERT blocks too
+    return run_until_kept(model, batch, [name], hooks)[name]  # ends at the pattern: ViT/BERT blocks too
 
 
 def _class_sums(pattern: Tensor, real: Tensor, masks: ClassMasks, names: Sequence[str],
@@ -240,18 +240,21 @@ def _profile_part(model: InterpBridge, threshold: Any, layers: Any, heads: Any, 
     def reduce(batch: Batch, pattern: Tensor, layer: int, store: dict) -> None:
         real, masks = seen.classes(batch, pattern.shape[-1], pattern.device)
         allowed = _key_mask(model, batch, pattern.shape[-1], pattern.device, layer)
-        add_sums(acc, (layer, "mass"), _over_heads(pattern, lambda hs: _class_sums(pattern[:, hs], real, masks, names, allowed)))
+        add_sums(acc, (layer, "mass"),
+                 _over_heads(pattern, lambda hs: _class_sums(pattern[:, hs], real, masks, names, allowed)))
         if "key_prior" in removals and has_b_q[layer]:
             without = _pattern_without_key_prior(model, store, layer, batch)
-            add_sums(acc, (layer, "mass_without_key_prior"), _over_heads(without, lambda hs: _class_sums(without[:, hs], real, masks, names)))
+            add_sums(acc, (layer, "mass_without_key_prior"),
+                     _over_heads(without, lambda hs: _class_sums(without[:, hs], real, masks, names)))
             del without
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         real, masks = seen.finish_batch()
         for layer in layers:
             if "b_q" in removals and has_b_q[layer]:
-                pattern = _pattern_without_b_q(model, x, kw, layer)
-                add_sums(acc, (layer, "mass_without_b_q"), _over_heads(pattern, lambda hs: _class_sums(pattern[:, hs], real, masks, names)))
+                pattern = _pattern_without_b_q(model, batch, layer)
+                add_sums(acc, (layer, "mass_without_b_q"),
+                         _over_heads(pattern, lambda hs: _class_sums(pattern[:, hs], real, masks, names)))
 
     kept = [hook_name(layer, p) for layer in layers if has_b_q[layer] for p in ("q", "k", "cos", "sin")
             if "key_prior" in removals and (p in ("q", "k") or info.rotary)]
@@ -430,7 +433,8 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     def at_pattern(batch: Batch, pattern: Tensor, layer: int, store: dict) -> None:
         real, masks = seen.classes(batch, pattern.shape[-1], pattern.device)
         v, gram = store.pop(hook_name(layer, "v"))[:, :, group], grams[layer].to(pattern.device)
-        add_sums(acc, layer, _over_heads(pattern, lambda hs: _sink_sums(pattern[:, hs], v[:, :, hs], real, masks, sink_names, gram[hs])))
+        add_sums(acc, layer, _over_heads(
+            pattern, lambda hs: _sink_sums(pattern[:, hs], v[:, :, hs], real, masks, sink_names, gram[hs])))
 
     def hooks(batch: Batch) -> list:
         def at_z(z: Tensor, hook: Any) -> None:  # before or after the pattern hook, by family (ViT: before)
@@ -442,7 +446,7 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
         return seen.hooks(at_pattern, "pattern", [hook_name(layer, "v") for layer in layers])(batch) + [
             (hook_name(layer, "z"), at_z) for layer in layers]
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         seen.finish_batch()
 
     stop = [hook_name(max(layers), n) for n in ("pattern", "z")]  # the forward ends there: nothing above is read
@@ -575,7 +579,7 @@ def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: A
     ratio_threshold = check_positive(ratio_threshold, "ratio_threshold")
     acc: dict = {"sequences": 0}
 
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         h0 = store[hooks[layers[0]]]
         real, _ = class_masks(model, batch, h0.shape[1], h0.device)
         ids = batch.inputs if info.modality == "text" else torch.full(real.shape, -1)
@@ -623,9 +627,9 @@ class Part:
 def run_parts(model: InterpBridge, data: Any, max_batches: Optional[int], parts: Sequence[Part], desc: str,
               progress: bool) -> list[pd.DataFrame]:
     """One forward per batch serving every part (``stream_batches``); each part's table."""
-    def consume(batch: Batch, store: dict, x: Tensor, kw: dict) -> None:
+    def consume(batch: Batch, store: dict) -> None:
         for part in parts:
-            part.consume(batch, store, x, kw)
+            part.consume(batch, store)
 
     def batch_hooks(batch: Batch) -> list:
         return [hook for part in parts if part.batch_hooks is not None for hook in part.batch_hooks(batch)]

@@ -1,46 +1,36 @@
-"""``Batch``, the unit every analysis consumes, and the image preprocessing shared by the
-built-in photos and a researcher's own images.
+"""``Batch``, the unit every analysis consumes, ``CheckedBatch``, a batch that passed the input checks (both
+defined in ``interp.checks``, below the bridge, whose forward takes them), and the image preprocessing shared
+by the built-in photos and a researcher's own images.
 
 A ``Batch`` holds ``inputs`` (token ids ``[batch, pos]`` or pixel values ``[batch, C, H, W]``),
 ``attention_mask`` (``[batch, pos]``, 1 = real token; None for images) and optional ``labels``.
+
+Validation is decided by type, not by a switch: the bridge's forward checks every input it is given
+(shape, dtype, vocabulary, finiteness, mask), except a ``CheckedBatch`` checked for a model of the same
+input sizes and dtype, whose tensors are unchanged since (their version counters say so). That check would
+synchronise a GPU on every forward; a ``CheckedBatch`` is checked once, on the host. Only ``check_batch``
+makes one, after the checks (``iter_batches`` yields them), and moving or repeating one keeps it checked.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
-from interp.checks import check_model_input
+# the batch types sit below the bridge (its forward takes them): defined in interp.checks, named here too
+from interp.checks import (  # noqa: F401 - re-exported
+    Batch, CheckedBatch, check_batch, check_fits_dtype, check_key, model_inputs, to_device,
+)
 from interp.errors import InputError
 from interp.models.bridge import InterpBridge
-from interp.models.info import ModelInfo
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-@dataclass
-class Batch:
-    inputs: Tensor
-    attention_mask: Optional[Int[Tensor, "batch pos"]] = None
-    labels: Optional[Tensor] = None
-
-    def check(self, info: ModelInfo) -> None:
-        """Reject NaN/inf inputs and malformed shapes before they reach the model."""
-        check_model_input(self.inputs, self.attention_mask, info)
-
-    def to(self, device: Any) -> "Batch":
-        return Batch(
-            self.inputs.to(device),
-            None if self.attention_mask is None else self.attention_mask.to(device),
-            None if self.labels is None else self.labels.to(device),
-        )
 
 
 def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:

@@ -18,40 +18,25 @@ import torch
 from torch import Tensor
 
 from interp.checks import check_max_batches
-from interp.data.batch import Batch
+from interp.data.batch import Batch, CheckedBatch, check_batch, model_inputs, to_device
 from interp.data.builtin import builtin_batches, builtin_options
 from interp.data.sources import DataSource, data_kind, empty_texts_warning, is_dataset, is_image_list, \
     is_path_list, resolve_data
 from interp.errors import InputError, public
 from interp.models.bridge import InterpBridge, require_bridge
 
-__all__ = ["batch_to_device", "check_data_name", "iter_batches", "model_inputs", "open_data", "to_batch", "to_device"]
-
-
-def model_inputs(model: InterpBridge, batch: Batch) -> tuple[Tensor, dict]:
-    """(input, forward kwargs) for ``model``: pixels cast to the model's dtype, or token
-    ids with their attention mask, all on the model's device."""
-    p = next(model.parameters())
-    if model.interp.modality == "vision":
-        return to_device(batch.inputs, p.device).to(p.dtype), {}
-    kw = {} if batch.attention_mask is None else {"attention_mask": to_device(batch.attention_mask, p.device)}
-    ids = batch.inputs if batch.inputs.dtype in (torch.int64, torch.int32) else batch.inputs.long()  # uint8, int16
-    return to_device(ids, p.device), kw
+__all__ = ["batch_to_device", "check_batch", "check_data_name", "iter_batches", "model_inputs", "open_data", "to_batch",
+           "to_device"]
 
 
 def batch_to_device(batch: Batch, device: torch.device) -> Batch:
-    """``batch`` with every tensor on ``device`` (see ``to_device``)."""
+    """``batch`` with every tensor on ``device`` (see ``to_device``); a ``CheckedBatch`` stays checked."""
+    if isinstance(batch, CheckedBatch):
+        return batch.to(device)
+
     def move(t: Optional[Tensor]) -> Optional[Tensor]:
         return None if t is None else to_device(t, device)
     return Batch(move(batch.inputs), move(batch.attention_mask), move(batch.labels))
-
-
-def to_device(t: Tensor, device: torch.device) -> Tensor:
-    """``t`` on ``device``; a host tensor bound for a GPU goes through pinned memory without
-    blocking, so that feeding a batch does not synchronise the host with the device."""
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def to_batch(model: InterpBridge, item: Any) -> Batch:
@@ -204,21 +189,27 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
 
 @public
 def iter_batches(model: InterpBridge, data: Any, max_batches: Optional[int] = None) -> Iterator[Batch]:
-    """``data`` (anything ``open_data`` takes) as batches, at most ``max_batches``.
+    """``data`` (anything ``open_data`` takes) as batches, at most ``max_batches``, each checked for ``model``
+    as it is produced (a ``CheckedBatch``: ``check_batch``; a bad batch is one ``InputError``).
 
     The arguments are checked at once; the batches are produced lazily.
     """
     model = require_bridge(model)
     max_batches = check_max_batches(max_batches)
-    return _batches(model, open_data(model, data), max_batches)
+    return (check_batch(model, batch) for batch in _batches(model, open_data(model, data), max_batches))
+
+
+def unchecked_batches(model: InterpBridge, data: Any) -> Iterator[Batch]:
+    """``data``'s batches as read, not yet checked: for a reader that makes its own batch of what it reads (one
+    input of ``single_input``: a sequence of ids [pos] read as a batch of one) and checks that
+    (``check_batch``)."""
+    return _batches(require_bridge(model), open_data(model, data), None)
 
 
 def _batches(model: InterpBridge, items: Iterable[Any], max_batches: Optional[int]) -> Iterator[Batch]:
     """Each item as a batch; an item that is one empty text (an iterable of texts) is dropped and counted."""
     count, empty = 0, 0
     for item in items:
-        if max_batches is not None and count >= max_batches:
-            break
         if isinstance(item, str) and not item.strip():
             empty += 1
             continue
@@ -226,6 +217,8 @@ def _batches(model: InterpBridge, items: Iterable[Any], max_batches: Optional[in
         empty += dropped
         yield batch
         count += 1
+        if max_batches is not None and count >= max_batches:
+            break  # before reading the next item: a streamed source is read no further than the cap
     if empty:
         warnings.warn(empty_texts_warning(empty), UserWarning, stacklevel=2)
     if count == 0:

@@ -26,7 +26,7 @@ from transformer_lens.model_bridge.sources import build_bridge_config_from_hf, d
 from transformer_lens.model_bridge.sources.transformers_driver import TransformersDriver
 from transformer_lens.utilities import get_tokenizer_with_bos
 
-from interp.checks import check_pixel_values, check_token_ids, checked_on_host
+from interp.checks import Batch, CheckedBatch, check_batch, check_pixel_values, check_token_ids, model_inputs
 from interp.errors import InputError, UnknownSourceError, UnsupportedModelError
 from interp.models.families import Family, adapters
 from interp.models.info import ModelInfo, family_of, model_info
@@ -89,10 +89,17 @@ class InterpBridge(TransformerBridge):
         return self.original_model
 
     def forward(self, input: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+        """The HF forward, after the input checks (``interp.checks``), which every input gets except a
+        ``CheckedBatch`` that holds for this model (checked once on the host by ``check_batch``: the same
+        checks on a GPU tensor would synchronise the host with the device on every forward). An
+        ``interp.Batch`` carries its own attention mask (and is checked here like any input)."""
         info = self.interp
         refuse_active_dropout(self.hf_model)
+        check = True
+        if isinstance(input, Batch):
+            input, kwargs = _batch_forward(self, input, kwargs)
+            check = False  # checked, here or by check_batch
         pixel_values = kwargs.get("pixel_values")
-        check = not checked_on_host()  # record and the sweeps check each batch on the host once
         if info.modality == "vision":
             if check:
                 check_pixel_values(pixel_values if pixel_values is not None else input, info)
@@ -117,6 +124,18 @@ class InterpBridge(TransformerBridge):
         if input is None and "pixel_values" in kwargs:
             input = kwargs.pop("pixel_values")
         return super().run_with_hooks(input, *args, **kwargs)
+
+
+def _batch_forward(model: InterpBridge, batch: Any, kwargs: dict) -> tuple[Any, dict]:
+    """(input, forward kwargs) of an ``interp.Batch``: a ``CheckedBatch`` that holds for ``model`` as it is,
+    any other batch checked here first; on the model's device, pixels in its dtype (``model_inputs``)."""
+    given = [k for k in ("attention_mask", "pixel_values") if kwargs.get(k) is not None]
+    if given:
+        raise InputError(f"a Batch carries its own inputs and attention mask: pass no {' or '.join(given)} with it")
+    if not (isinstance(batch, CheckedBatch) and batch.holds_for(model.interp, next(model.parameters()).dtype)):
+        batch = check_batch(model, batch)
+    x, kw = model_inputs(model, batch)
+    return x, {**kwargs, **kw}
 
 
 class PositionalDriver(TransformersDriver):
