@@ -426,6 +426,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                            device=args.device)
     out = write_comparison(table, Path(args.out), dict(model_sources=args.models, data=args.data))
     print((out / "report.md").read_text())
+    return 0
 
 
 def _cmd_one_input(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ independent resamples of each table's items, and its percentile interval.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -51,19 +52,26 @@ def sink_profiles_by_item(model: InterpBridge, data: Any, *, threshold: float = 
     template = _profile_part(model, threshold, layers, heads, positions, None)
     items: list[tuple[str, Any, str]] = []  # (key, part, data fingerprint)
 
+    # the part reduces inside the forward's hooks (one layer at a time); here the batch's patterns are kept
+    # and each item's own part is driven with its rows of them, in the order the forward would call its hooks
+    pattern_hooks = [name for name, _ in template.batch_hooks(None)]
+
     def consume(batch: Batch, store: dict) -> None:
         n = batch.inputs.shape[0]
         for row, key in enumerate(item_keys(batch)):
             one = Batch(*(None if t is None else t[row:row + 1] for t in (batch.inputs, batch.attention_mask,
                                                                          batch.labels)))
             part = _profile_part(model, threshold, layers, heads, positions, None)
-            part.consume(one, {k: v[row:row + 1] if v.shape[0] == n else v for k, v in store.items()})
+            for name, hook in part.batch_hooks(one):
+                t = store[name]
+                hook(t[row:row + 1] if t.shape[0] == n else t, SimpleNamespace(name=name))
+            part.consume(one, {})
             hasher = DataHasher()
             hasher.update(one)
             seen = {k for k, _, _ in items}
             items.append((key if key not in seen else f"{key}:{len(items)}", part, hasher.hexdigest()))
 
-    stream_batches(model, data, max_batches, template.hooks, consume, desc="sink profile per item", progress=False,
+    stream_batches(model, data, max_batches, pattern_hooks, consume, desc="sink profile per item", progress=False,
                    stop_at_layer=template.blocks)
     if not items:
         raise InputError("sink_profiles_by_item got no items: pass at least one batch")
