@@ -2,9 +2,12 @@
 
     nice python benchmarks/scale.py [--device cpu] [--runs 25m@128,112m@512] [--batch-size 2] [--batches 2]
     python benchmarks/scale.py --device cuda --runs 0.5b@4096,1.5b@4096 --dtype bfloat16 --batch-size 1
-    python benchmarks/scale.py --gpu-check      # `pytest -m cuda`, then 0.5B and 1.5B, bf16, one batch of 4096 tokens
+    python benchmarks/scale.py --gpu-check      # `pytest -m cuda`, 0.5B and 1.5B (bf16, 4096 tokens), then the
+                                                # sink arms of benchmarks/gpu_sinks.py (on the GPU machine: first
+                                                # pip install --no-deps .whl/*.whl -e ., carrying .whl and the corpus)
     python benchmarks/scale.py --dry-run        # everything at a tiny size on CPU in seconds (tests run it)
     python benchmarks/scale.py --fingerprint 0.4b   # model_fingerprint / load_model cost -> fingerprint_<device>.csv
+    nice python benchmarks/scale.py --ablation --label after --runs 25m@128 [--profile]   # -> ablation_<device>.csv
 
 Models are randomly initialised Qwen2 shapes (``SIZES``; q/k/v biases drawn N(0, 0.02^2) so that no pass
 sees zero biases), data are random token ids (seed 0), ``--batches`` batches of ``--batch-size`` sequences
@@ -17,11 +20,24 @@ up to ``--repeats`` times (fewer once it has taken 20 s) and the fastest kept; `
 forward's seconds (compare within one run: machines are noisy). ``peak_mb``: the pass's peak memory above what was held before it (CUDA:
 ``torch.cuda.max_memory_allocated``; CPU: the process's peak resident set, VmHWM, reset through
 /proc/self/clear_refs before each pass). Written to ``docs/results/scale/<device>.csv``.
+
+``--ablation`` (issue 40 item 1): ``ablate_bias(estimate="auto")`` at its defaults against its floor, one row per
+run in ``docs/results/scale/ablation_<device>.csv`` (``--label`` names the code measured, e.g. before / after;
+rows are appended). The floor is what any exact sweep must compute: one forward and backward per batch (the
+one-pass estimate), and for each patched forward it runs exactly (each exact variant and each of its
+``n_control`` matched-control draws, read from the table it returns) the blocks after the patched layer and the
+unembedding: floor = t_fwd_bwd + sum over those forwards of ((L - l) / L) t_blocks + t_head, with t_blocks an HF
+forward of the decoder without its head and t_head the final norm and unembedding alone (all per batch set,
+fastest of ``--repeats``). Columns: forward_s, ablate_s, floor_s, ratio_forward (ablate / forward),
+ratio_floor (ablate / floor), n_patched (forwards the table says ran), forward_peak_mb, ablate_peak_mb and
+memory_ratio (ablate / forward peak). ``--profile``: cProfile of one more ablate pass, top entries by
+cumulative time to ``ablation_profile.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -152,6 +168,90 @@ PASSES: dict[str, tuple[str, Callable]] = {
 }
 
 
+def forward_backward(model, data) -> None:
+    """The one-pass estimate's floor: an HF forward and backward of the next-token loss per batch."""
+    for b in data:
+        out = model.hf_model(input_ids=b.inputs, attention_mask=b.attention_mask, labels=b.inputs)
+        out.loss.backward()
+    model.hf_model.zero_grad(set_to_none=True)
+
+
+def blocks_only(model, data) -> None:
+    with torch.no_grad():
+        for b in data:
+            model.hf_model.model(input_ids=b.inputs, attention_mask=b.attention_mask)
+
+
+def head_only(model, hidden) -> None:
+    with torch.no_grad():
+        for h in hidden:
+            model.hf_model.lm_head(model.hf_model.model.norm(h))
+
+
+def patched_forwards(table: pd.DataFrame, n_layers: int) -> tuple[int, float]:
+    """(patched forwards per batch, their summed share of the blocks (L - l) / L) of an ablate_bias table's exact
+    rows that ran a forward (identity rows did not): each is 1 + n_control forwards starting at its layer."""
+    exact = table[(table.estimate == "exact") & (table.identity.fillna("") == "")]
+    runs = 1 + exact.n_control.fillna(0).astype(int)
+    return int(runs.sum()), float((runs * (n_layers - exact.layer.astype(int)) / n_layers).sum())
+
+
+def ablation_run(size: str, tokens: int, args) -> dict:
+    """One row of the ablation table (module doc)."""
+    dtype = DTYPES[args.dtype]
+    model = build(size, args.device, dtype)
+    data = make_batches(SIZES[size][5], args.batches, args.batch_size, tokens, args.device)
+    plain_forward(model, data[:1])
+    forward_s, forward_peak = measure(plain_forward, model, data, args.device, args.repeats)
+    fwd_bwd_s, _ = measure(forward_backward, model, data, args.device, args.repeats)
+    blocks_s, _ = measure(blocks_only, model, data, args.device, args.repeats)
+    with torch.no_grad():
+        hidden = [model.hf_model.model(input_ids=b.inputs, attention_mask=b.attention_mask).last_hidden_state
+                  for b in data]
+    head_s, _ = measure(head_only, model, hidden, args.device, args.repeats)
+    del hidden
+    result = {}
+
+    def ablate(m, d):
+        result["table"] = interp.ablate_bias(m, d, estimate="auto", progress=False)
+
+    ablate_s, ablate_peak = measure(ablate, model, data, args.device, 1)
+    n_patched, block_share = patched_forwards(result["table"], SIZES[size][1])
+    floor_s = fwd_bwd_s + block_share * blocks_s + n_patched * head_s
+    print("interp from", interp.__file__, flush=True)
+    row = dict(label=args.label, device=args.device, size=size, dtype=args.dtype, batch_size=args.batch_size,
+               tokens=tokens, n_batches=args.batches, forward_s=forward_s, fwd_bwd_s=fwd_bwd_s, blocks_s=blocks_s,
+               head_s=head_s, ablate_s=ablate_s, floor_s=floor_s, n_patched=n_patched,
+               ratio_forward=ablate_s / forward_s, floor_forwards=floor_s / forward_s, ratio_floor=ablate_s / floor_s,
+               forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, memory_ratio=ablate_peak / forward_peak if forward_peak else float("nan"))
+    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.runcall(ablate, model, data)
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+        out = (Path(args.out).parent if args.out else ROOT / "docs" / "results" / "scale") / "ablation_profile.txt"
+        out.write_text(f"# cProfile of ablate_bias(estimate='auto') at {size}@{tokens}, batch {args.batch_size} x "
+                       f"{args.batches}, {args.device}, label {args.label}\n" + text.getvalue())
+        print(f"wrote {out}")
+    return row
+
+
+def ablation_table(args) -> pd.DataFrame:
+    rows = [ablation_run(size, int(tokens), args) for size, tokens in (r.split("@") for r in args.runs.split(","))]
+    frame = pd.DataFrame(rows)
+    out = Path(args.out or ROOT / "docs" / "results" / "scale" / f"ablation_{args.device.split(':')[0]}.csv")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        frame = pd.concat([pd.read_csv(out), frame], ignore_index=True)
+    frame.to_csv(out, index=False, float_format="%.6g")
+    print(f"wrote {out}")
+    return frame
+
+
 def _rss_mb(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -265,7 +365,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--fingerprint", default=None, metavar="SIZE",
                    help="time and memory of model_fingerprint and load_model at SIZE (to fingerprint_<device>.csv)")
     p.add_argument("--profile", default=None, metavar="PASS",
-                   help="cProfile PASS at the first --runs item -> docs/results/scale/PASS_profile.txt")
+                   help="cProfile PASS at the first --runs item -> docs/results/scale/PASS_profile.txt (with --ablation: "
+                        "any PASS, the sweep's profile -> ablation_profile.txt)")
+    p.add_argument("--ablation", action="store_true", help="ablate_bias against its floor -> ablation_<device>.csv")
+    p.add_argument("--label", default="", help="--ablation: the code measured (e.g. before, after)")
     p.add_argument("--dry-run", action="store_true", help="tiny model, 16 tokens, CPU: seconds")
     p.add_argument("--gpu-check", action="store_true", help="pytest -m cuda, then 0.5b and 1.5b at 4096 tokens in bf16")
     args = p.parse_args(argv)
@@ -289,6 +392,8 @@ def main(argv=None) -> pd.DataFrame:
         code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-x", "-m", "cuda", "-p", "no:cacheprovider",
                                 "--tier", "all", str(ROOT / "tests")], cwd=ROOT)
         print(f"pytest -m cuda: exit {code}", flush=True)
+    if args.ablation:
+        return ablation_table(args)
     if args.profile:
         return profile_pass(args.profile, args)
     if args.fingerprint:
@@ -298,7 +403,13 @@ def main(argv=None) -> pd.DataFrame:
         frame.to_csv(out, index=False, float_format="%.6g")
         print(frame.T.to_string())
         return frame
-    return table(args)
+    frame = table(args)
+    if args.gpu_check:  # then findings 4c's sink arms at the size benchmarks/gpu_sinks.py plans (about 4 minutes)
+        pack = Path(os.environ.get("OUT") or ROOT / "out") / "sinks_text_gpu.tar.gz"
+        code = subprocess.call([sys.executable, str(ROOT / "benchmarks" / "gpu_sinks.py"), "--run", "--pack", str(pack)],
+                               cwd=ROOT)
+        print(f"gpu_sinks --run: exit {code}", flush=True)
+    return frame
 
 
 if __name__ == "__main__":

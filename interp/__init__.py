@@ -35,6 +35,7 @@ from interp.errors import public as _public
 # name -> module that defines it: the public API, imported on first use
 _PUBLIC = {
     "ablate_bias": "interp.ablation.sweep", "merge_shards": "interp.ablation.sweep",
+    "SweepOptions": "interp.ablation.options",
     "bias_invariances": "interp.analysis.scores", "score_decomposition": "interp.analysis.scores",
     "cluster_heads": "interp.analysis.frequency", "family_test": "interp.analysis.frequency",
     "frequency_profile": "interp.analysis.frequency", "spread_interval": "interp.analysis.frequency",

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from interp.ablation.options import add_flags
 from interp.types import CLI_ESTIMATES, CLI_SCOPES, DEMO_ESTIMATES, IMPLICIT_KINDS, METHODS, NORMALIZE, QKV
 from interp.types import COMPARE_ANALYSES, COMPARE_MAX_CHARS
 
@@ -233,20 +234,24 @@ def _distributed(device: Optional[str]) -> tuple[int, int, Optional[str]]:
 def _cmd_ablate(args: argparse.Namespace) -> int:
     """Bias ablations; under torchrun each rank runs its share of the variants into
     ``--out/rank{r}`` (its own resumable log) and rank 0 merges them."""
+    import dataclasses
     import itertools
 
     import pandas as pd
     import torch.distributed as dist
 
+    from interp.ablation.options import SweepOptions, flag_values
     from interp.ablation.sweep import ablate_bias, merge_shards
     from interp.data import iter_batches
     from interp.io import record_output, write_table
     from interp.report import begin_outputs
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    rank, world, device = _distributed(args.device)
+    options = SweepOptions(**flag_values(args), method=args.method, shard=(rank, world), max_batches=args.max_batches,
+                           progress=rank == 0)
     # attribution first: it refuses an unfit metric at once, before a long exact sweep
     estimates = ["attribution", "exact"] if args.estimate == "both" else [args.estimate]
-    rank, world, device = _distributed(args.device)
     model = _load(args, device)
     # what the sweep reads (it holds its batches in memory): counted for the manifest
     data = list(itertools.islice(iter_batches(model, _data_source(model, args)), args.max_batches))
@@ -255,11 +260,9 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     if rank == 0:
         begin_outputs(out, "ablate")
     frames = [
-        ablate_bias(model, data, kinds=kinds, scope=args.scope, method=args.method,
-                    metric=args.metric, estimate=est, out=mine, overwrite=args.overwrite and i == 0,
-                    max_batches=args.max_batches, force_exact=args.force_exact, top_k=args.top_k,
-                    shard=(rank, world), progress=rank == 0, layers=args.layers, heads=args.heads,
-                    sample_k=args.sample_k, n_boot=args.n_boot, seed=args.seed, n_control=args.n_control)
+        ablate_bias(model, data, kinds=kinds, scope=args.scope, metric=args.metric, out=mine, layers=args.layers,
+                    heads=args.heads, options=dataclasses.replace(
+                        options, estimate=est, overwrite=args.overwrite and i == 0))
         for i, est in enumerate(estimates)
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first
@@ -668,27 +671,11 @@ def _add_ablate_parser(sub: Any) -> None:
                         "(both) (default: %(default)s; --estimate exact runs every head exactly)")
     p.add_argument("--layers", type=_int_list, default=None, help="comma-separated layers to ablate (default: all)")
     p.add_argument("--heads", type=_int_list, default=None, help="comma-separated heads to ablate (default: all)")
-    p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under --estimate auto "
-                   "(default: %(default)s)")
-    p.add_argument("--sample-k", type=int, default=5, help="heads per kind drawn at random (--seed) and run exactly "
-                   "too under --estimate auto, so estimate and exact are compared off the estimate's own top "
-                   "(default: %(default)s)")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples over items for delta_lo/delta_hi "
-                   "(0: none) (default: %(default)s)")
-    p.add_argument("--n-control", type=int, default=19, help="matched-control draws per exact head: random "
-                   "directions of the method's own displacement norm; control_p <= 0.05 (bias_dependent) needs at "
-                   "least 19; each draw costs a patched forward (0: none) (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="fixes the bootstrap, the random sample, the control's "
-                   "directions and --method random (default: %(default)s)")
+    add_flags(p)  # --stack, --top-k, --sample-k, --n-boot, --n-control, --seed, --force-exact, --overwrite
     p.add_argument("--max-batches", type=int, default=None, help=MAX_BATCHES_HELP)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--out", default="out/ablate", help="output folder, and its resumable sweep log "
                    "(default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start a new sweep log in --out even if it holds results of another run")
-    p.add_argument("--force-exact", action="store_true",
-                   help="run forwards even for variants an identity answers (b_k under non-rotary positions, "
-                        "absent biases, b_v folded); by default their rows say why and skip the forward")
     _add_data_options(p)
     p.set_defaults(func=_cmd_ablate, implicit_kinds=True)
 

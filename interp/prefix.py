@@ -8,8 +8,9 @@ own for the duration of one forward and deletes it afterwards (the class's own f
 never touched), so the model is unchanged outside it.
 
 Cost: an exact per-head sweep over L layers runs on average (L + 1) / 2 layers per variant
-instead of L, and memory holds one block output per layer and batch (L x batch x pos x
-d_model values).
+instead of L; the sweep records one batch's block outputs at a time (L x batch x pos x d_model
+values) and drops them before the next batch (``interp.ablation.sweep._exact``), so the memory does
+not grow with the data.
 """
 
 from __future__ import annotations

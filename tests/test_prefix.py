@@ -48,14 +48,30 @@ def test_replayed_blocks_are_restored_and_skip_their_computation():
         handle.remove()
 
 
-def test_prefix_reuse_over_its_memory_budget_recomputes_and_says_so(monkeypatch):
+def test_prefix_reuse_streams_one_batch_of_block_outputs_at_a_time(monkeypatch):
+    """Issue 40: the block outputs a patched forward replays are recorded per batch and dropped before the next
+    batch's (never held for the whole data set), and the deltas equal recomputing every layer."""
+    import weakref
+    from contextlib import contextmanager
+
     import interp.ablation.sweep as sweep
 
     model = interp.load_model(tiny_hf_model("gpt2", n_layers=3), device="cpu")
-    batches = [tiny_inputs("gpt2", batch=2, seed=s) for s in range(2)]
-    kw = dict(kinds=("q",), estimate="exact", progress=False)
+    batches = [tiny_inputs("gpt2", batch=2, seed=s) for s in range(3)]
+    kw = dict(kinds=("q",), estimate="exact", n_control=1, progress=False)
+    recorded, alive_at_entry = [], []
+    original = sweep.record_block_outputs
+
+    @contextmanager
+    def watched(m):
+        alive_at_entry.append(sum(r() is not None for r in recorded))
+        with original(m) as outputs:
+            yield outputs
+        recorded.extend(weakref.ref(o) for o in outputs if isinstance(o, torch.Tensor))
+
+    monkeypatch.setattr(sweep, "record_block_outputs", watched)
     reused = ablate_bias(model, batches, **kw)
-    monkeypatch.setattr(sweep, "PREFIX_BUDGET", 1)
-    with pytest.warns(UserWarning, match="recomputing every layer"):
-        recomputed = ablate_bias(model, batches, **kw)
-    assert (recomputed.delta - reused.delta).abs().max() <= 1e-6  # float32 model: the same deltas
+    assert len(alive_at_entry) == len(batches) and recorded  # one recording per batch (one round)
+    assert alive_at_entry == [0] * len(batches)  # the previous batch's outputs were gone when the next was recorded
+    full = ablate_bias(model, batches, reuse_prefix=False, **kw)
+    assert (recomputed := (full.delta - reused.delta).abs().max()) <= 1e-6, recomputed

@@ -35,6 +35,21 @@ def test_dry_run_writes_every_pass_with_positive_finite_ratios(tmp_path):
     assert ((ratio - table["ratio"]).abs() <= 1e-5 * ratio).all()  # ratio is seconds over the plain forward's
 
 
+def test_ablation_mode_counts_the_patched_forwards_of_its_floor(tmp_path):
+    """--ablation on the tiny shape: finite ratios, and the floor's patched forwards are those the table ran
+    (each exact row that ran a forward: 1 + n_control of them)."""
+    scale = _scale()
+    out = tmp_path / "ablation_cpu.csv"
+    scale.main(["--ablation", "--runs", "tiny@16", "--batches", "1", "--repeats", "1", "--label", "t", "--out",
+                str(out)])
+    row = pd.read_csv(out).iloc[0]
+    for column in ("forward_s", "ablate_s", "floor_s", "ratio_forward", "ratio_floor", "floor_forwards"):
+        assert math.isfinite(row[column]) and row[column] > 0, column
+    table = pd.DataFrame(dict(estimate=["exact", "exact", "exact", "atp"], identity=["", "b_k cancels", "", ""],
+                              n_control=[19, 19, 0, 0], layer=[0, 1, 1, 0]))
+    assert scale.patched_forwards(table, n_layers=2) == (21, 20 * 2 / 2 + 1 * 1 / 2)
+
+
 def test_unknown_size_is_one_clear_line(tmp_path):
     with pytest.raises(SystemExit, match="unknown size 'huge'"):
         _scale().main(["--runs", "huge@16", "--out", str(tmp_path / "x.csv")])

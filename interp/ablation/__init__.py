@@ -1,12 +1,22 @@
 """Patching biases out at inference time and measuring the task: ``ablate_bias``.
 
 By job: ``variants`` (what one ablation patches), ``metrics`` (what it is measured by),
-``log`` (the resumable sweep log), ``prefix`` (replaying the intact layers below a patch),
-``attribution`` (first-order and AtP* estimates), ``sweep``
-(``ablate_bias`` itself). The hooks are in ``interp.patching``.
+``options`` (``SweepOptions``: every option, declared once), ``log`` (the resumable sweep log), ``prefix``
+(replaying the intact layers below a patch), ``logits`` (next-token metrics a chunk of positions at a time),
+``attribution`` (first-order and AtP* estimates), ``sweep`` (``ablate_bias`` itself). The hooks are in
+``interp.patching``. Names are imported on first use (PEP 562), so the command line reads ``options`` without
+loading torch.
 """
 
-from interp.ablation.sweep import ablate_bias
-from interp.ablation.variants import Variant, make_variants
+import importlib as _importlib
+from typing import Any as _Any
 
-__all__ = ["Variant", "ablate_bias", "make_variants"]
+_WHERE = {"ablate_bias": "interp.ablation.sweep", "SweepOptions": "interp.ablation.options",
+          "Variant": "interp.ablation.variants", "make_variants": "interp.ablation.variants"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _WHERE:
+        return getattr(_importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'interp.ablation' has no attribute {name!r}")

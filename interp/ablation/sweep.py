@@ -4,7 +4,11 @@ Estimates (the ``estimate`` column):
 
 * ``exact``: one patched forward per variant, ``stack`` variants at a time on the batch
   axis; a variant patched from layer l replays the intact layers 0..l-1
-  (``interp.prefix``) instead of recomputing them.
+  (``interp.prefix``) instead of recomputing them. Streamed: per round of variants and per batch, the intact
+  forward is rerun for that batch's block outputs and intact log-probabilities, which every patched forward of
+  the round reads and which are dropped before the next batch; a causal LM's next-token metric and KL are taken
+  from the final hidden states a chunk of real positions at a time (``interp.ablation.logits``), never from every
+  stacked variant's full logits.
 * ``attribution``: first order in the patched activation, one forward and backward per batch.
 * ``atp`` (AtP*): the patched head's pattern recomputed exactly for q and k, linear after it
   (``interp.ablation.attribution``). Task metrics only (a distance metric's gradient is 0).
@@ -55,11 +59,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -73,12 +76,14 @@ from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
-from interp.prefix import first_layer, output_bytes, record_block_outputs, replay_blocks
+from interp.ablation.options import SweepOptions, sweep_options
+from interp.ablation.logits import IntactLogits, head_matches, intact_logits, patched_items
+from interp.hooks import block_hook
+from interp.prefix import first_layer, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
-from interp.analysis.sink_parts import check_positive
 from interp._version import __version__
-from interp.bootstrap import Resampler, check_bootstrap, item_keys
-from interp.checks import check_count, check_frames, check_not_blank
+from interp.bootstrap import Resampler, item_keys
+from interp.checks import check_frames, check_not_blank
 from interp.data import Batch, batch_to_device, iter_batches
 from interp.errors import InputError, public
 from interp.fingerprint import callable_identity, data_fingerprint, hooks_identity, model_fingerprint
@@ -89,90 +94,18 @@ from interp.patching import (Target, bias_patch_hooks, check_method, control_pat
                              repeat_batch, stack_hooks)
 from interp.record import record_qkv
 from interp.stats import QKVStats
-from interp.types import ESTIMATES, METHODS, Estimate, Method
+from interp.types import Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
            "delta_se", "delta_lo", "delta_hi", "displacement_norm", "control_lo", "control_hi", "control_p",
            "n_control", "outside_control", "bias_dependent", "kl", "n_targets", "identity", "exact_because",
            "below_rounding", "model_fingerprint", "data_fingerprint", "options"]
-PREFIX_BUDGET = 2 * 2**30  # bytes of intact block outputs prefix reuse may keep (all batches together)
+ROUND_JOBS = 160  # patched forwards per batch in one round of the exact stage (whole variants; module doc)
 CONTROL_ALPHA = 0.05  # bias_dependent: control_p at most this (needs n_control >= 19)
 NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "delta_lo": float,
            "delta_hi": float, "displacement_norm": float, "control_lo": float, "control_hi": float,
            "control_p": float, "n_control": int, "outside_control": "boolean", "bias_dependent": "boolean", "kl": float,
            "n_targets": int, "below_rounding": bool}
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """Every option of one ``ablate_bias`` call besides the model, data, metric, statistics, output folder and
-    the selection of variants (kinds, scope, layers, heads): typed, checked once here, read by every step.
-
-    How each option reaches the results (``BINDS``; ``tests/ablation/test_sweep.py`` holds every field to one):
-
-    * ``"fingerprint"``: the rows' values depend on it, so it is in the log's fingerprint and in each row's
-      ``options`` column: a resume or a ``merge_shards`` under another value is refused (``n_projections`` only
-      with a distance metric, whose atp_distance rows it changes; ``shard`` only in the log: ranks differ by it);
-    * ``"key"``: in each row's key and columns (method, estimate; positions and thresholds for the implicit
-      kinds, in ``options`` too): a resume under another value runs its own rows, never reuses these;
-    * ``"none"``: how the same rows are computed or which of them run (stacking, prefix reuse, the progress
-      bar, which variants "auto" runs exactly): no row's value depends on it.
-    """
-
-    method: Method = "zero"
-    estimate: Estimate = "auto"
-    max_batches: Optional[int] = None
-    stack: int = 8
-    force_exact: bool = False
-    reuse_prefix: bool = True
-    top_k: int = 5
-    sample_k: int = 5
-    n_projections: int = 8
-    n_boot: int = 1000
-    n_control: int = 19
-    seed: int = 0
-    shard: tuple[int, int] = (0, 1)
-    progress: bool = True
-    overwrite: bool = False
-    positions: Any = None  # sink_v's position classes, resolved against the model by ``check_implicit``
-    abs_threshold: float = 100.0
-    ratio_threshold: float = 1000.0
-
-    BINDS: ClassVar[dict[str, str]] = {
-        "method": "key", "estimate": "key", "max_batches": "fingerprint", "stack": "none", "force_exact": "none",
-        "reuse_prefix": "none", "top_k": "none", "sample_k": "none", "n_projections": "fingerprint",
-        "n_boot": "fingerprint", "n_control": "fingerprint", "seed": "fingerprint", "shard": "fingerprint",
-        "progress": "none",
-        "overwrite": "none", "positions": "key", "abs_threshold": "key", "ratio_threshold": "key"}
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise InputError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
-        if self.estimate not in ESTIMATES:
-            raise InputError(f"estimate must be one of {', '.join(ESTIMATES)}; got {self.estimate!r}")
-        if isinstance(self.n_projections, bool) or not isinstance(self.n_projections, int) or self.n_projections < 1:
-            raise InputError(f"n_projections must be >= 1 (random projections of the features); got "
-                             f"{self.n_projections!r}")
-        n_boot, seed = check_bootstrap(self.n_boot, self.seed)
-        checked = dict(top_k=check_count("top_k", self.top_k, minimum=0), stack=check_count("stack", self.stack),
-                       sample_k=check_count("sample_k", self.sample_k, minimum=0), n_boot=n_boot, seed=seed,
-                       n_control=check_count("n_control", self.n_control, minimum=0),
-                       n_projections=int(self.n_projections), shard=check_shard(self.shard),
-                       abs_threshold=check_positive(self.abs_threshold, "abs_threshold"),
-                       ratio_threshold=check_positive(self.ratio_threshold, "ratio_threshold"),
-                       force_exact=bool(self.force_exact), reuse_prefix=bool(self.reuse_prefix),
-                       progress=bool(self.progress), overwrite=bool(self.overwrite))
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
-
-    def fingerprint(self, distance: bool) -> dict:
-        """The options bound into the log's fingerprint ("fingerprint" in ``BINDS``)."""
-        bound = dict(max_batches=self.max_batches, n_boot=self.n_boot, n_control=self.n_control, seed=self.seed)
-        if distance:
-            bound["n_projections"] = self.n_projections
-        if self.shard[1] > 1:
-            bound["shard"] = f"{self.shard[0]}/{self.shard[1]}"
-        return bound
 
 
 @dataclass
@@ -190,7 +123,7 @@ class _Run:
     baseline: float
     kl_weights: list[float] = field(default_factory=list)  # per batch: the units its KL averages over
     fingerprint: dict = field(default_factory=dict)
-    block_outputs: list[list[Any]] = field(default_factory=list)  # per batch, per layer (prefix reuse)
+    split_head: bool = False  # next-token metrics from final hidden states, chunked (interp.ablation.logits)
     base_sums: Optional[Tensor] = None  # the intact metric's per-item sums, all batches in order
     weights_per_item: list[float] = field(default_factory=list)  # and each item's count (tokens or 1)
     implicit: Optional[ImplicitSites] = None  # what sink_v / massive variants patch (interp.ablation.implicit)
@@ -255,24 +188,27 @@ def _check_estimate(estimate: str, name: str, batches: list[Batch]) -> None:
                          f"{name!r} is not one: use estimate='atp' (or 'auto')")
 
 
-def _run_intact(run: _Run, reuse_prefix: bool) -> None:
-    """The intact forward of every batch: references, baseline and (prefix reuse) block outputs."""
+def _run_intact(run: _Run) -> None:
+    """The intact forward of every batch: references and baseline. The references keep what the one-pass
+    estimates and distance metrics compare against (features, embeddings), never a batch's full output: the exact
+    stage recomputes the intact run per batch as it streams (``_exact``)."""
     values = []
+    next_token = run.metric_name == "next_token_ce" and not run.need_hidden
     with torch.no_grad():
         for batch in run.batches:
-            with record_block_outputs(run.model) if reuse_prefix else nullcontext([]) as outputs:
-                out, hidden = metrics.run_forward(run.model, batch, [], run.need_hidden)
-            kept = output_bytes(outputs) * len(run.batches)
-            if reuse_prefix and not run.block_outputs and kept > PREFIX_BUDGET:
-                warnings.warn(f"prefix reuse would keep {kept / 2**20:.0f} MiB of block outputs (budget "
-                              f"{PREFIX_BUDGET / 2**20:.0f} MiB): recomputing every layer instead; pass fewer or "
-                              "smaller batches to reuse the prefix", UserWarning, stacklevel=4)
-                reuse_prefix = False
-            if reuse_prefix:
-                run.block_outputs.append(outputs)
-            run.refs.append(metrics.reference(out, hidden, batch))
-            values.append(run.items(out, hidden, run.refs[-1], batch))
+            kept: dict[str, Tensor] = {}
+            grab = [(block_hook(run.model.interp.n_layers - 1, "hook_out"), lambda t, hook: kept.update(h=t))]
+            out, hidden = metrics.run_forward(run.model, batch, grab if next_token and not run.refs else [],
+                                              run.need_hidden)
+            if "h" in kept:  # once per sweep: does the final norm and unembedding alone give the forward's logits?
+                run.split_head = head_matches(run.model, kept.pop("h"), out)
+            ref = metrics.reference(out, hidden, batch)
+            values.append(run.items(out, hidden, ref, batch))
+            ref.pop("output")
+            ref["features"] = ref["features"].clone()  # not a view that keeps the whole output alive
+            run.refs.append(ref)
             run.kl_weights.append(metrics.kl_weight(run.model, batch))
+            del out, hidden
     sums, counts = (torch.cat([v[i].detach() for v in values]) for i in (0, 1))
     run.base_sums, run.weights_per_item = sums, counts.tolist()
     run.weights = [float(v[1].sum()) for v in values]
@@ -301,7 +237,7 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, opts: Sweep
     _check_estimate(opts.estimate, name, batches)
     metrics.check_labels(model, name, host)  # on the host, once
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], 0.0, [], 0.0)
-    _run_intact(run, opts.reuse_prefix and opts.estimate in ("exact", "auto"))
+    _run_intact(run)
     keys = [item_keys(b) for b in host]
     units = [k for ks in keys for k in ks]
     if len(units) != len(run.base_sums):  # a callable metric that returns one scalar per batch: resample batches
@@ -379,16 +315,6 @@ def _groups(todo: list[Variant], stack: int, reuse_prefix: bool) -> list[tuple[i
             for i in range(0, len(group), stack)]
 
 
-def _patched_forward(run: _Run, index: int, n: int, start: int, hooks: list) -> tuple[Tensor, Optional[Tensor]]:
-    batch = run.batches[index]
-    if run.implicit is not None:
-        run.implicit.index = index  # the implicit hooks read this batch's sink and real-token masks
-    replay = (replay_blocks(run.model, run.block_outputs[index], start, n, batch.inputs.shape[0])
-              if start else nullcontext())
-    with replay:
-        return metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden)
-
-
 @dataclass(frozen=True)
 class _Job:
     """One patched forward of the exact stage: a variant itself (``draw`` -1) or a draw of its matched control."""
@@ -421,51 +347,113 @@ def _job_hooks(run: _Run, group: list[_Job], stats: Optional[QKVStats], opts: Sw
     return stack_hooks(per_job) + stacked_implicit_hooks(run.implicit, implicit, opts.method)
 
 
-def _run_group(run: _Run, group: list[_Job], start: int, hooks: list) -> list[tuple[list[Tensor], list]]:
-    """Per job: (per-batch per-item metric sums, per-batch KL from the intact run; None for control draws)."""
-    n = len(group)
-    vals: list[list[Tensor]] = [[] for _ in group]
-    kls: list[list] = [[] for _ in group]
-    for index, (batch, ref) in enumerate(zip(run.batches, run.refs)):
-        out, hidden = _patched_forward(run, index, n, start, hooks)
-        hiddens = hidden.chunk(n) if hidden is not None else [None] * n
-        for i, (o, h) in enumerate(zip(out.chunk(n), hiddens)):
-            vals[i].append(run.items(o, h, ref, batch)[0].detach())  # on the device: no sync per batch
-            logits = group[i].draw < 0 and not run.need_hidden  # a hidden-state metric's forward has no logits
-            kls[i].append(metrics.kl_from_intact(run.model, ref["output"], o, batch) if logits else None)
-    return list(zip(vals, kls))
+@dataclass
+class _Intact:
+    """One batch's intact run, recomputed per round of the exact stage and dropped after it (streamed)."""
+
+    outputs: list[Any]  # per layer, what the block returned (prefix reuse); empty without
+    logits: Optional[IntactLogits] = None  # the intact next-token log-probabilities (split head)
+    output: Optional[Tensor] = None  # the intact output, for the KL without a split head
+
+
+def _intact_batch(run: _Run, index: int, record: bool, logits: bool) -> _Intact:
+    """The intact forward of batch ``index``: its block outputs if ``record``, and (``logits``) what the KL from
+    the intact run needs: its log-probabilities at the real positions (split head) or its output."""
+    batch = run.batches[index]
+    with record_block_outputs(run.model) if record else nullcontext([]) as outputs:
+        if record or logits:
+            out, _ = metrics.run_forward(run.model, batch, [], run.need_hidden or run.split_head)
+    if not logits:
+        return _Intact(outputs)
+    if run.split_head:
+        return _Intact(outputs, logits=intact_logits(run.model, out, batch))
+    return _Intact(outputs, output=out)
+
+
+def _run_group(run: _Run, index: int, intact: _Intact, group: list[_Job], start: int,
+               hooks: list) -> list[tuple[Tensor, Optional[Tensor]]]:
+    """Per job of one stacked forward on batch ``index``: (per-item metric sums, KL from the intact run; None for
+    control draws and without logits), on the device (no host sync)."""
+    batch, n = run.batches[index], len(group)
+    if run.implicit is not None:
+        run.implicit.index = index  # the implicit hooks read this batch's sink and real-token masks
+    replay = (replay_blocks(run.model, intact.outputs, start, n, batch.inputs.shape[0])
+              if start and intact.outputs else nullcontext())
+    with replay:
+        out, hidden = metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden or run.split_head)
+    results = []
+    hiddens = hidden.chunk(n) if hidden is not None else [None] * n
+    for job, o, h in zip(group, out.chunk(n), hiddens):
+        kl = job.draw < 0 and not run.need_hidden  # a hidden-state metric's forward has no logits
+        if run.split_head:
+            results.append(patched_items(run.model, o, intact.logits, kl))
+        else:
+            results.append((run.items(o, h, run.refs[index], batch)[0].detach(),
+                            metrics.kl_from_intact(run.model, intact.output, o, batch) if kl else None))
+    return results
+
+
+def _rounds(jobs: list[_Job]) -> list[list[_Job]]:
+    """The exact stage's jobs in rounds of whole variants (a variant's draws follow it), each at least
+    ``ROUND_JOBS`` jobs but the last: a round streams every batch once (one intact forward per batch and round)."""
+    rounds: list[list[_Job]] = [[]]
+    for job in jobs:
+        if job.draw < 0 and len(rounds[-1]) >= ROUND_JOBS:
+            rounds.append([])
+        rounds[-1].append(job)
+    return [r for r in rounds if r]
 
 
 def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats], log: ResultLog,
            opts: SweepOptions) -> None:
     """Each variant's patched forwards and its matched control's (``n_control`` draws), stacked ``stack`` at a
-    time; a variant's row is logged as soon as all of its forwards are done."""
+    time. Streamed: per round of variants (``_rounds``), per batch, the intact forward is rerun to record the
+    block outputs the patched forwards replay (prefix reuse) and the intact log-probabilities the KL reads, every
+    stacked forward of the round runs on that batch, and both are dropped before the next batch; a round's rows are
+    logged as soon as it is done."""
     method = opts.method
     draws = {v: opts.n_control if _has_control(v, method) else 0 for v in todo}
     jobs = [_Job(v, d) for v in todo for d in range(-1, draws[v])]
-    left = dict(draws)
-    done: dict[Variant, dict] = {v: dict(controls=[]) for v in todo}
     units = sum(run.weights_per_item)  # the metric's units over all batches: a control's mean is its sums over them
-    bar = tqdm(total=len(jobs), desc=f"ablate {method} (exact, with {opts.n_control} control draws)",
-               disable=not opts.progress, unit="forward")
+    bar = tqdm(total=len(jobs) * len(run.batches), disable=not opts.progress, unit="forward",
+               desc=f"ablate {method} (exact, with {opts.n_control} control draws)")
+    logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
     with torch.no_grad():
-        for start, group in _groups(jobs, opts.stack, bool(run.block_outputs)):
-            for job, (vv, kk) in zip(group, _run_group(run, group, start, _job_hooks(run, group, stats, opts))):
-                sums = torch.cat(vv)
-                if job.draw < 0:
-                    kl = float("nan") if kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
-                    done[job.var].update(result=run.ablated_and_se(sums), kl=kl)
-                else:
-                    done[job.var]["controls"].append(float(sums.sum() / units) - run.baseline)
-                    left[job.var] -= 1
-            for var in dict.fromkeys(job.var for job in group):  # one host sync per group of stacked forwards
-                if left[var] == 0 and "result" in done[var]:
-                    ablated, *spread = done[var].pop("result")
-                    log.add(_row(var, keys[var], method, "exact", run, ablated, done[var]["kl"],
-                                 spread=tuple(spread), controls=done[var]["controls"] if draws[var] else None,
-                                 displacement=_displacement(run, var, stats, opts)))
-            bar.update(len(group))
+        for round_jobs in _rounds(jobs):
+            groups = _groups(round_jobs, opts.stack, opts.reuse_prefix)
+            hooks = [_job_hooks(run, group, stats, opts) for _, group in groups]
+            record = opts.reuse_prefix and any(start for start, _ in groups)
+            sums: dict[_Job, list[Tensor]] = {job: [] for job in round_jobs}
+            kls: dict[_Job, list[Optional[Tensor]]] = {job: [] for job in round_jobs}
+            for index in range(len(run.batches)):
+                intact = _intact_batch(run, index, record, logits)
+                for (start, group), group_hooks in zip(groups, hooks):
+                    for job, (s, kl) in zip(group, _run_group(run, index, intact, group, start, group_hooks)):
+                        sums[job].append(s)
+                        kls[job].append(kl)
+                    bar.update(len(group))
+                del intact
+            _log_round(run, round_jobs, sums, kls, units, draws, keys, stats, log, opts)  # one host sync per round
     bar.close()
+
+
+def _log_round(run: _Run, jobs: list[_Job], sums: dict, kls: dict, units: float, draws: dict, keys: dict,
+               stats: Optional[QKVStats], log: ResultLog, opts: SweepOptions) -> None:
+    """The rows of a round's variants: each variant's own forward's result and its control draws' deltas."""
+    controls: dict[Variant, list[float]] = {}
+    for job in jobs:
+        if job.draw >= 0:
+            controls.setdefault(job.var, []).append(float(torch.cat(sums[job]).sum() / units) - run.baseline)
+    for job in jobs:
+        if job.draw >= 0:
+            continue
+        var = job.var
+        kk = kls[job]
+        kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
+        ablated, *spread = run.ablated_and_se(torch.cat(sums[job]))
+        log.add(_row(var, keys[var], opts.method, "exact", run, ablated, kl, spread=tuple(spread),
+                     controls=controls.get(var, []) if draws[var] else None,
+                     displacement=_displacement(run, var, stats, opts)))
 
 
 def _displacement(run: _Run, var: Variant, stats: Optional[QKVStats], opts: SweepOptions) -> float:
@@ -587,16 +575,6 @@ def _sweep_all(run: _Run, variants: list[Variant], stats: Optional[QKVStats], lo
     return pd.concat(frames, ignore_index=True)
 
 
-def check_shard(shard: Any) -> tuple[int, int]:
-    try:
-        rank, world = (int(x) for x in shard)
-    except (TypeError, ValueError):
-        raise InputError(f"shard must be (rank, world), e.g. (0, 2); got {shard!r}") from None
-    if world < 1 or not 0 <= rank < world:
-        raise InputError(f"shard must be (rank, world) with 0 <= rank < world; got {shard!r}")
-    return rank, world
-
-
 def _refuse_repeated_exact_rows(frames: Sequence[pd.DataFrame], key: list[str]) -> None:
     """Ranks run disjoint shares of the exact variants (only the one-pass estimate of "auto" is on every rank),
     so an exact row in two frames means one rank's table given twice (the merge would silently lack the
@@ -664,20 +642,15 @@ def ablate_bias(
     data: Any,
     kinds: Sequence[str] = ("q", "k", "v"),
     scope: Union[str, Iterable[Target]] = "head",
-    method: Method = "zero",
+    method: Optional[Method] = None,
     metric: Union[str, Callable] = "auto",
-    estimate: Estimate = "auto",
+    estimate: Optional[Estimate] = None,
     *,
     stats: Optional[QKVStats] = None,
     out: Optional[Union[str, Path]] = None,
-    overwrite: bool = False,
-    max_batches: Optional[int] = None,
-    stack: int = 8, force_exact: bool = False, reuse_prefix: bool = True,
-    top_k: int = 5, n_projections: int = 8,
-    shard: tuple[int, int] = (0, 1), progress: bool = True,
     layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
-    positions: Any = None, abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
-    sample_k: int = 5, n_boot: int = 1000, seed: int = 0, n_control: int = 19,
+    options: Optional[SweepOptions] = None,
+    **option_keywords: Any,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
 
@@ -689,9 +662,10 @@ def ablate_bias(
     NaN under embedding_cosine, whose forward stops at the last block), n_targets, identity, exact_because,
     below_rounding (float16/bfloat16: |delta| < eps(dtype) x |baseline|), model_fingerprint, data_fingerprint,
     options (JSON: what the row depends on besides model, data and variant; ``SweepOptions``): see the module doc
-    for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``seed`` and ``method="random"``. ``method``,
-    ``estimate`` and every keyword after them but ``stats``, ``out``, ``layers`` and ``heads`` are the fields of
-    ``SweepOptions``, checked once.
+    for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``seed`` and ``method="random"``.
+    Options: ``options=SweepOptions(...)`` (``interp.ablation.options``: every field, its default, how it binds the
+    results), or its fields as keywords (``method`` and ``estimate`` also by position; None: the default), or both
+    when they agree: a keyword that differs from ``options`` is refused, as is a name that is no field.
     ``metric`` is "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine, feature_cosine,
     or a callable ``f(output, batch) -> scalar tensor``.
     ``estimate``: see the module doc. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
@@ -707,11 +681,8 @@ def ablate_bias(
     """
     model = require_bridge(model, "ablate_bias")
     check_not_blank("out", out)
-    opts = SweepOptions(method=method, estimate=estimate, max_batches=max_batches, stack=stack,
-                        force_exact=force_exact, reuse_prefix=reuse_prefix, top_k=top_k, sample_k=sample_k,
-                        n_projections=n_projections, n_boot=n_boot, seed=seed, shard=shard, progress=progress,
-                        overwrite=overwrite, positions=positions, abs_threshold=abs_threshold,
-                        ratio_threshold=ratio_threshold, n_control=n_control)
+    given = {k: v for k, v in dict(method=method, estimate=estimate).items() if v is not None}
+    opts = sweep_options(options, **given, **option_keywords)
     return _ablate(model, data, make_variants(model.interp, kinds, scope, layers, heads), metric, stats, out, opts)
 
 

@@ -234,7 +234,7 @@ CHANGED = {  # a fingerprint-bound option -> (keywords of the first run, the cha
 }
 
 
-def test_every_keyword_of_ablate_bias_is_one_checked_option_that_says_how_it_binds():
+def test_every_option_of_ablate_bias_is_one_checked_field_that_says_how_it_binds():
     import dataclasses
     import inspect
 
@@ -242,13 +242,17 @@ def test_every_keyword_of_ablate_bias_is_one_checked_option_that_says_how_it_bin
 
     params = inspect.signature(ablate_bias).parameters
     fields = {f.name: f.default for f in dataclasses.fields(SweepOptions)}
-    assert set(params) - SELECTION == set(fields) == set(SweepOptions.BINDS)
-    assert {name: params[name].default for name in fields} == fields  # one default, not two
+    # the selection, method and estimate by position (None: the field's default), options, and the rest as **keywords
+    assert set(params) == SELECTION | {"method", "estimate", "options", "option_keywords"}
+    assert params["method"].default is None and params["estimate"].default is None
+    assert set(fields) == set(SweepOptions.BINDS)
     assert set(SweepOptions.BINDS.values()) == {"fingerprint", "key", "none"}
     assert {n for n, how in SweepOptions.BINDS.items() if how == "fingerprint"} == set(CHANGED)
     options = SweepOptions(stack=2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.stack = 3
+    # the fingerprint holds exactly the "fingerprint" fields (n_projections with a distance metric, shard when sharded)
+    assert set(SweepOptions(shard=(0, 2)).fingerprint(distance=True)) == set(CHANGED)
 
 
 @pytest.mark.parametrize("name", sorted(CHANGED))

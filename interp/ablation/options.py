@@ -1,0 +1,180 @@
+"""``SweepOptions``: every option of one ``ablate_bias`` call, each declared once (default, how it binds the
+results, its check, its help and whether ``interp ablate`` has a flag for it).
+
+This module imports neither torch nor the sweep, so the command line builds its flags from the same declaration
+(``add_flags``) while ``interp --help`` stays fast; the checks import what they need when an object is made.
+
+How each option reaches the results (``bind``; ``SweepOptions.BINDS``):
+
+* ``"fingerprint"``: the rows' values depend on it, so it is in the log's fingerprint and in each row's
+  ``options`` column: a resume or a ``merge_shards`` under another value is refused (``n_projections`` only
+  with a distance metric, whose atp_distance rows it changes; ``shard`` only in the log: ranks differ by it);
+* ``"key"``: in each row's key and columns (method, estimate; positions and thresholds for the implicit
+  kinds, in ``options`` too): a resume under another value runs its own rows, never reuses these;
+* ``"none"``: how the same rows are computed or which of them run (stacking, prefix reuse, the progress
+  bar, which variants "auto" runs exactly): no row's value depends on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional
+
+from interp.errors import InputError
+from interp.types import ESTIMATES, METHODS, Estimate, Method
+
+
+def _member(choices: tuple) -> Callable[[str, Any], Any]:
+    def check(name: str, value: Any) -> Any:
+        if value not in choices:
+            raise InputError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        return value
+    return check
+
+
+def _count(minimum: int) -> Callable[[str, Any], int]:
+    def check(name: str, value: Any) -> int:
+        from interp.checks import check_count
+        return check_count(name, value, minimum=minimum)
+    return check
+
+
+def _positive(name: str, value: Any) -> float:
+    from interp.analysis.sink_parts import check_positive
+    return check_positive(value, name)
+
+
+def _projections(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"n_projections must be >= 1 (random projections of the features); got {value!r}")
+    return int(value)
+
+
+def _shard(name: str, value: Any) -> tuple[int, int]:
+    try:
+        rank, world = (int(x) for x in value)
+    except (TypeError, ValueError):
+        raise InputError(f"shard must be (rank, world), e.g. (0, 2); got {value!r}") from None
+    if world < 1 or not 0 <= rank < world:
+        raise InputError(f"shard must be (rank, world) with 0 <= rank < world; got {value!r}")
+    return rank, world
+
+
+def _flag(name: str, value: Any) -> bool:
+    return bool(value)
+
+
+def option(default: Any, bind: str, help: str, check: Optional[Callable[[str, Any], Any]] = None,
+           flag: bool = False, only: Optional[str] = None) -> Any:
+    """One option's declaration: its default, how it binds the results (module doc), its help (the command line's
+    and the docs'), its check (``check(name, value)`` returns the value to keep or raises ``InputError``), whether
+    ``interp ablate`` has a flag for it, and ``only``: "distance" / "sharded" where the fingerprint holds it only
+    under a distance metric / more than one rank."""
+    return field(default=default, metadata=dict(bind=bind, help=help, check=check, flag=flag, only=only))
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """Every option of one ``ablate_bias`` call besides the model, data, metric, statistics, output folder and
+    the selection of variants (kinds, scope, layers, heads): typed, checked once here, read by every step
+    (each field's declaration: ``option``; the module doc says what ``bind`` means)."""
+
+    method: Method = option("zero", "key", "zero | mean | layer_mean | fold | random (interp.patching)",
+                            _member(METHODS))
+    estimate: Estimate = option("auto", "key", "exact | attribution | atp | atp_distance | auto",
+                                _member(ESTIMATES))
+    max_batches: Optional[int] = option(None, "fingerprint", "batches of the data read (None: all)")
+    stack: int = option(8, "none", "variants stacked on the batch axis of one patched forward", _count(1), flag=True)
+    force_exact: bool = option(False, "none", "run forwards even for variants an identity answers (b_k under "
+                               "non-rotary positions, absent biases, b_v folded); by default their rows say why and "
+                               "skip the forward", _flag, flag=True)
+    reuse_prefix: bool = option(True, "none", "replay the intact layers below a patch instead of recomputing them",
+                                _flag)
+    top_k: int = option(5, "none", "heads per kind run exactly under estimate auto", _count(0), flag=True)
+    sample_k: int = option(5, "none", "heads per kind drawn at random (seed) and run exactly too under estimate "
+                           "auto, so estimate and exact are compared off the estimate's own top", _count(0), flag=True)
+    n_projections: int = option(8, "fingerprint", "random projections of atp_distance's second-order estimate",
+                                _projections, only="distance")
+    n_boot: int = option(1000, "fingerprint", "bootstrap resamples over items for delta_lo/delta_hi (0: none)",
+                         flag=True)
+    n_control: int = option(19, "fingerprint", "matched-control draws per exact head: random directions of the "
+                            "method's own displacement norm; control_p <= 0.05 (bias_dependent) needs at least 19; "
+                            "each draw costs a patched forward (0: none)", _count(0), flag=True)
+    seed: int = option(0, "fingerprint", "fixes the bootstrap, the random sample, the control's directions and "
+                       "method random", flag=True)
+    shard: tuple[int, int] = option((0, 1), "fingerprint", "(rank, world): this process runs every world-th variant",
+                                    _shard, only="sharded")
+    progress: bool = option(True, "none", "a progress bar", _flag)
+    overwrite: bool = option(False, "none", "start a new sweep log in out even if it holds results of another run",
+                             _flag, flag=True)
+    positions: Any = option(None, "key", "sink_v's position classes (resolved against the model by "
+                            "interp.ablation.implicit.check_implicit)")
+    abs_threshold: float = option(100.0, "key", "massive: residual entries past this absolute value", _positive)
+    ratio_threshold: float = option(1000.0, "key", "massive: and past this multiple of the median", _positive)
+
+    BINDS: ClassVar[dict[str, str]]  # field -> "fingerprint" | "key" | "none", from the declarations
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.metadata["check"] is not None:
+                object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        from interp.bootstrap import check_bootstrap
+        n_boot, seed = check_bootstrap(self.n_boot, self.seed)
+        object.__setattr__(self, "n_boot", n_boot)
+        object.__setattr__(self, "seed", seed)
+
+    def fingerprint(self, distance: bool) -> dict:
+        """The options bound into the log's fingerprint ("fingerprint" in ``BINDS``; ``only`` says when)."""
+        bound = {}
+        for f in dataclasses.fields(self):
+            only = f.metadata["only"]
+            if f.metadata["bind"] != "fingerprint" or (only == "distance" and not distance) or (
+                    only == "sharded" and self.shard[1] == 1):
+                continue
+            bound[f.name] = f"{self.shard[0]}/{self.shard[1]}" if only == "sharded" else getattr(self, f.name)
+        return bound
+
+
+SweepOptions.BINDS = {f.name: f.metadata["bind"] for f in dataclasses.fields(SweepOptions)}
+OPTION_NAMES = tuple(SweepOptions.BINDS)
+
+
+def sweep_options(options: Optional[SweepOptions], function: str = "ablate_bias", **given: Any) -> SweepOptions:
+    """``options`` with the keywords ``given`` (option names only), or one ``InputError``: an unknown keyword, an
+    ``options`` that is not a ``SweepOptions``, or a keyword whose value differs from the one ``options`` holds."""
+    unknown = sorted(set(given) - set(OPTION_NAMES))
+    if unknown:
+        raise InputError(f"{function} got unknown keyword(s) {', '.join(unknown)}; its options are the fields of "
+                         f"SweepOptions: {', '.join(OPTION_NAMES)}")
+    if options is None:
+        return SweepOptions(**given)
+    if not isinstance(options, SweepOptions):
+        raise InputError(f"{function}(options=...) takes an interp.ablation.options.SweepOptions; got "
+                         f"{type(options).__name__}")
+    checked = SweepOptions(**{**{n: getattr(options, n) for n in OPTION_NAMES}, **given})  # the keywords checked
+    differ = [n for n in given if getattr(checked, n) != getattr(options, n)]
+    if differ:
+        details = "; ".join(f"{n}={getattr(checked, n)!r} vs options.{n}={getattr(options, n)!r}" for n in differ)
+        raise InputError(f"{function} got both options= and keyword(s) that differ from it ({details}): give each "
+                         "option once, in options (dataclasses.replace(options, ...)) or as a keyword")
+    return options
+
+
+def add_flags(parser: Any) -> None:
+    """``interp ablate``'s flags for the options declared with ``flag=True``: ``--top-k`` for ``top_k``, a switch
+    for a boolean option, the declared default and help."""
+    for f in dataclasses.fields(SweepOptions):
+        if not f.metadata["flag"]:
+            continue
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            parser.add_argument(name, action="store_true", help=f.metadata["help"])
+        else:
+            parser.add_argument(name, type=type(f.default), default=f.default,
+                                help=f.metadata["help"] + " (default: %(default)s)")
+
+
+def flag_values(args: Any) -> dict:
+    """The flagged options' values from parsed ``interp ablate`` arguments."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(SweepOptions) if f.metadata["flag"]}

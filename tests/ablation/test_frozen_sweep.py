@@ -1,0 +1,32 @@
+"""The exact sweep's numbers on the shipped models equal the ones frozen before its rewrite (issue 40).
+
+``docs/results/sweep_frozen/*.csv`` were written by ``benchmarks/freeze_sweep.py`` with the code of the commit
+named in ``commit.txt`` (the sweep that held every variant's full logits and recomputed the intact
+log-softmax per variant); the same cases run now must give the same rows to 1e-6.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+_spec = importlib.util.spec_from_file_location("freeze_sweep", Path(__file__).parents[2] / "benchmarks" / "freeze_sweep.py")
+freeze = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(freeze)
+CASES, KEY, NUMBERS, OUT, sweep = freeze.CASES, freeze.KEY, freeze.NUMBERS, freeze.OUT, freeze.sweep
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_exact_sweep_equals_the_frozen_numbers(name):
+    frozen = pd.read_csv(OUT / f"{name}.csv")
+    now = sweep(name)[KEY + NUMBERS]
+    assert len(now) == len(frozen) and (now.estimate == "exact").all()
+    for column in KEY:
+        assert [str(v) for v in now[column].astype(object).fillna("")] == \
+            [str(v) for v in frozen[column].astype(now[column].dtype).astype(object).fillna("")], column
+    for column in NUMBERS:
+        np.testing.assert_allclose(now[column].astype(float), frozen[column].astype(float), rtol=1e-6, atol=1e-9,
+                                   equal_nan=True, err_msg=column)
