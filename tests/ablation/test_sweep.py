@@ -97,7 +97,9 @@ def test_sweep_killed_midway_resumes_to_the_same_table(tmp_path):
     finally:
         interp.ablation.metrics.run_forward = orig
     n_variants = len(straight)
-    assert len(calls) == len(data) * (1 + (n_variants - 5) * (1 + 2))  # baseline + only the unfinished ones
+    # per batch: the baseline, the round's intact rerun (its block outputs and log-probabilities, streamed), and
+    # only the unfinished variants, each with its 2 control draws
+    assert len(calls) == len(data) * (1 + 1 + (n_variants - 5) * (1 + 2))
     torch.testing.assert_close(torch.tensor(resumed.control_lo.values), torch.tensor(straight.control_lo.values))
     assert resumed[["layer", "head", "kind"]].equals(straight[["layer", "head", "kind"]])
     torch.testing.assert_close(torch.tensor(resumed.delta.values), torch.tensor(straight.delta.values))
@@ -167,8 +169,9 @@ def test_identities_answer_without_forwards_and_agree_with_forced_forwards(monke
     assert (k.identity == "b_k cancels in the softmax under learned positions").all()
     assert (k.delta == 0).all() and (k.kl == 0).all()
     assert (fast[fast.kind != "k"].identity == "").all()
-    # the intact run + per q and v head one forward and 2 control draws; none for k, whose controls are 0 too
-    assert len(calls) == 1 + 2 * 4 * 2 * (1 + 2)
+    # the intact run, the round's intact rerun (streamed prefix), per q and v head one forward and 2 control draws;
+    # none for k, whose controls are 0 too
+    assert len(calls) == 1 + 1 + 2 * 4 * 2 * (1 + 2)
     assert (k.control_lo == 0).all() and (k.control_hi == 0).all() and (k.n_control == 2).all()
     forced = interp.ablate_bias(model, [x], kinds=("k",), stack=1, force_exact=True, progress=False, estimate="exact")
     assert (forced.identity == "").all() and forced.delta.abs().max() <= 1e-5  # float32 rounding only
