@@ -82,7 +82,6 @@ def _hooks(stats: QKVStats, state: dict, capture_limit_mb: float) -> list[tuple[
     return hooks + [(attn_hook(layer, "q.hook_in"), input_hook(layer)) for layer in stats.layers]
 
 
-@public
 def readable_again(data: Any) -> bool:
     """Whether ``data`` is in memory and reads the same batches again: a list, tuple, tensor or array, or a string
     that names no file or folder (a built-in data set or a text), not a stream or a path (re-reading a folder would
@@ -92,6 +91,7 @@ def readable_again(data: Any) -> bool:
     return isinstance(data, str) and not os.path.exists(data)
 
 
+@public
 def record_qkv(
     model: InterpBridge,
     data: Any,

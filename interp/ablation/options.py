@@ -18,9 +18,13 @@ How each option reaches the results (``bind``; ``SweepOptions.BINDS``):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional
 
+import numpy as np
+
+from interp.bootstrap import check_bootstrap
 from interp.errors import InputError
 from interp.types import ESTIMATES, METHODS, Estimate, Method
 
@@ -34,15 +38,20 @@ def _member(choices: tuple) -> Callable[[str, Any], Any]:
 
 
 def _count(minimum: int) -> Callable[[str, Any], int]:
+    """``interp.checks.check_count``'s rule, without its torch import (the CLI reads these declarations)."""
     def check(name: str, value: Any) -> int:
-        from interp.checks import check_count
-        return check_count(name, value, minimum=minimum)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+            raise InputError(f"{name} must be an integer >= {minimum}; got {value!r} ({type(value).__name__})")
+        return int(value)
     return check
 
 
 def _positive(name: str, value: Any) -> float:
-    from interp.analysis.sink_parts import check_positive
-    return check_positive(value, name)
+    """``check_positive``'s rule (a positive finite real number, numpy scalars too), without torch."""
+    real = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
+    if not real or not value > 0 or math.isinf(float(value)):
+        raise InputError(f"{name} must be a positive finite number; got {value!r}")
+    return float(value)
 
 
 def _projections(name: str, value: Any) -> int:
@@ -119,7 +128,6 @@ class SweepOptions:
         for f in dataclasses.fields(self):
             if f.metadata["check"] is not None:
                 object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
-        from interp.bootstrap import check_bootstrap
         n_boot, seed = check_bootstrap(self.n_boot, self.seed)
         object.__setattr__(self, "n_boot", n_boot)
         object.__setattr__(self, "seed", seed)

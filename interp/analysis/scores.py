@@ -192,31 +192,26 @@ def score_decomposition(
 ) -> pd.DataFrame:
     """Per layer x head x term: how much of the score's variance across keys each term carries.
 
-    Within a query row, across its allowed keys, the score s = sum_t t splits its variance
-    exactly: Var(s) = sum_t Cov(t, s). ``share`` = Cov(t, s) / Var(s) (rows averaged in
-    numerator and denominator), so the four shares sum to 1 by construction; a term that
-    works against the others has a negative share. ``variance`` is the term's own Var(t)
-    (the terms covary, so these do not add up to Var(s)).
+    Within a query row, across its allowed keys, the score s = sum_t t splits its variance exactly: Var(s) =
+    sum_t Cov(t, s). ``share`` = Cov(t, s) / Var(s) (rows averaged in numerator and denominator), so the four
+    shares sum to 1 by construction; a term that works against the others has a negative share. ``variance``
+    is the term's own Var(t) (the terms covary, so these do not add up to Var(s)).
 
-    Columns: layer, head, term, variance, share, total_variance (Var(s) of the four terms'
-    sum, the score without ALiBi / relative terms), kl_without_key_prior (mean over rows of
-    KL(P || P without the key_prior term), nats), rotary, terms_complete (False where the
-    family adds a content-free score term the four leave out: ALiBi, BEiT's relative
-    position bias), share_lo / share_hi (95% percentile bootstrap over items of the share, ``n_boot``
-    resamples fixed by ``seed``, from per-item sums kept for it: independent of the batching;
-    ``interp.bootstrap``), n_batches, pattern_checked (the batches, by index in the data, on which the softmax
-    of the four terms was compared with the model's own pattern: ``PATTERN_CHECK_BATCHES``, the first batch;
-    a config flag the audit misses changes every batch alike). Refused (``UnsupportedModelError``, with the reason)
-    where the score is
-    not bilinear in content + bias: qk-norm, Gemma 2's soft-capping, OLMo's ``clip_qkv``; and
-    whenever the softmax of the four terms is not the model's own pattern (a config flag the
-    audit does not know; checked on the first batch). Each layer's rows use its sliding window (Mistral, Qwen2) and its
-    score scale (GPT-2's ``scale_attn_by_inverse_layer_idx``). ``layers`` / ``heads`` (None: all): only
-    those rows (the others' terms are not computed), equal to the same rows of the full table.
-
-    Cost: each layer's terms are reduced in its pattern hook, a chunk of heads at a time (``CHUNK_ELEMENTS``
-    float64 entries per term tensor), so memory beyond the forward's does not grow with the number of heads;
-    the forward stops at the last selected layer's pattern (no unembedding).
+    Columns: layer, head, term, variance, share, total_variance (Var(s) of the four terms' sum, the score
+    without ALiBi / relative terms), kl_without_key_prior (mean over rows of KL(P || P without the key_prior
+    term), nats), rotary, terms_complete (False where the family adds a content-free score term the four leave
+    out: ALiBi, BEiT's relative position bias), share_lo / share_hi (95% percentile bootstrap over items of the
+    share, ``n_boot`` resamples fixed by ``seed``, from per-item sums kept for it: independent of the batching;
+    ``interp.bootstrap``), n_batches, pattern_checked (the batches, by index in the data, on which the softmax of
+    the four terms was compared with the model's own pattern: ``PATTERN_CHECK_BATCHES``, the first batch; a
+    config flag the audit misses changes every batch alike). Refused (``UnsupportedModelError``, with the
+    reason) where the score is not bilinear in content + bias: qk-norm, Gemma 2's soft-capping, OLMo's
+    ``clip_qkv``; and whenever the softmax of the four terms is not the model's own pattern (checked on the
+    first batch). Each layer's rows use its sliding window (Mistral, Qwen2) and its score scale (GPT-2's
+    ``scale_attn_by_inverse_layer_idx``). ``layers`` / ``heads`` (None: all): only those rows (the others'
+    terms are not computed), equal to the same rows of the full table. Cost: each layer's terms are reduced in
+    its pattern hook, a chunk of heads at a time (``CHUNK_ELEMENTS`` float64 entries per term tensor); the
+    forward stops at the last selected layer's pattern (no unembedding).
     """
     info = require_bridge(model, "score_decomposition").interp
     _require_bilinear_scores(info)
@@ -246,10 +241,9 @@ def score_decomposition(
 
     n_batches, _ = stream_batches(model, data, max_batches, [hook_name(last, "pattern")], consume, hooks=hooks,
                                   desc="score decomposition", progress=progress)
-    rows_acc = n_rows[0]
-    if rows_acc == 0:
+    if n_rows[0] == 0:
         raise InputError("data is empty: no query rows to decompose")
-    table = _share_intervals(_decomposition_table(info, acc, kl_acc, rows_acc, layers), acc, Resampler(keys, *boot))
+    table = _share_intervals(_decomposition_table(info, acc, kl_acc, n_rows[0], layers), acc, Resampler(keys, *boot))
     table = table.assign(n_batches=n_batches, pattern_checked="+".join(map(str, checked)))
     return table[table["head"].isin(heads)].reset_index(drop=True)
 

@@ -124,7 +124,7 @@ class _BatchClasses:
                 layer = int(hook.name.split(".")[1])
                 reduce(batch, t.detach(), layer, store)
                 self.done.add(layer)
-                for name in [n for n in store if n.startswith(f"blocks.{layer}.")]:
+                for name in [n for n in store if n.startswith(block_hook(layer, ""))]:
                     del store[name]
 
             return [(n, keep(n)) for n in kept] + [(hook_name(layer, point), at) for layer in self.layers]

@@ -325,6 +325,10 @@ def test_batching_does_not_change_any_number(family):
             "massive": interp.massive_activations(model, data, progress=False),
         }
     worst = 0.0
+    # float64: rounding only, except that HF's Qwen2 takes its rotary cos/sin in float32, whose vectorised tail
+    # differs with the sequence length (its own float64 forward moves by 2.4e-7 between batchings: see
+    # tests/test_batching_invariance.py); there the bound is that error's scale
+    bound = 1e-7 if family == "qwen2" else 1e-10
     for way in ("split", "one at a time"):
         for kind, cols in NUMBERS.items():
             a, b = frames["one batch"][kind], frames[way][kind]
@@ -332,7 +336,7 @@ def test_batching_does_not_change_any_number(family):
             assert len(a) == len(b)
             diff = (a[cols].astype(float) - b[cols].astype(float)).abs().fillna(0).to_numpy().max()
             worst = max(worst, diff)
-            assert diff <= 1e-10, (family, way, kind, diff)  # float64: rounding only
+            assert diff <= bound, (family, way, kind, diff)
             assert a.data_fingerprint.iloc[0] != b.data_fingerprint.iloc[0]  # the batches differ; the numbers do not
     print(f"{family}: largest difference across batchings {worst:.1e}")
 
