@@ -407,6 +407,9 @@ def test_readme_quotes_the_suite_timings_from_their_csv():
     assert (f"and {minutes(fast.pytest_seconds)} after ({fast.user_cpu_seconds:.0f} s user + "
             f"{fast.sys_cpu_seconds:.0f} s system)") in text
     assert f"took {minutes(make.make_test_seconds)}, {minutes(make.pytest_seconds)} of it pytest" in text
+    latest = t.loc["pytest issues 38-40"]
+    assert (f"idle, {latest['items']:,} items: {minutes(latest.pytest_seconds)} of pytest "
+            f"({latest.user_cpu_seconds:,.0f} s user") in text
     again = t.loc["make test again"]
     assert (f"with {again['items']:,} items, {minutes(again.make_test_seconds)} ({minutes(again.pytest_seconds)} of "
             f"pytest, {again.user_cpu_seconds:.0f} s user CPU against {make.user_cpu_seconds:.0f} s)") in text
