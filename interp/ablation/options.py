@@ -2,7 +2,8 @@
 results, its check, its help and whether ``interp ablate`` has a flag for it).
 
 This module imports neither torch nor the sweep, so the command line builds its flags from the same declaration
-(``add_flags``) while ``interp --help`` stays fast; the checks import what they need when an object is made.
+(``add_flags``) while ``interp --help`` stays fast; its count and positive-number checks restate
+``interp.checks.check_count`` and ``check_positive`` without their torch import (the same rules and messages).
 
 How each option reaches the results (``bind``; ``SweepOptions.BINDS``):
 
