@@ -1,6 +1,7 @@
 """Zero and mean bias-ablation sweeps on minilm-l6, dinov2-s14 and the digits pair.
 
     python benchmarks/ablate_real.py --out out/ablate
+    python benchmarks/ablate_real.py --out docs/results --redraw   # the PNGs from the CSVs there (no model)
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ from interp.plots import ablation_figures, save_figure
 RUNS = {"minilm-l6": "python-docs", "dinov2-s14": "photos", "digits-vit": "digits", "digits-vit-nobias": "digits"}
 
 
+def redraw(folder: Path, name: str) -> dict:
+    """The PNGs of one model (name -> figure) from ``folder``'s ablation.csv (no model, no data)."""
+    return ablation_figures(pd.read_csv(folder / "ablation.csv"), name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out/ablate")
     ap.add_argument("--models", nargs="*", default=list(RUNS))
+    ap.add_argument("--redraw", action="store_true", help="only the figures, from the CSVs in --out/<model>")
     args = ap.parse_args()
     for name in args.models:
+        if args.redraw:
+            for key, fig in redraw(Path(args.out) / name, name).items():
+                print("wrote", save_figure(fig, Path(args.out) / name / f"{key}.png"))
+            continue
         model = interp.load_model(name)
         batches = builtin_batches(model, RUNS[name], batch_size=8, n=8 if name != "digits-vit" else None)[:1]
         frames = []

@@ -1,6 +1,7 @@
 """Origin shift, score decomposition and invariances on the real zoo models; CSV + PNG.
 
     python benchmarks/analyze_real.py --out out/real
+    python benchmarks/analyze_real.py --out docs/results --redraw   # the PNGs from the CSVs there (no model)
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+
+import pandas as pd
 
 import interp
 from interp.data import builtin_batches
@@ -17,12 +20,27 @@ from interp.plots import key_prior_share_figure, origin_shift_figures, save_figu
 RUNS = {"minilm-l6": "python-docs", "smollm2-135m": "python-docs", "dinov2-s14": "photos"}
 
 
+def figures(origin: pd.DataFrame, decomposition: pd.DataFrame, name: str) -> dict:
+    """The PNGs of one model (name -> figure), from its tables: the run's, or the CSVs it wrote (``--redraw``)."""
+    return {**origin_shift_figures(origin, name), "key_prior_share": key_prior_share_figure(decomposition, name)}
+
+
+def redraw(folder: Path, name: str) -> dict:
+    """``figures`` from ``folder``'s origin_shift.csv and score_decomposition.csv (no model, no data)."""
+    return figures(pd.read_csv(folder / "origin_shift.csv"), pd.read_csv(folder / "score_decomposition.csv"), name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out/real")
     ap.add_argument("--models", nargs="*", default=list(RUNS))
+    ap.add_argument("--redraw", action="store_true", help="only the figures, from the CSVs in --out/<model>")
     args = ap.parse_args()
     for name in args.models:
+        if args.redraw:
+            for key, fig in redraw(Path(args.out) / name, name).items():
+                print("wrote", save_figure(fig, Path(args.out) / name / f"{key}.png"))
+            continue
         t = time.time()
         out = Path(args.out) / name
         model = interp.load_model(name)
@@ -33,9 +51,8 @@ def main() -> None:
         inv = interp.bias_invariances(model, data[:1])
         for df, stem in ((origin, "origin_shift"), (dec, "score_decomposition"), (inv, "bias_invariances")):
             write_table(df, out / stem)
-        for key, fig in origin_shift_figures(origin, name).items():
+        for key, fig in figures(origin, dec, name).items():
             save_figure(fig, out / f"{key}.png")
-        save_figure(key_prior_share_figure(dec, name), out / "key_prior_share.png")
         print(f"== {name} ({time.time() - t:.0f}s, {stats.count(0)} tokens)")
         print(origin.groupby("kind")[["bias_norm", "shift_ratio", "bias_share", "data_origin_norm"]].median().round(3).to_string())
         top = origin.sort_values("shift_ratio", ascending=False).head(3)

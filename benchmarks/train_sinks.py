@@ -2,6 +2,8 @@
 
     python benchmarks/train_sinks.py                      # every arm x 3 seeds, text and vision (resumes)
     python benchmarks/train_sinks.py --summarise-only     # tables, figures and card from the CSVs
+    python benchmarks/train_sinks.py --redraw --out docs/results/sinks_text --figures docs/figures/sinks_text
+                                                          # table.png alone, from the committed summary.csv
     python benchmarks/train_sinks.py --domains text --seeds 0 --text-steps 20 --no-ship   # a quick look
     python benchmarks/train_sinks.py --recipe fresh --domains text --arms none k_slot_v0 sink_token \
         --seeds 0 --out docs/results/sinks_text --figures docs/figures/sinks_text --no-ship   # issue 32
@@ -97,6 +99,8 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--no-ship", action="store_true")
     ap.add_argument("--overwrite", action="store_true", help="replace results of another recipe in --out")
     ap.add_argument("--summarise-only", action="store_true", help="no training: tables and figures from the CSVs")
+    ap.add_argument("--redraw", action="store_true", help="only table.png, from --out's summary.csv (writes nothing "
+                    "else: the other figures' titles need the recipe's arguments, --summarise-only redraws them)")
     ap.add_argument("--collect", nargs="+", default=["text", "vision"], choices=["text", "vision"],
                     help="the domains whose finished runs (of this recipe, by any process) go into the tables")
     ap.add_argument("--threads", type=int, default=1)
@@ -201,6 +205,10 @@ def check_device(name: str) -> str:
 
 def main() -> None:
     args = arguments()
+    if args.redraw:
+        print("wrote", save_figure(table_figure(pd.read_csv(Path(args.out) / "summary.csv")),
+                                   Path(args.figures) / "table.png"))
+        return
     torch.set_num_threads(args.threads)
     device = check_device(args.device)
     out, figures, start = Path(args.out), Path(args.figures), time.perf_counter()

@@ -32,14 +32,16 @@ from matplotlib.colors import ListedColormap, to_hex, to_rgb
 
 from interp.errors import InputError
 
-__all__ = ["SEQUENTIAL", "DIVERGING", "CATEGORICAL", "NO_EFFECT", "ColourRule", "RULES", "rule_for", "limits",
-           "drawn_values", "below_floor", "floor_note", "heatmap", "tag", "plotly_scale", "plotly_hover_notes",
-           "check_colours"]
+__all__ = ["SEQUENTIAL", "DIVERGING", "CATEGORICAL", "NO_EFFECT", "KIND_COLOURS", "ColourRule", "RULES", "rule_for",
+           "limits", "drawn_values", "below_floor", "floor_note", "heatmap", "tag", "plotly_scale",
+           "plotly_hover_notes", "luminance", "check_colours"]
 
 SEQUENTIAL = "viridis"  # bright = large
 DIVERGING = "RdBu_r"  # centred on 0: red = up, blue = down, white = 0
 CATEGORICAL = "tab10"  # families, clusters: not a quantity
 NO_EFFECT = "#bdbdbd"  # |value| below the quantity's numerical floor
+# a bias kind (bars, points) has one colour in every figure: tab10's first four, q blue, k orange, v green, o red
+KIND_COLOURS = {kind: to_hex(mpl.colormaps[CATEGORICAL](i)) for i, kind in enumerate("qkvo")}
 HATCH = "////"
 TAG = "interp-colour:"
 
@@ -84,12 +86,15 @@ RULES: dict[str, ColourRule] = _rules(
     ColourRule("mass", range="unit", nonnegative=True),
     ColourRule("sink_mass", range="unit", nonnegative=True),
     ColourRule("hf_ratio", range="unit", nonnegative=True),
+    ColourRule("head_share", range="unit", nonnegative=True),  # share of heads over a threshold (a sink count)
     ColourRule("mean_attention_distance", unit="pixels or tokens", nonnegative=True),
     ColourRule("entropy", unit="nats", nonnegative=True),
     ColourRule("implicit_norm", unit="residual-stream units", nonnegative=True),
     ColourRule("explicit_norm", unit="residual-stream units", nonnegative=True),
     ColourRule("kl", floor=KL_FLOOR, unit="nats", nonnegative=True),
     ColourRule("delta", kind="diverging", range="symmetric", floor=DELTA_FLOOR, unit="metric units"),
+    # mass - what uniform attention gives the position (interp.compare): above or below its floor, centred on 0
+    ColourRule("sink_mass_over_uniform", kind="diverging", range="symmetric", unit="attention mass above uniform"),
     ColourRule("weight", range="zero_to_max", nonnegative=True, shared=False),  # one scale per head row
     ColourRule("attention_scaled", range="unit", nonnegative=True, shared=False),  # a map over its own max
     ColourRule("log_amplitude", range="data", unit="log amplitude - log DC"),
@@ -177,9 +182,10 @@ def heatmap(ax: plt.Axes, grid: pd.DataFrame, rule: ColourRule, lo: float, hi: f
     shown = pd.DataFrame(values, index=grid.index, columns=grid.columns)
     quiet = below_floor(rule, values)
     label = "\n".join(x for x in (cbar_label, floor_note(rule) if quiet.any() or rule.floor > 0 else "") if x)
+    drawn_before = len(ax.collections)  # the map is the first collection this call adds (ax may hold others)
     sns.heatmap(shown, ax=ax, cmap=mpl.colormaps[rule.cmap], vmin=lo, vmax=hi, mask=quiet | ~np.isfinite(values),
                 cbar=cbar, cbar_kws={"label": label} if cbar else None, **kwargs)
-    mesh = tag(ax.collections[0], rule.quantity)
+    mesh = tag(ax.collections[drawn_before], rule.quantity)
     if quiet.any():
         layer = ax.pcolor(np.arange(values.shape[1] + 1), np.arange(values.shape[0] + 1),
                           np.ma.masked_array(np.zeros(values.shape), ~quiet), cmap=ListedColormap([NO_EFFECT]), vmin=0,
@@ -242,7 +248,8 @@ def plotly_hover_notes(rule: ColourRule, values: Any) -> np.ndarray:
 # ----- the check ---------------------------------------------------------------------------------------------
 
 
-def _luminance(rgb: Sequence[float]) -> float:
+def luminance(rgb: Sequence[float]) -> float:
+    """Relative luminance (Rec. 709 weights) of an RGB(A) colour on 0-1: what "bright" means in the rule."""
     r, g, b = rgb[:3]
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
@@ -355,7 +362,7 @@ def check_colours(fig: Any) -> list[str]:
         if not (_close(lo_end, want_lo) or _close(lo_end, grey)) or not _close(hi_end, want_hi):
             problems.append(f"{d.where}: {d.quantity} is {rule.kind} and must use {rule.cmap}; its map runs "
                             f"{to_hex(lo_end[:3])} -> {to_hex(hi_end[:3])}")
-        if rule.kind == "sequential" and _luminance(hi_end) <= _luminance(want_lo):
+        if rule.kind == "sequential" and luminance(hi_end) <= luminance(want_lo):
             problems.append(f"{d.where}: {d.quantity}'s map is dark at its large end (bright must mean large)")
         if rule.kind == "diverging" and not np.isclose(d.lo, -d.hi, rtol=1e-9, atol=1e-15):
             problems.append(f"{d.where}: delta map not centred on 0 ({d.lo:.3g}..{d.hi:.3g})")

@@ -243,7 +243,9 @@ def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: 
     ranked = runnable.assign(abs_delta=runnable.delta.abs()).nlargest(top, "abs_delta")
     fig, ax = plt.subplots(figsize=(9.5, 0.35 * max(len(ranked), 1) + 2.3))
     labels = [_head_label(r) for _, r in ranked.iterrows()]
-    sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax)
+    sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax,
+                palette=colours.KIND_COLOURS, hue_order=[k for k in colours.KIND_COLOURS if k in set(ranked.kind)],
+                saturation=1)
     xerr, spread = _spread(ranked)
     if xerr is not None:  # spread over items (exact rows)
         ax.errorbar(ranked.delta.values, range(len(ranked)), xerr=xerr, fmt="none", ecolor="k", elinewidth=1, capsize=3)
@@ -267,7 +269,8 @@ def _estimate_scatter(df: pd.DataFrame, model_name: str, method: str, estimate: 
     rows = df[df.estimate.isin(["exact", estimate])]
     wide = rows.pivot_table(index=["layer", "head", "kind"], columns="estimate", values="delta").dropna().reset_index()
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    sns.scatterplot(data=wide, x="exact", y=estimate, hue="kind", ax=ax)
+    sns.scatterplot(data=wide, x="exact", y=estimate, hue="kind", ax=ax, palette=colours.KIND_COLOURS,
+                    hue_order=[k for k in colours.KIND_COLOURS if k in set(wide.kind)])
     both = wide[["exact", estimate]]
     lo, hi = float(both.min().min()), float(both.max().max())
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")

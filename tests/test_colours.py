@@ -7,11 +7,13 @@ effects of 0.05), the no_b_k KL is +-8.7e-9 nats with one -2.8e-9 (beside KLs up
 lie in 0.49-0.88 (the range the interactive panels used to stretch to full contrast).
 """
 
+import ast
 import functools
 import inspect
 import json
 import re
 import types
+from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -19,9 +21,12 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
-from matplotlib.colors import to_rgb
+import seaborn as sns
+from matplotlib.colors import to_hex, to_rgb, to_rgba_array
 
-from interp import colours, interactive, plots, single_input_plots
+import interp
+from interp import colours, compare, interactive, plots, single_input_plots
+from interp.training import backcopy_report, sink_report
 from interp.colours import NO_EFFECT, check_colours
 
 matplotlib.use("Agg")
@@ -172,6 +177,25 @@ FIGURES = {
     "ablation_delta": lambda: [interactive.ablation_delta(ABLATION), interactive.ablation_delta(ABLATION, "exact")],
 }
 
+# figure functions outside those three modules (module.name), drawn from the committed result tables
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def _csv(folder, name):
+    return pd.read_csv(RESULTS / folder / f"{name}.csv")
+
+
+FIGURES.update({
+    "sink_report.table_figure": lambda: [sink_report.table_figure(_csv(d, "summary")) for d in ("sinks", "sinks_text")],
+    "sink_report.sink_share_figure": lambda: [sink_report.sink_share_figure(_csv("sinks_text", "runs"),
+                                                                            _csv("sinks_text", "heads"), "s", 128)],
+    "sink_report.massive_figure": lambda: [sink_report.massive_figure(_csv("sinks_text", "layers"), "s")],
+    "sink_report.loss_figure": lambda: [sink_report.loss_figure(_csv("sinks_text", "runs"), _csv("sinks_text", "baseline"),
+                                                                _csv("sinks_text", "rule"), "s")],
+    "backcopy_report.sink_share_figure": lambda: [backcopy_report.sink_share_figure(_csv("backcopy", "runs"))],
+    "compare.comparison_figure": lambda: [compare.comparison_figure(_csv("compare/digits-vit-bias", "compare"))],
+})
+
 
 @functools.cache
 def made(name):
@@ -191,7 +215,23 @@ def test_every_figure_function_is_checked():
               for name, f in inspect.getmembers(module, inspect.isfunction)
               if not name.startswith("_") and f.__module__.startswith("interp.")
               and f.__module__ in (plots.__name__, single_input_plots.__name__, interactive.__name__)}
-    assert public - NOT_FIGURES == set(FIGURES)
+    assert public - NOT_FIGURES == {name for name in FIGURES if "." not in name}
+
+
+def test_every_figure_function_elsewhere_is_checked():
+    """Any other public function of the package that returns a figure (by its annotation: ``-> plt.Figure``,
+    ``go.Figure``, ``dict[str, plt.Figure]``) is in FIGURES as ``module.name`` (sink_report's table was drawn in
+    "Reds", dark = large, outside the rule, until it was)."""
+    root = Path(interp.__file__).parent
+    found = set()
+    for path in root.rglob("*.py"):
+        if path.stem in ("plots", "single_input_plots", "interactive"):  # the test above
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and node.returns is not None \
+                    and "Figure" in ast.unparse(node.returns):
+                found.add(f"{path.stem}.{node.name}")
+    assert found == {name for name in FIGURES if "." in name}
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
@@ -239,6 +279,10 @@ WRONG = {
     "a size not starting at 0": (lambda: _mpl(np.array([[2.0, 3.0]]), "viridis", 2.0, 3.0, "shift_ratio"),
                                  "must start at 0"),
     "a colour map without its quantity": (lambda: plt.subplots()[1].imshow(DELTA).figure, "without saying its quantity"),
+    "sink table in Reds (as sink_report.table_figure was)": (
+        lambda: _mpl(np.array([[0.0, 0.03], [0.17, 0.46]]), "Reds", 0, 1, "mass"), "mass is sequential and must use viridis"),
+    "sink table in Reds, untagged (sink_report.table_figure's old code)": (
+        lambda: sns.heatmap(pd.DataFrame([[0.0, 0.46]]), cmap="Reds", vmin=0, vmax=1).figure, "without saying its quantity"),
 }
 
 
@@ -343,3 +387,28 @@ def test_the_colour_page_states_the_rule_in_the_code():
             assert re.search(rf"`{quantity}` \| {floor} {re.escape(rule.unit)}", page), quantity
     for name in (colours.SEQUENTIAL, colours.DIVERGING, colours.CATEGORICAL, NO_EFFECT):
         assert name in page
+
+
+def test_a_bias_kind_has_one_colour_in_every_figure():
+    """The top-heads bars and the exact-vs-estimate points colour q, k, v by KIND_COLOURS, whichever kind comes
+    first (seaborn's default would give the first kind drawn blue: q in one figure, v in the next)."""
+    figs = made("ablation_figures")
+    seen = set()
+    for fig in figs:
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            if legend is None or not ax.patches and not ax.collections:
+                continue
+            for handle, text in zip(legend.legend_handles, legend.get_texts()):
+                if text.get_text() in colours.KIND_COLOURS:
+                    colour = handle.get_facecolor() if hasattr(handle, "get_facecolor") else \
+                        handle.get_markerfacecolor()  # a bar's patch, a point's marker
+                    assert to_hex(to_rgba_array(colour)[0]) == colours.KIND_COLOURS[text.get_text()], (text.get_text(), fig)
+                    seen.add(text.get_text())
+    assert seen == {"q", "k", "v"}
+    v_first = ABLATION[ABLATION.kind == "v"].assign(delta=10.0)  # v now ranks first: still green
+    bars = plots.ablation_figures(pd.concat([v_first, ABLATION[ABLATION.kind != "v"]]), "m")
+    ax = next(f for k, f in bars.items() if k.startswith("ablation_top")).axes[0]
+    top = ax.patches[0]  # the largest effect's bar, a v head
+    assert to_hex(top.get_facecolor()) == colours.KIND_COLOURS["v"]
+    plt.close("all")

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from interp import colours
 from interp.analysis.sinks import NEAR_BAND, SINK_THRESHOLD, THRESHOLDS
 from interp.models.sink_arms import TEXT_ARMS, VISION_ARMS
 from interp.training.results import t_interval
@@ -282,17 +283,28 @@ def table_cells(summary: pd.DataFrame, domain: str) -> tuple[pd.DataFrame, pd.Da
 
 def table_figure(summary: pd.DataFrame) -> plt.Figure:
     """``findings_tables`` as a figure: rows arms, columns measures, every cell's number written in it;
-    the attention columns coloured by their share of heads or the largest head's mass (0 to 1), the
-    others left white."""
+    the attention columns coloured by the library's colour rule (``interp.colours``: viridis, bright = large,
+    on 0-1 in every panel): the two share-of-heads columns as ``head_share``, the two mass columns (mean /
+    largest head) by the largest head's mass as ``mass``; the other columns left white. Text is white on the
+    dark end of the map, black elsewhere."""
     domains = [d for d in ARMS if d in set(summary.domain)]
     fig, axes = plt.subplots(len(domains), 1, figsize=(12, 3.4 * len(domains) + 0.4), squeeze=False)
+    label = "share of heads (first 2 columns)\nor largest head's mass (next 2), 0 to 1"
     for ax, domain in zip(axes[:, 0], domains):
         text, share = table_cells(summary, domain)
-        sns.heatmap(share, mask=share.isna(), cmap="Reds", vmin=0, vmax=1, annot=False, ax=ax, linewidths=0.5,
-                    linecolor="0.8", cbar_kws=dict(label="attention (0 to 1)", shrink=0.8))
+        meshes = []
+        for quantity, cols in (("head_share", share.columns[:2]), ("mass", share.columns[2:4])):
+            rule = colours.RULES[quantity]
+            part = share[list(cols)].reindex(columns=share.columns)  # NaN (white) outside its columns
+            meshes.append(colours.heatmap(ax, part, rule, *colours.limits(rule, part.to_numpy(float)),
+                                          cbar=quantity == "mass", cbar_label=label, linewidths=0.5, linecolor="0.8"))
         for i, arm in enumerate(text.index):
             for j, col in enumerate(text.columns):
-                ax.text(j + 0.5, i + 0.5, text.loc[arm, col], ha="center", va="center", fontsize=8)
+                value = share.loc[arm, col]
+                mesh = meshes[0] if j < 2 else meshes[1]
+                dark = np.isfinite(value) and colours.luminance(mesh.cmap(mesh.norm(value))) < 0.45
+                ax.text(j + 0.5, i + 0.5, text.loc[arm, col], ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
         ax.set_xlabel(f"measure (mean over seeds at the last step; shares: heads with mean mass > {SINK_THRESHOLD})")
         ax.set_ylabel("arm")
         ax.tick_params(axis="x", labelsize=8, labelrotation=0)

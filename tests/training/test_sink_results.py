@@ -4,6 +4,7 @@ CSVs cover every arm, seed and checkpoint, and the figures draw from them."""
 
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -72,6 +73,45 @@ def test_the_figures_draw_from_the_csvs(runs):
             if ax.get_label() == "<colorbar>":
                 continue
             assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+
+
+# the summary.csv metric behind each coloured column of the table figure: share of heads, then largest head's mass,
+# on the first position and on the arm's own target (by hand, from the arms' definitions)
+TARGET = {"kv_slot": "slot", "k_slot_v0": "slot", "sink_token": "first", "registers": "registers"}
+FIRST = {"text": "first_text", "vision": "first"}
+
+
+@pytest.mark.parametrize("folder", ["sinks", "sinks_long", "sinks_text"])
+def test_the_table_figure_colours_summary_csv_by_the_colour_rule(folder):
+    """docs/figures/<folder>/table.png's coloured cells are summary.csv's means (plain lookups), drawn by the
+    library's colour rule (viridis on 0-1, tagged head_share and mass), the other columns left white."""
+    summary = pd.read_csv(RESULTS.with_name(folder) / "summary.csv")
+    fig = table_figure(summary)
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert [ax.get_title().split(":")[0] for ax in panels] == [d for d in ("text", "vision") if d in set(summary.domain)]
+    for ax in panels:
+        domain = ax.get_title().split(":")[0]
+        arms = [t.get_text() for t in ax.get_yticklabels()]
+        mean = summary[(summary.domain == domain) & (summary.step == summary[summary.domain == domain].step.max())] \
+            .set_index(["arm", "metric"])["mean"]
+
+        def want(arm, metric):
+            return float(mean.get((arm, metric), np.nan))
+
+        shares, masses = (np.ma.filled(np.ma.asarray(c.get_array(), dtype=float), np.nan).reshape(len(arms), 7)
+                          for c in ax.collections)
+        for i, arm in enumerate(arms):
+            target = TARGET.get(arm)
+            expected = [want(arm, f"sink_share_{FIRST[domain]}"), want(arm, f"sink_share_{target}") if target else np.nan]
+            np.testing.assert_allclose(shares[i, :2], expected, rtol=1e-12)
+            expected = [want(arm, f"max_head_mass_{FIRST[domain]}"),
+                        want(arm, f"max_head_mass_{target}") if target else np.nan]
+            np.testing.assert_allclose(masses[i, 2:4], expected, rtol=1e-12)
+            assert np.isnan(shares[i, 2:]).all() and np.isnan(masses[i, [0, 1, 4, 5, 6]]).all()  # white elsewhere
+        assert np.isfinite(shares[:, 0]).all() and np.isfinite(masses[:, 2]).all()  # found, not NaN == NaN
+        assert [c.get_gid() for c in ax.collections] == ["interp-colour:head_share", "interp-colour:mass"]
+        assert all(c.cmap.name == "viridis" and c.get_clim() == (0.0, 1.0) for c in ax.collections)
+    plt.close(fig)
 
 
 def test_one_seed_prints_its_value_without_an_interval():
