@@ -241,6 +241,15 @@ def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: 
     metric = df.metric.iloc[0]
     runnable = df[df.identity.fillna("") == ""] if "identity" in df else df
     ranked = runnable.assign(abs_delta=runnable.delta.abs()).nlargest(top, "abs_delta")
+    if ranked.empty:  # no bias to rank (every kind absent or inert): a note, not empty axes
+        fig, ax = plt.subplots(figsize=(9.5, 2.8))
+        notes = [f"{k}: {note.splitlines()[-1]}" for k, note in panel_notes(df).items()]
+        _text_panel(ax, f"{model_name}: no head's bias to rank ({method}, {estimate})\n" + _ablation_subtitle(df, data),
+                    "\n".join(notes) or "no rows")
+        ax.set_xlabel(f"delta {metric}")
+        ax.set_ylabel("")
+        fig.tight_layout()
+        return fig
     fig, ax = plt.subplots(figsize=(9.5, 0.35 * max(len(ranked), 1) + 2.3))
     labels = [_head_label(r) for _, r in ranked.iterrows()]
     sns.barplot(x=ranked.delta.values, y=labels, hue=ranked.kind.values, dodge=False, ax=ax,

@@ -84,3 +84,16 @@ def test_the_family_grid_is_the_csv(redrawn):
     profile = pd.read_csv(FOLDER / "frequency_profile.csv")
     (drawn,) = _panels(redrawn["clusters"]).values()
     np.testing.assert_array_equal(drawn, _pivot(profile, "cluster"))
+
+
+def test_a_model_without_biases_gets_a_note_not_empty_axes():
+    """digits-vit-nobias has no q/k/v bias to zero: its top-heads figure says so per kind, with no bars and no
+    "0 largest effects" title over empty axes."""
+    ablation = pd.read_csv(FOLDER.with_name("digits-vit-nobias") / "ablation.csv")
+    assert ablation[ablation.method == "zero"].identity.notna().all()  # every zero row is answered by identity
+    fig = _script("ablate_real").redraw(FOLDER.with_name("digits-vit-nobias"), "digits-vit-nobias")[
+        "ablation_top_zero_exact"]
+    (ax,) = fig.axes
+    assert not ax.patches and "no head's bias to rank" in ax.get_title()
+    assert [t.get_text() for t in ax.texts] == ["\n".join(f"{k}: absent bias: nothing to remove" for k in "qkv")]
+    plt.close("all")
