@@ -130,26 +130,30 @@ def head_chunks(n_heads: int, per_head: int) -> list[slice]:
 def _term_sums(terms: dict[str, Tensor], keys: Tensor, n: Tensor, valid_rows: Tensor) -> dict[tuple[str, str], Tensor]:
     """Per item and head [batch, h]: each term's row variance and row covariance with the score, and the
     score's row variance, summed over valid query rows. Within a row, Cov(a, b) = mean over allowed keys of
-    (a - mean a)(b - mean b); each term is centred once in float64 (in place, one term tensor at a time) and
-    the centred score is their sum. Also ``("kl", "")``: per item and head, the sum over rows of
-    KL(P || P without the key_prior term) (``_kl_without_key_prior``), from the centred score and key prior
-    (softmax ignores a row constant)."""
+    (a - mean a)(b - mean b); each term is centred once in float64 (in place, into one [.., 4, key] buffer), and
+    one batched product gives every row's 4 x 4 Gram matrix G[t, u] = sum_j a_t,j a_u,j of the centred terms:
+    Var(t) = G[t, t], Cov(t, s) = sum_u G[t, u] and Var(s) = sum G (s = the sum of the terms), so the terms are
+    read once. Also ``("kl", "")``: per item and head, the sum over rows of KL(P || P without the key_prior
+    term) (``_kl_without_key_prior``), from the centred score and key prior (softmax ignores a row constant)."""
     first = next(iter(terms.values()))
-    centred = torch.empty((len(TERMS), *first.shape), dtype=torch.float64, device=first.device)
-    for i, name in enumerate(TERMS):  # centred[i] = (t - row mean over allowed keys) on allowed keys, 0 elsewhere
-        c = centred[i]
+    b, h, q, k = first.shape
+    centred = torch.empty((b, h, q, len(TERMS), k), dtype=torch.float64, device=first.device)
+    for i, name in enumerate(TERMS):  # centred[..., i, :] = (t - row mean over allowed keys) on allowed keys, else 0
+        c = centred[:, :, :, i]
         c.copy_(terms[name])
         c.sub_((torch.einsum("bhqk,bqk->bhq", c, keys) / n)[..., None]).mul_(keys[:, None])
-    total = centred.sum(0)
-    row = lambda a, b: torch.einsum("...qk,...qk->...q", a, b)  # noqa: E731  (row dot products)
-    out = {}
+    gram = centred @ centred.transpose(-1, -2)  # [b, h, q, 4, 4]
     weight = valid_rows / n  # [b, 1, q]: a row's mean over its keys, 0 for rows that attend nothing
+    over_rows = lambda a: (a * weight).sum(-1)  # noqa: E731
+    out = {}
+    cov_with_score = gram.sum(-1)
     for i, name in enumerate(TERMS):
-        out[(name, "var")] = (row(centred[i], centred[i]) * weight).sum(-1)
-        out[(name, "cov")] = (row(centred[i], total) * weight).sum(-1)
-    out[("total", "var")] = (row(total, total) * weight).sum(-1)
+        out[(name, "var")] = over_rows(gram[..., i, i])
+        out[(name, "cov")] = over_rows(cov_with_score[..., i])
+    out[("total", "var")] = over_rows(cov_with_score.sum(-1))
     out[("total", "cov")] = out[("total", "var")]
-    out[("kl", "")] = _kl_without_key_prior(total, centred[TERMS.index("key_prior")], keys, valid_rows)
+    key_prior = centred[:, :, :, TERMS.index("key_prior")]
+    out[("kl", "")] = _kl_without_key_prior(centred.sum(-2), key_prior, keys, valid_rows)
     return out
 
 
@@ -297,15 +301,19 @@ def _kl_without_key_prior(score: Tensor, key_prior: Tensor, keys: Tensor, valid_
     and Q = softmax of ``score - key_prior`` over each row's allowed keys (``keys`` [batch, q, k], 0/1), nats.
 
     log P_j - log Q_j = kp_j - lse(s) + lse(s - kp), so KL = sum_j P_j kp_j - lse(s) + lse(s - kp): one
-    softmax, no second distribution formed. Both inputs may carry any row constant (softmax ignores it)."""
-    neg = torch.finfo(torch.float64).min
+    softmax, no second distribution formed. Both inputs may carry any row constant (softmax ignores it);
+    ``key_prior`` must be 0 on blocked keys. ``score`` is overwritten (it is a temporary of the caller)."""
     blocked = keys[:, None] == 0
-    s = score.masked_fill(blocked, neg)
-    kp = key_prior.masked_fill(blocked, 0.0)
-    lse = s.logsumexp(-1)
-    p = (s - lse[..., None]).exp_()
-    kl = torch.einsum("...qk,...qk->...q", p, kp) - lse + (s - kp).logsumexp(-1)
-    return (kl * valid_rows).sum(-1)
+    s = score.masked_fill_(blocked, torch.finfo(torch.float64).min)
+    top = s.amax(-1, keepdim=True)
+    e = torch.sub(s, top).exp_()
+    z = e.sum(-1)
+    expected_prior = torch.einsum("...qk,...qk->...q", e, key_prior) / z  # sum_j P_j kp_j
+    lse = top[..., 0] + z.log()
+    shifted = s.sub_(key_prior)  # s - kp (blocked keys stay at the float64 minimum)
+    top = shifted.amax(-1, keepdim=True)
+    lse_shifted = top[..., 0] + torch.sub(shifted, top, out=e).exp_().sum(-1).log()
+    return ((expected_prior - lse + lse_shifted) * valid_rows).sum(-1)
 
 
 def _pattern_gap(score: Tensor, pattern: Tensor, allowed: Tensor) -> tuple[float, float, float, float]:
