@@ -21,7 +21,7 @@ from scipy.stats import spearmanr
 
 import interp
 from interp.ablation import ablate_bias
-from interp.pipeline import make_context
+from interp.pipeline import DEMO_BATCHES, make_context
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     model = interp.load_model(args.model, device=args.device)
-    batches = make_context(model, cap_steps=True).first(2)  # what the demo's ablation step uses
+    batches = list(make_context(model, max_batches=DEMO_BATCHES).batches)  # the demo's sample, which its steps read
     t = time.perf_counter()
     old = ablate_bias(model, batches, force_exact=True, reuse_prefix=False, progress=False, estimate="exact")
     old_s = time.perf_counter() - t

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 
 import interp  # noqa: E402
 from interp.io import atomic_path  # noqa: E402
-from interp.pipeline import make_context, run_steps  # noqa: E402
+from interp.pipeline import DEMO_BATCHES, make_context, run_steps  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
 
 RUNS = {"dinov2-s14": "photos", "minilm-l6": "python-docs", "smollm2-135m": "python-docs",
@@ -31,14 +31,14 @@ RUNS = {"dinov2-s14": "photos", "minilm-l6": "python-docs", "smollm2-135m": "pyt
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(RUNS), choices=list(RUNS))
-    ap.add_argument("--quick", action="store_true", help="fewer batches per step (a smoke run)")
+    ap.add_argument("--quick", action="store_true", help="one batch (a smoke run)")
     ap.add_argument("--out", default="docs/figures")
     args = ap.parse_args()
     out = Path(args.out)
     lines = ["# Figure gallery", "", "Regenerate with `python benchmarks/gallery.py`.", ""]
     for name in args.models:
         t = time.time()
-        ctx = make_context(interp.load_model(name), RUNS[name], quick=args.quick, cap_steps=True)  # as the demo
+        ctx = make_context(interp.load_model(name), RUNS[name], quick=args.quick, max_batches=DEMO_BATCHES)  # as the demo
         sections = run_steps(ctx, log=lambda _: None)
         lines += [f"## {name}", "", f"Data: {ctx.data_label()}.", ""]
         for section in sections:

@@ -60,9 +60,10 @@ MODEL_HELP = ("zoo name (interp models), timm:NAME or open_clip:NAME (with --wei
               "timm's or open_clip's save_for_hf wrote, or a hub id")
 
 
-def _add_model_options(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """--model, and --weights / --model-args for a timm:NAME or open_clip:NAME model."""
-    p.add_argument("--model", required=required, help=MODEL_HELP)
+def _add_model_options(p: argparse.ArgumentParser, required: bool = True, default: str = "") -> None:
+    """--model (``default``: what an omitted one means), and --weights / --model-args for a timm:NAME or
+    open_clip:NAME model."""
+    p.add_argument("--model", required=required, help=MODEL_HELP + (f" (default: {default})" if default else ""))
     p.add_argument("--weights", default=None, help="with --model timm:NAME or open_clip:NAME: a state dict, "
                    ".safetensors or .pth (read with torch.load(weights_only=True), never unpickled); without it the "
                    "model is randomly initialised (its q/k/v biases zero)")
@@ -481,7 +482,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     run_demo(model=args.model, data=args.data, out=Path(args.out), quick=args.quick,
              ablation_estimate=args.ablation_estimate, top_k=args.top_k, data_options=_data_options(args),
-             max_batches=args.max_batches)
+             max_batches=args.max_batches, weights=args.weights, model_args=args.model_args)
     return 0
 
 
@@ -604,17 +605,17 @@ def build_parser() -> argparse.ArgumentParser:
         add_parsers(sub)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
-    p.add_argument("--model", default=None, help="zoo name (default dinov2-s14)")
+    _add_model_options(p, required=False, default="dinov2-s14")
     p.add_argument("--data", default=None, help="built-in dataset name, or your own: " + DATA_HELP.split("; ", 1)[1])
     p.add_argument("--out", default="out/demo", help="output folder (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="fewer images and batches (CI)")
+    p.add_argument("--quick", action="store_true", help="one batch, fewer heads run exactly (CI)")
     p.add_argument("--ablation-estimate", default="auto", choices=DEMO_ESTIMATES,
                    help="auto: every head estimated in one pass (AtP*), the top --top-k per kind run exactly; "
                         "exact: every head run exactly (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=5, help="heads per kind run exactly under auto (default: %(default)s)")
-    p.add_argument("--max-batches", type=int, default=None, help="read at most this many batches (default: all; "
-                   "the recording and origin use every batch read, the costlier steps their first 2, as the "
-                   "manifest's 'analysed' says per step)")
+    p.add_argument("--max-batches", type=int, default=None, help="the sample every step reads: this many batches "
+                   "(default: 2, that is 8 items at --batch-size 4; 1 with --quick); the float64 invariances read at "
+                   "most 2 of them, as the manifest's 'analysed' says per step")
     _add_data_options(p, batch_size=4)
     p.set_defaults(func=_cmd_demo)
     return parser
@@ -687,7 +688,7 @@ def _add_analysis_parsers(sub: Any) -> None:
         p.add_argument("--data", default=None, help="default: photos (vision) or python-docs (text); "
                        + DATA_HELP.split("; ", 1)[1])
         p.add_argument("--out", default=None, help=f"output folder (default: out/{name})")
-        p.add_argument("--quick", action="store_true", help="8 items and 1 batch per expensive step")
+        p.add_argument("--quick", action="store_true", help="one batch of at most 8 items, read by every step")
         p.add_argument("--max-batches", type=int, default=None, help=MAX_BATCHES_HELP)
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
         p.add_argument("--layers", type=_int_list, default=None, help="comma-separated layers to analyse "

@@ -18,7 +18,7 @@ from interp.errors import InputError, MissingWeightsError, StepFailedError
 from interp.fingerprint import model_fingerprint
 from interp.models.loading import load_model
 from interp.models.zoo import ZOO
-from interp.pipeline import make_context, run_steps
+from interp.pipeline import DEMO_BATCHES, make_context, run_steps
 from interp.report import begin_outputs, write_report
 
 DEFAULT_MODEL = "dinov2-s14"
@@ -26,14 +26,17 @@ DEFAULT_MODEL = "dinov2-s14"
 
 def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool = False,
              ablation_estimate: str = "auto", top_k: int = 5, data_options: Optional[dict] = None,
-             max_batches: Optional[int] = None) -> Path:
+             max_batches: Optional[int] = None, weights: Optional[str] = None,
+             model_args: Optional[dict] = None) -> Path:
     """Run the main job on ``model`` (default dinov2-s14) and write everything into ``out``.
 
-    The ablation step estimates every head in one pass and runs the ``top_k`` per kind exactly
-    (``ablation_estimate="auto"``); ``"exact"`` runs every head exactly. Every option is checked
-    before the first step runs. ``data_options``: ``resolve_data``'s options for your own data; ``max_batches``:
-    read at most this many batches (None: all). The recording and origin steps read every batch read, the
-    expensive steps their first 2 (1 in quick mode); the manifest's ``analysed`` says, per step, how many."""
+    ``model`` is anything ``load_model`` takes by name (a zoo name, a folder, ``timm:NAME`` / ``open_clip:NAME``
+    with ``weights``, a state dict file, and ``model_args``). The ablation step estimates every head in one pass
+    and runs the ``top_k`` per kind exactly (``ablation_estimate="auto"``); ``"exact"`` runs every head exactly.
+    Every option is checked before the first step runs. ``data_options``: ``resolve_data``'s options for your own
+    data. One sample for every step: the first ``max_batches`` batches (None: ``DEMO_BATCHES``, 8 items at the
+    demo's batch size of 4; quick: 1 batch), the invariances at most ``INVARIANCE_BATCHES`` of them; the
+    manifest's ``analysed`` says, per step, how many items and batches it read."""
     name = model or DEFAULT_MODEL
     if ablation_estimate not in ("auto", "exact"):
         raise InputError(f"ablation_estimate must be 'auto' or 'exact'; got {ablation_estimate!r}")
@@ -42,13 +45,15 @@ def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool =
         raise MissingWeightsError(f"{name} weights are not cached: run `make models` (interp fetch) first")
     t0 = time.time()
     print(f"loading {name}")
-    ctx = make_context(load_model(name), data, quick, out, ablation_estimate, top_k, data_options,
-                       max_batches=max_batches, cap_steps=True, command="demo")
+    max_batches = DEMO_BATCHES if max_batches is None else max_batches
+    ctx = make_context(load_model(name, weights=weights, model_args=model_args), data, quick, out, ablation_estimate,
+                       top_k, data_options, max_batches=max_batches, command="demo")
     begin_outputs(out, "demo")
     sections = run_steps(ctx, keep_partial=True)
     info, stats = ctx.model.interp, ctx.stats
     failed = sections[-1].numbers if sections and sections[-1].key == "failed" else None
-    meta = dict(command="demo", model=name, family=info.family, dataset=ctx.dataset, batches=len(ctx.batches),
+    meta = dict(command="demo", model=name, weights=None if weights is None else str(weights), model_args=model_args,
+                family=info.family, dataset=ctx.dataset, batches=len(ctx.batches),
                 items=sum(int(b.inputs.shape[0]) for b in ctx.batches), max_batches=max_batches,
                 analysed=ctx.analysed,
                 positions_counted=stats.count(stats.layers[0]) if stats is not None else 0, quick=quick,

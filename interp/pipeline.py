@@ -39,6 +39,13 @@ from interp.sections import Context, DataBatches, Section
 from interp.stats import QKVStats
 
 
+# The demo's sample: its first 2 batches (8 images or sequences at its batch size of 4; 1 batch with --quick),
+# read by every step. --max-batches changes it for every step but the invariances (INVARIANCE_BATCHES).
+DEMO_BATCHES = 2
+# The float64 identity checks cost two forwards per layer and batch: at most the demo's sample, whatever was read.
+INVARIANCE_BATCHES = DEMO_BATCHES
+
+
 def inventory_step(ctx: Context) -> list[Section]:
     spec = bias_spec(ctx.model)
     present = spec[spec.present].groupby("kind").norm.agg(["mean", "max"])
@@ -124,7 +131,7 @@ def scores_step(ctx: Context) -> list[Section]:
     if family.score_refusal:  # said in the report, not skipped silently
         return [Section("key_prior", "Key prior", f"Not computed for {family.label}: {family.score_refusal}.",
                         dict(refused=family.score_refusal))]
-    batches = ctx.first(2)
+    batches = ctx.first()
     dec = score_decomposition(ctx.model, batches, layers=ctx.layers, heads=ctx.heads)
     label = ctx.data_label(batches)
     shares = dec.groupby("term").share.mean()
@@ -147,7 +154,9 @@ def scores_step(ctx: Context) -> list[Section]:
 
 
 def invariance_step(ctx: Context) -> list[Section]:
-    inv = bias_invariances(ctx.model, ctx.first(1), layers=ctx.layers)
+    # the identities hold per item, and checking them costs two float64 forwards per layer and batch (24 forwards
+    # of a 12-layer model): the first INVARIANCE_BATCHES of the sample (in the demo, all of it)
+    inv = bias_invariances(ctx.model, ctx.first(INVARIANCE_BATCHES), layers=ctx.layers, max_batches=None)
     worst = inv.groupby("check").max_abs_diff.max()
     family = ctx.model.interp.spec
     numbers = dict(k_bias_pattern_max_abs_diff=float(worst["k_bias_pattern"]),
@@ -189,7 +198,7 @@ def _families_text(numbers: dict, families: str) -> str:
 
 
 def frequency_step(ctx: Context) -> list[Section]:
-    aim, batches = dict(layers=ctx.layers, heads=ctx.heads), ctx.first(2, n_quick=2)
+    aim, batches = dict(layers=ctx.layers, heads=ctx.heads), ctx.first()
     label = ctx.data_label(batches)
     shift = frequency_shift_under_ablation(ctx.model, batches, kinds=("q",), **aim)
     clustered = _families(frequency_profile(ctx.model, batches, **aim), ctx.model, batches, aim)
@@ -293,9 +302,8 @@ def _sinks_text(n: dict[str, Any]) -> str:
 
 def sinks_step(ctx: Context) -> list[Section]:
     """Attention sinks (threshold ``SINK_THRESHOLD``), the implicit value bias beside b_v W_O, and massive activations,
-    on the batches ``Context.first`` gives (all of them on the command line; in the demo the first 2, 1 in quick
-    mode); no removal runs (``sink_profile(remove=...)`` is costly)."""
-    batches = ctx.first(2)
+    on the sample (``Context.first``); no removal runs (``sink_profile(remove=...)`` is costly)."""
+    batches = ctx.first()
     label = ctx.data_label(batches)
     aim = dict(layers=ctx.layers, heads=ctx.heads)
     profile = sink_profile(ctx.model, batches, threshold=SINK_THRESHOLD, progress=False, **aim)
@@ -458,7 +466,7 @@ def ablation_step(ctx: Context) -> list[Section]:
     """Zero-ablation of every head's bias; the heads run exactly carry their matched control (``n_control``
     random directions of the same displacement norm, ``ablate_bias``'s default). Quick mode runs 2 top and 2 sampled
     heads per kind exactly (each costs 20 forwards with its control)."""
-    batches = ctx.first(2)
+    batches = ctx.first()
     quick = dict(top_k=min(ctx.top_k, 2), sample_k=2) if ctx.quick else dict(top_k=ctx.top_k)  # quick: 2 + 2 exact
     options = SweepOptions(method="zero", estimate=ctx.ablation_estimate, **quick)
     results = ablate_bias(ctx.model, batches, kinds=("q", "k", "v"), options=options,
@@ -477,12 +485,12 @@ STEPS: dict[str, Step] = {
 def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool = False,
                  out: Optional[Path] = None, ablation_estimate: str = "auto", top_k: int = 5,
                  data_options: Optional[dict[str, Any]] = None, layers: Any = None, heads: Any = None,
-                 max_batches: Optional[int] = None, cap_steps: bool = False, command: Optional[str] = None) -> Context:
+                 max_batches: Optional[int] = None, command: Optional[str] = None) -> Context:
     """The shared context for ``model`` on a built-in dataset (its modality's default when None) or a
-    researcher's own (anything ``open_data`` takes: the first 8 items in quick mode, else all of it), read
-    up to ``max_batches`` batches (None: all), lazily and never whole (``DataBatches``: each step's pass reads
-    the batches it analyses). ``cap_steps``: the expensive steps read only their first
-    batches (the demo; see ``Context.first``), else every step reads every batch read here.
+    researcher's own (anything ``open_data`` takes), read up to ``max_batches`` batches (None: all; quick mode:
+    the first batch of at most 8 items), lazily and never whole (``DataBatches``: each step's pass reads the
+    batches it analyses). The batches read are the sample: every step reads all of them (``Context.first``),
+    except the invariances, at most ``INVARIANCE_BATCHES``.
     ``ablation_estimate`` / ``top_k``: how the ablation step measures (see ``ablate_bias``);
     ``data_options``: ``resolve_data``'s options (text_column, batch_size, max_items, ...); ``layers`` /
     ``heads`` (None: all): the rows the analysis steps compute (checked here, before any step); ``command``: the
@@ -490,6 +498,8 @@ def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool
     aim = dict(layers=None if layers is None else check_layers(layers, model.interp),
                heads=None if heads is None else check_heads(heads, model.interp))
     max_batches = check_max_batches(max_batches)
+    if quick:  # one batch (of at most 8 items), whatever was asked
+        max_batches = 1
     if dataset is None or (isinstance(dataset, str) and not dataset):
         dataset = "photos" if model.interp.modality == "vision" else "python-docs"
     options = {"batch_size": 4, **{k: v for k, v in (data_options or {}).items() if v is not None}}
@@ -497,8 +507,7 @@ def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool
     if out is not None:
         begin_outputs(out, command)  # the command starts here: its steps write (ablation logs) before the report
     label = str(dataset) if isinstance(dataset, (str, Path)) else type(dataset).__name__  # an array: its type
-    return Context(model, label, batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k,
-                   cap_steps=cap_steps, **aim)
+    return Context(model, label, batches, quick, out, ablation_estimate=ablation_estimate, top_k=top_k, **aim)
 
 
 def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print,

@@ -100,7 +100,6 @@ class Context:
     top_k: int = 5
     layers: Optional[list[int]] = None  # the layers and heads the analysis steps look at (None: all)
     heads: Optional[list[int]] = None
-    cap_steps: bool = False  # the demo: each expensive step reads only its first batches (see ``first``)
     analysed: dict[str, dict[str, int]] = field(default_factory=dict)  # per step: the items and batches it read
     step: str = ""  # the step running (``run_steps`` sets it), the key ``first`` notes its batches under
 
@@ -131,15 +130,13 @@ class Context:
         unit = "image" if self.model.interp.modality == "vision" else "sequence"
         return f"{n:,} {unit}{'s' if n != 1 else ''}"
 
-    def first(self, n_full: Optional[int] = None, n_quick: int = 1) -> Union[DataBatches, list[Batch]]:
-        """The batches a step analyses, noted in ``analysed`` under the running step: all of ``batches`` (the
-        data as read, already cut to ``--max-batches``) for a cheap step (``n_full`` None) and wherever steps
-        are not capped (every CLI analysis command); else, for an expensive step, 1 in quick mode and the
-        first ``n_full`` in the demo (``cap_steps``); ``n_quick`` in quick mode."""
-        if n_full is None or not (self.quick or self.cap_steps):
+    def first(self, n: Optional[int] = None) -> Union[DataBatches, list[Batch]]:
+        """The batches a step analyses, noted in ``analysed`` under the running step: the sample, that is all of
+        ``batches`` (the data as read, already cut to ``max_batches``: one sample for every step), or its first
+        ``n`` for a step that must read fewer (say why where it is called)."""
+        if n is None:
             chosen = self.batches
         else:
-            n = n_quick if self.quick else n_full
             chosen = self.batches.head(n) if isinstance(self.batches, DataBatches) else self.batches[:n]
         seen = self.analysed.get(self.step or "?", dict(items=0, batches=0))
         sizes = [int(b.inputs.shape[0]) for b in chosen]  # one pass: items per batch

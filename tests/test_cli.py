@@ -29,8 +29,10 @@ def test_unknown_model_is_one_clear_line():
 @pytest.mark.slow
 def test_demo_quick_writes_tables_figures_and_report(tmp_path, run_cli, capsys):
     assert ZOO["dinov2-s14"].available(), "`make models` should have fetched dinov2-s14"
-    # in this process (the entry point itself: test_models_lists_the_zoo); a second start-up cost ~15 s of CPU
-    assert run_cli(["demo", "--quick", "--out", tmp_path]) == 0, capsys.readouterr().err[-2000:]
+    # in this process (the entry point itself: test_models_lists_the_zoo); a second start-up cost ~15 s of CPU.
+    # The smallest sample that runs every step: one batch of 2 photographs (the families' halves hold 1 each, the
+    # ablation's bootstrap resamples 2); the ablation's exact heads cost 20 forwards each, in proportion to it
+    assert run_cli(["demo", "--quick", "--batch-size", "2", "--out", tmp_path]) == 0, capsys.readouterr().err[-2000:]
     for stem in ("bias_spec", "origin_shift", "score_decomposition", "bias_invariances", "qkv_stats",
                  "frequency_profile", "frequency_shift_q_bias", "sink_profile", "sink_shares", "implicit_value_bias",
                  "massive_activations", "ablation"):
@@ -46,6 +48,10 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path, run_cli, capsys):
     assert report.index("Headline findings") < report.index("Bias inventory")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["meta"]["model"] == "dinov2-s14" and summary["headlines"]
+    # one sample for every step that reads data, said beside each headline
+    assert summary["meta"]["analysed"] and all(a == dict(items=2, batches=1) for a in summary["meta"]["analysed"].values())
+    assert {v for k, v in summary["samples"].items() if k not in ("inventory", "single_input")} == {"2 images"}
+    assert all(h.startswith("[n = 2 images] ") for h in summary["headlines"])
     assert len(summary["meta"]["model_fingerprint"]) == 16
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert "report.html" in manifest["files"] and manifest["meta"]["data_fingerprint"]
@@ -246,9 +252,9 @@ def _api_tables(command, model, data):
         if command == "record":
             return {"qkv_stats": stats.to_frame()}
         return {"qkv_stats": stats.to_frame(), "origin_shift": interp.origin_shift(model, stats, data=data)}
-    if command == "scores":
+    if command == "scores":  # the float64 identity checks read the first INVARIANCE_BATCHES (2) of the data
         return {"score_decomposition": interp.score_decomposition(model, data),
-                "bias_invariances": interp.bias_invariances(model, data)}
+                "bias_invariances": interp.bias_invariances(model, data, max_batches=2)}
     if command == "frequency":  # 2 heads: no families fitted (cluster_heads' permutation null costs 10 s here)
         aim = dict(layers=[1], heads=[0, 1])
         profile = interp.frequency_profile(model, data, **aim)
@@ -287,9 +293,9 @@ def test_the_command_line_gives_the_api_numbers_on_the_same_file(command, digit_
             cli = cli.drop(columns=list(CLUSTER_COLUMNS))
         pd.testing.assert_frame_equal(cli, api, check_exact=True, obj=name)
     meta = json.loads((out / "manifest.json").read_text())["meta"]
-    analysed = meta.get("analysed", {}).values() or [dict(items=meta["items_analysed"],
-                                                          batches=meta["batches_analysed"])]
-    assert all(a == dict(items=10, batches=3) for a in analysed), meta
+    analysed = meta.get("analysed") or {command: dict(items=meta["items_analysed"], batches=meta["batches_analysed"])}
+    invariances = analysed.pop("invariances", dict(items=8, batches=2))  # said as read: its first 2 batches
+    assert invariances == dict(items=8, batches=2) and all(a == dict(items=10, batches=3) for a in analysed.values())
     assert meta["max_batches"] is None
 
 
@@ -429,7 +435,7 @@ def test_one_input_command_writes_single_inputs_tables(digit_folder, digits_vit,
 
 def test_a_timm_model_with_weights_from_the_command_line(digit_folder, tmp_path):
     """--model timm:NAME --weights FILE --model-args JSON: the model the API loads from the same file (the trained
-    digits ViT as timm weights), in `inventory` and `one-input`, table for table."""
+    digits ViT as timm weights), in `inventory`, `one-input` and `demo`, table for table."""
     import torch
 
     import interp
@@ -452,3 +458,13 @@ def test_a_timm_model_with_weights_from_the_command_line(digit_folder, tmp_path)
     view = interp.single_input(model, str(digit_folder / "03.png"))
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "single_input_heads.csv"), _through_csv(view.heads),
                                   check_exact=True)
+    # the demo too: its statistics (quick: the first batch of 4) are the API's on that model and batch
+    assert cli_main(["demo", *flags, "--data", str(digit_folder), "--quick", "--out", str(tmp_path / "demo")]) == 0
+    from interp.data import open_data
+
+    first = list(open_data(model, str(digit_folder), dict(batch_size=4)))[:1]
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "demo" / "qkv_stats.csv"),
+                                  _through_csv(interp.record_qkv(model, first, progress=False).to_frame()),
+                                  check_exact=True)
+    meta = json.loads((tmp_path / "demo" / "manifest.json").read_text())["meta"]
+    assert (meta["weights"], meta["model_args"]) == (str(tmp_path / "digits.pth"), args)

@@ -46,7 +46,7 @@ def test_summary_numbers_equal_the_tables(written):
     first = summary["sections"]["ablation"]["top_heads"][0]
     assert (first["layer"], first["head"], first["kind"]) == (best.layer, best["head"], best.kind)
     assert first["delta"] == pytest.approx(best.delta)
-    assert summary["sections"]["recording"]["positions_counted"] == 2 * 4 * 17  # 2 quick batches of 4 digits
+    assert summary["sections"]["recording"]["positions_counted"] == 4 * 17  # quick: one batch of 4 digits
 
 
 def test_report_opens_with_the_headline_findings(written):
@@ -200,22 +200,24 @@ def test_the_report_says_each_thing_once_and_offers_every_png_as_a_download(writ
 
 
 def test_each_headline_states_the_sample_its_numbers_come_from(written):
-    """Quick mode reads 8 digits in batches of 4: recording and origin read both batches, the key prior, sinks,
-    invariances and ablations the first; the count is checked against the positions recorded (17 per digit)."""
+    """One sample for every step: quick mode reads one batch of 4 digits and every section that reads data reads
+    exactly it (the count checked against the positions recorded, 17 per digit); one input reads 1 image."""
     out, sections, report = written
     summary = json.loads((out / "summary.json").read_text())
     info = interp.load_model("digits-vit", device="cpu").interp
     per_image = (info.image_size // info.patch_size) ** 2 + info.n_prefix_tokens
     images = summary["sections"]["recording"]["positions_counted"] // per_image
-    assert images == 8
+    assert images == 4
     headlines = dict(zip([s.key for s in sections if s.headline], summary["headlines"]))
     assert headlines["origin_shift"].startswith(f"[n = {images} images] The largest bias shift")
-    for key in ("key_prior", "invariances", "implicit_biases", "ablation"):
-        assert headlines[key].startswith("[n = 4 images] "), headlines[key]
+    for key in ("key_prior", "invariances", "head_families", "implicit_biases", "ablation"):
+        assert headlines[key].startswith(f"[n = {images} images] "), headlines[key]
+    samples = {k: v for k, v in summary["samples"].items() if k not in ("inventory", "single_input")}
+    assert set(samples.values()) == {f"{images} images"}, samples  # one sample
     assert summary["samples"]["single_input"].startswith("1 image (") and summary["samples"]["inventory"] == ""
     page = report.read_text()
     assert all(h.replace("'", "&#x27;") in page for h in summary["headlines"])
-    assert "Samples (n), by section: 8 images: Recording, Shift ratio" in page
+    assert f"Samples (n), by section: {images} images: Recording, Shift ratio" in page
 
 
 def test_lazy_data_gives_the_numbers_of_the_data_held_in_a_list():
@@ -225,8 +227,8 @@ def test_lazy_data_gives_the_numbers_of_the_data_held_in_a_list():
     from interp.sections import Context, DataBatches
 
     model = interp.load_model(tiny_hf_model("vit", n_layers=2, n_heads=2), device="cpu")
-    lazy = make_context(model, "digits", quick=True)
-    held = Context(model, "digits", list(lazy.batches), quick=True)
+    lazy = make_context(model, "digits", max_batches=2)
+    held = Context(model, "digits", list(lazy.batches))
     assert isinstance(lazy.batches, DataBatches) and len(held.batches) == 2
     steps = ["recording", "invariances"]
     got, want = run_steps(lazy, steps, log=lambda _: None), run_steps(held, steps, log=lambda _: None)

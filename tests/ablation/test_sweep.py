@@ -266,8 +266,10 @@ def test_interp_ablate_under_torchrun_equals_one_process(tmp_path, run_cli, caps
 
     import pandas as pd
 
+    # 4 exact heads per kind (3 top, 1 drawn), each with 2 control draws: both ranks get exact rows and control
+    # draws to shard (the defaults, 5 drawn and 19 draws, ran 320 patched forwards twice for the same property)
     args = ["-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1",
-            "--estimate", "auto", "--top-k", "3"]
+            "--estimate", "auto", "--top-k", "3", "--sample-k", "1", "--n-control", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torchrun's per-rank default: the same float32 sums
     assert run_cli(args[2:] + ["--out", tmp_path / "one"]) == 0, capsys.readouterr().err[-2000:]  # one thread
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))

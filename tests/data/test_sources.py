@@ -217,8 +217,10 @@ def test_the_pipeline_and_the_cli_take_a_folder(vit, tmp_path):
     from interp.pipeline import make_context
 
     write_images(tmp_path / "imgs", 10)
-    ctx = make_context(vit, str(tmp_path / "imgs"), quick=True)
-    assert [b.inputs.shape[0] for b in ctx.batches] == [4, 4]  # the first 8 items in quick mode
+    ctx = make_context(vit, str(tmp_path / "imgs"))
+    assert [b.inputs.shape[0] for b in ctx.batches] == [4, 4, 2]  # every image, in batches of 4
+    ctx = make_context(vit, str(tmp_path / "imgs"), quick=True, data_options=dict(batch_size=8))
+    assert [b.inputs.shape[0] for b in ctx.batches] == [8]  # quick mode: one batch of the first 8 items
     assert cli_main(["record", "--model", "digits-vit", "--data", str(tmp_path / "imgs"), "--max-images", "6",
                      "--out", str(tmp_path / "out")]) == 0
     meta = json.loads((tmp_path / "out" / "manifest.json").read_text())["meta"]
