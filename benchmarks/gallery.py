@@ -35,7 +35,9 @@ def main() -> None:
     ap.add_argument("--out", default="docs/figures")
     args = ap.parse_args()
     out = Path(args.out)
-    lines = ["# Figure gallery", "", "Regenerate with `python benchmarks/gallery.py`.", ""]
+    sample = "one batch (--quick)" if args.quick else f"the demo's sample, its first {DEMO_BATCHES} batches"
+    lines = ["# Figure gallery", "", "Regenerate with `python benchmarks/gallery.py`. Each model runs the whole pipeline "
+             f"on {sample} (the Data line says how many items), as `interp demo` does.", ""]
     for name in args.models:
         t = time.time()
         ctx = make_context(interp.load_model(name), RUNS[name], quick=args.quick, max_batches=DEMO_BATCHES)  # as the demo

@@ -195,7 +195,7 @@ def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data
         figs[f"ablation_top_{method}_{estimate}"] = _top_heads_figure(df, model_name, method, estimate, top, data)
     for method, df in per_head.groupby("method"):
         for estimate in [e for e in dict.fromkeys(df.estimate) if e != "exact" and "exact" in set(df.estimate)]:
-            figs[f"ablation_exact_vs_{estimate}_{method}"] = _estimate_scatter(df, model_name, method, estimate)
+            figs[f"ablation_exact_vs_{estimate}_{method}"] = _estimate_scatter(df, model_name, method, estimate, data)
     return figs
 
 
@@ -274,7 +274,8 @@ def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: 
     return fig
 
 
-def _estimate_scatter(df: pd.DataFrame, model_name: str, method: str, estimate: str) -> plt.Figure:
+def _estimate_scatter(df: pd.DataFrame, model_name: str, method: str, estimate: str, data: str = "") -> plt.Figure:
+    """Each head's ``estimate`` delta against its exact delta (both ablated - intact, in the metric's units)."""
     rows = df[df.estimate.isin(["exact", estimate])]
     wide = rows.pivot_table(index=["layer", "head", "kind"], columns="estimate", values="delta").dropna().reset_index()
     fig, ax = plt.subplots(figsize=(5.5, 5))
@@ -283,9 +284,12 @@ def _estimate_scatter(df: pd.DataFrame, model_name: str, method: str, estimate: 
     both = wide[["exact", estimate]]
     lo, hi = float(both.min().min()), float(both.max().max())
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
-    ax.set_xlabel(f"exact delta {df.metric.iloc[0]}")
-    ax.set_ylabel(f"{estimate} estimate")
-    ax.set_title(f"{model_name}: {estimate} vs exact ({method}, {len(wide)} heads)")
+    metric = df.metric.iloc[0]
+    unit = UNITS.get(metric, "metric units")
+    ax.set_xlabel(f"exact delta {metric} (ablated - intact, {unit})")
+    ax.set_ylabel(f"{estimate} estimate of the delta ({unit})")
+    ax.set_title(f"{model_name}: {estimate} vs exact ({method}, {len(wide)} heads)\n{_ablation_subtitle(df, data)}",
+                 fontsize=10)
     ax.legend(title="kind")
     fig.tight_layout()
     return fig

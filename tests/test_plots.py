@@ -60,7 +60,7 @@ ABL = pd.DataFrame([dict(layer=la, head=h, kind=k, method="zero", estimate=e, sc
 def test_ablation_figures_draw_the_deltas_the_top_heads_and_estimate_against_exact():
     from interp import plots
 
-    figs = plots.ablation_figures(ABL, "toy", top=4)
+    figs = plots.ablation_figures(ABL, "toy", top=4, data="toy data, 6 items")
     exact = ABL[ABL.estimate == "exact"]
     heat = figs["ablation_delta_zero_exact"]
     panels = [ax for ax in heat.axes if ax.get_title().startswith("kind")]
@@ -86,6 +86,8 @@ def test_ablation_figures_draw_the_deltas_the_top_heads_and_estimate_against_exa
     atp = ABL[ABL.estimate == "atp"]
     assert points == {(round(r.delta, 12), round(cell(atp, "delta", layer=r.layer, head=r["head"], kind=r.kind), 12))
                       for _, r in exact.iterrows()}
+    assert "(ablated - intact, nats)" in ax.get_xlabel() and ax.get_ylabel().endswith("(nats)")  # cross_entropy
+    assert "toy data, 6 items" in ax.get_title()  # what it was measured on, as in the other ablation figures
     plt.close("all")
 
 
