@@ -500,7 +500,8 @@ def test_readme_lm_families_and_spread_equal_their_csvs():
 def test_readme_demo_time_is_the_measured_one():
     t = pd.read_csv(RESULTS / "demo" / "timing.csv").iloc[-1]
     text = " ".join(README.split())
-    quoted = f"({int(t.wall_seconds // 60)} min {round(t.wall_seconds % 60)} s on 2 cores, idle, `docs/results/demo/timing.csv`"
+    minutes, seconds = divmod(round(t.wall_seconds), 60)
+    quoted = f"({minutes} min {seconds} s on 2 cores, idle, `docs/results/demo/timing.csv`"
     assert quoted in text, quoted
 
 

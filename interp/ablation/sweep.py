@@ -76,6 +76,7 @@ from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
+from interp.ablation.memory import auto_stack
 from interp.ablation.options import SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
                                    patched_items, patched_stack)
@@ -428,9 +429,11 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
     bar = tqdm(total=len(jobs) * len(run.batches), disable=not opts.progress, unit="forward",
                desc=f"ablate {method} (exact, with {opts.n_control} control draws)")
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
+    stack = opts.stack if opts.stack != "auto" else max(
+        auto_stack(run.model, b.inputs, logits, opts.reuse_prefix) for b in run.batches[:1])
     with torch.no_grad():
         for round_jobs in _rounds(jobs):
-            groups = _groups(round_jobs, opts.stack, opts.reuse_prefix)
+            groups = _groups(round_jobs, stack, opts.reuse_prefix)
             hooks = [_job_hooks(run, group, stats, opts) for _, group in groups]
             record = opts.reuse_prefix and any(start for start, _ in groups)
             sums: dict[_Job, list[Tensor]] = {job: [] for job in round_jobs}
