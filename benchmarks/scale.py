@@ -218,6 +218,13 @@ def ablation_run(size: str, tokens: int, args) -> dict:
         result["table"] = interp.ablate_bias(m, d, estimate="auto", progress=False, **extra)
 
     ablate_s, ablate_peak = measure(ablate, model, data, args.device, 1)
+    # the one-pass estimate alone (top_k = sample_k = 0: no exact stage): its forward + backward sets a floor on
+    # the sweep's peak that no stack changes
+    _, estimate_peak = measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", top_k=0, sample_k=0,
+                                                               progress=False), model, data, args.device, 1)
+    from interp.ablation.memory import auto_stack
+    stack_used = (auto_stack(model, data[0].inputs, True, True, backward=True) if args.stack in (None, "auto")
+                  else int(args.stack))
     n_patched, block_share = patched_forwards(result["table"], SIZES[size][1])
     floor_s = fwd_bwd_s + block_share * blocks_s + n_patched * head_s
     print("interp from", interp.__file__, flush=True)
@@ -225,7 +232,8 @@ def ablation_run(size: str, tokens: int, args) -> dict:
                tokens=tokens, n_batches=args.batches, forward_s=forward_s, fwd_bwd_s=fwd_bwd_s, blocks_s=blocks_s,
                head_s=head_s, ablate_s=ablate_s, floor_s=floor_s, n_patched=n_patched,
                ratio_forward=ablate_s / forward_s, floor_forwards=floor_s / forward_s, ratio_floor=ablate_s / floor_s,
-               forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, memory_ratio=ablate_peak / forward_peak if forward_peak else float("nan"))
+               forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, estimate_peak_mb=estimate_peak,
+               stack_used=stack_used, memory_ratio=ablate_peak / forward_peak if forward_peak else float("nan"))
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     if args.profile:
         import cProfile

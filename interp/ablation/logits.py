@@ -35,7 +35,7 @@ from interp.data import Batch
 from interp.models.bridge import InterpBridge
 
 CHUNK_BYTES = 16 * 2**20  # logits of one chunk of positions (float32): the chunk's rows x vocab x 4 bytes
-TILE_BYTES = 4 * 2**20  # one vocabulary tile of every stacked variant's logits (float32; its float64 copy twice that)
+TILE_BYTES = 16 * 2**20  # one vocabulary tile of every stacked variant's logits (float32; its float64 copy twice that)
 
 
 def head(model: InterpBridge, hidden: Float[Tensor, "*rows d_model"]) -> Float[Tensor, "*rows vocab"]:

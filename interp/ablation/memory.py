@@ -12,7 +12,11 @@ bytes (``e``: the model's element size; HF upcasts the logits and the attention 
 * the logits, per sequence: T x vocabulary x 4 (causal LMs; a classifier's or a ViT's are negligible);
 * a plain forward's peak: the larger of one block and the logits (the earlier blocks' activations are freed);
 * the sweep: the intact logits + ``logits.TILE_BYTES`` + the intact block outputs (layers x T x d_model x e) +
-  s x (one block + the final hidden states, T x d_model x 4), per sequence of the batch.
+  s x (one block + the final hidden states, T x d_model x 4), per sequence of the batch;
+* the one-pass estimate's forward and backward (estimate != "exact"): every block's activations kept for the
+  backward plus the logits, their log-softmax and its gradient: layers x one block + 3 x the logits. Measured
+  at 25m@128 the sweep's peak is that stage's (198 MB whatever the stack, 1 or 8), so under a backward the
+  budget is its peak, not two forwards'.
 
 The same rule on every device (nothing is measured; ``benchmarks/scale.py --ablation`` measures the real peaks).
 """
@@ -59,12 +63,17 @@ def estimate_bytes(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix:
 
     prefix = info.n_layers * tokens * info.d_model * element if reuse_prefix else 0
     return dict(forward=float(max(block, head)), fixed=float(head + prefix), tile=float(split.TILE_BYTES),
-                per_variant=float(block + tokens * info.d_model * 4))
+                per_variant=float(block + tokens * info.d_model * 4),
+                backward=float(info.n_layers * block + 3 * head))
 
 
-def auto_stack(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix: bool) -> int:
-    """The stack ``stack="auto"`` uses for a batch of ``inputs`` (module doc): 1 to ``MAX_STACK``."""
+def auto_stack(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix: bool, backward: bool = False) -> int:
+    """The stack ``stack="auto"`` uses for a batch of ``inputs`` (module doc): 1 to ``MAX_STACK``. With
+    ``backward`` (the sweep's one-pass estimate runs a forward and backward first) the budget is the larger of
+    ``BUDGET`` forwards and that backward's own peak (``estimate_bytes``' ``backward``): a stack within the peak the
+    call reaches anyway costs no memory (measured: benchmarks/scale.py --ablation, estimate_peak_mb)."""
     est = estimate_bytes(model, inputs, logits, reuse_prefix)
     batch = int(inputs.shape[0])
-    room = BUDGET * est["forward"] * batch - est["fixed"] * batch - est["tile"]
+    budget = max(BUDGET * est["forward"], est["backward"] if backward else 0.0) * batch
+    room = budget - est["fixed"] * batch - est["tile"]
     return max(1, min(MAX_STACK, int(room // (est["per_variant"] * batch))))

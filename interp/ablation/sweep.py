@@ -430,7 +430,8 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
                desc=f"ablate {method} (exact, with {opts.n_control} control draws)")
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
     stack = opts.stack if opts.stack != "auto" else max(
-        auto_stack(run.model, b.inputs, logits, opts.reuse_prefix) for b in run.batches[:1])
+        auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact")
+        for b in run.batches[:1])
     with torch.no_grad():
         for round_jobs in _rounds(jobs):
             groups = _groups(round_jobs, stack, opts.reuse_prefix)
