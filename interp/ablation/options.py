@@ -107,8 +107,9 @@ class SweepOptions:
                                 _member(ESTIMATES))
     max_batches: Optional[int] = option(None, "fingerprint", "batches of the data read (None: all)")
     stack: Any = option("auto", "none", "variants stacked on the batch axis of one patched forward: a count, or "
-                        "auto, the most (up to 8) whose estimated peak stays within 2 plain forwards' or, when a one-pass "
-                        "estimate runs first, within its backward's peak (interp.ablation.memory)", _stack, flag=True)
+                        "auto, the most (up to 8) whose estimated peak stays within 2 plain forwards' or, when a "
+                        "one-pass estimate runs first, within its backward's peak (interp.ablation.memory)", _stack,
+                        flag=True)
     force_exact: bool = option(False, "none", "run forwards even for variants an identity answers (b_k under "
                                "non-rotary positions, absent biases, b_v folded); by default their rows say why and "
                                "skip the forward", _flag, flag=True)
