@@ -214,17 +214,26 @@ def ablation_run(size: str, tokens: int, args) -> dict:
     result = {}
 
     def ablate(m, d):
-        result["table"] = interp.ablate_bias(m, d, estimate="auto", progress=False)
+        extra = {} if args.stack is None else {"stack": int(args.stack) if args.stack.isdigit() else args.stack}
+        result["table"] = interp.ablate_bias(m, d, estimate="auto", progress=False, **extra)
 
     ablate_s, ablate_peak = measure(ablate, model, data, args.device, 1)
+    # the one-pass estimate alone (top_k = sample_k = 0: no exact stage): its forward + backward sets a floor on
+    # the sweep's peak that no stack changes
+    _, estimate_peak = measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", top_k=0, sample_k=0,
+                                                               progress=False), model, data, args.device, 1)
+    from interp.ablation.memory import auto_stack
+    stack_used = (auto_stack(model, data[0].inputs, True, True, backward=True) if args.stack in (None, "auto")
+                  else int(args.stack))
     n_patched, block_share = patched_forwards(result["table"], SIZES[size][1])
     floor_s = fwd_bwd_s + block_share * blocks_s + n_patched * head_s
     print("interp from", interp.__file__, flush=True)
-    row = dict(label=args.label, device=args.device, size=size, dtype=args.dtype, batch_size=args.batch_size,
+    row = dict(label=args.label, stack=args.stack or "default", device=args.device, size=size, dtype=args.dtype, batch_size=args.batch_size,
                tokens=tokens, n_batches=args.batches, forward_s=forward_s, fwd_bwd_s=fwd_bwd_s, blocks_s=blocks_s,
                head_s=head_s, ablate_s=ablate_s, floor_s=floor_s, n_patched=n_patched,
                ratio_forward=ablate_s / forward_s, floor_forwards=floor_s / forward_s, ratio_floor=ablate_s / floor_s,
-               forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, memory_ratio=ablate_peak / forward_peak if forward_peak else float("nan"))
+               forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, estimate_peak_mb=estimate_peak,
+               stack_used=stack_used, memory_ratio=ablate_peak / forward_peak if forward_peak else float("nan"))
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     if args.profile:
         import cProfile
@@ -387,6 +396,7 @@ def parse(argv=None) -> argparse.Namespace:
                         "any PASS, the sweep's profile -> ablation_profile.txt)")
     p.add_argument("--ablation", action="store_true", help="ablate_bias against its floor -> ablation_<device>.csv")
     p.add_argument("--label", default="", help="--ablation: the code measured (e.g. before, after)")
+    p.add_argument("--stack", default=None, help="--ablation: ablate_bias's stack (default: its own default)")
     p.add_argument("--dry-run", action="store_true", help="tiny model, 16 tokens, CPU: seconds")
     p.add_argument("--gpu-check", action="store_true", help="pytest -m cuda, then 0.5b and 1.5b at 4096 tokens in bf16")
     args = p.parse_args(argv)

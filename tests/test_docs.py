@@ -500,7 +500,8 @@ def test_readme_lm_families_and_spread_equal_their_csvs():
 def test_readme_demo_time_is_the_measured_one():
     t = pd.read_csv(RESULTS / "demo" / "timing.csv").iloc[-1]
     text = " ".join(README.split())
-    quoted = f"({int(t.wall_seconds // 60)} min {round(t.wall_seconds % 60)} s on 2 cores, idle, `docs/results/demo/timing.csv`"
+    minutes, seconds = divmod(round(t.wall_seconds), 60)
+    quoted = f"({minutes} min {seconds} s on 2 cores, idle, `docs/results/demo/timing.csv`"
     assert quoted in text, quoted
 
 
@@ -519,3 +520,25 @@ def test_readme_quickstart_time_equals_its_csv():
     block = re.search(r"## Ten lines\s+```python\n(.*?)```", README, re.S).group(1)
     code = [line.split("  #")[0].rstrip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
     assert lines == code, "timing.csv was measured on another quickstart: rerun benchmarks/quickstart_time.py"
+
+
+def test_readme_ablation_scale_equals_its_csv():
+    """README's ablate_bias figures at 25m@128 are docs/results/scale/ablation_cpu.csv's rows: the code before the
+    rework and the last row (now), floor ratio and peaks."""
+    table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
+    text = " ".join(README.split())
+    before = table[table.label == "before (36909f6), idle"].iloc[-1]
+    said = re.search(r"Before the rework \(36909f6, every stacked variant's full logits\): ([\d.]+)x its floor, peak "
+                     r"([\d.]+) MB \(([\d.]+)x a forward's ([\d.]+) MB\)", text)
+    assert said, "README quotes the ablation before the rework"
+    for quoted, value in zip(said.groups(), (before.ratio_floor, before.ablate_peak_mb, before.memory_ratio,
+                                             before.forward_peak_mb)):
+        assert agrees(quoted, value), (quoted, value)
+    now = table.iloc[-1]
+    said = re.search(r'`stack="auto"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB \(([\d.]+)x a forward\); the '
+                     r"one-pass estimate alone peaks at ([\d.]+) MB", text)
+    assert said, "README quotes the last ablation row"
+    assert int(said.group(1)) == int(now.stack_used)
+    for quoted, value in zip(said.groups()[1:], (now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
+                                                 now.estimate_peak_mb)):
+        assert agrees(quoted, value), (quoted, value)

@@ -12,8 +12,9 @@ where a metric is defined (real tokens: attention mask 1):
   (``metrics.kl_from_intact``'s rule), with log p the intact log-probabilities computed once per batch
   (``intact_logits``) and reused by every variant and chunk.
 
-Peak memory: the intact log-probabilities of one batch (real positions x vocab, the metric's dtype) and a few
-chunks of ``CHUNK_BYTES``, instead of every stacked variant's logits.
+Peak memory: the intact log-probabilities of one batch (real positions x vocab, the metric's dtype: as large as
+the forward's own logits) and two or three chunks of ``CHUNK_BYTES`` (log q, then log p - log q in its place,
+and p), instead of every stacked variant's logits.
 
 ``head(h)`` must be what the model's forward computes after the last block; ``head_matches`` checks it once per
 sweep against a full forward (a family whose forward does more, e.g. Gemma 2's logit soft-capping, keeps the
@@ -34,6 +35,7 @@ from interp.data import Batch
 from interp.models.bridge import InterpBridge
 
 CHUNK_BYTES = 16 * 2**20  # logits of one chunk of positions (float32): the chunk's rows x vocab x 4 bytes
+TILE_BYTES = 16 * 2**20  # one vocabulary tile of every stacked variant's logits (float32)
 
 
 def head(model: InterpBridge, hidden: Float[Tensor, "*rows d_model"]) -> Float[Tensor, "*rows vocab"]:
@@ -66,14 +68,19 @@ class IntactLogits:
     item: Int[Tensor, " n"]  # the item (row of the batch) of each
     target: Int[Tensor, " n"]  # the next token (0 where none is counted)
     counted: Bool[Tensor, " n"]  # the NLL at this position counts (this token and the next are real)
-    log_p: Float[Tensor, "n vocab"]  # intact log-probabilities (float32, float64 for a float64 model)
+    logits: Float[Tensor, "n vocab"]  # intact logits z_p (float32, float64 for a float64 model)
     n_items: int
+    lse: Float[Tensor, " n"]  # their logsumexp: log p = z_p - lse
 
     @property
     def counts(self) -> Tensor:
         """Predicted tokens per item (``metric_items``' counts)."""
-        return torch.zeros(self.n_items, dtype=self.log_p.dtype, device=self.rows.device).index_add_(
-            0, self.item, self.counted.to(self.log_p.dtype))
+        return torch.zeros(self.n_items, dtype=self.logits.dtype, device=self.rows.device).index_add_(
+            0, self.item, self.counted.to(self.logits.dtype))
+
+    def log_p(self, part: slice = slice(None), vocab: slice = slice(None)) -> Tensor:
+        """The intact log-probabilities of rows ``part`` (and a ``vocab`` slice), computed when asked."""
+        return self.logits[part, vocab] - self.lse[part, None]
 
 
 def positions(batch: Batch, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -98,13 +105,98 @@ def vocab_size(model: InterpBridge, hidden: Tensor) -> int:
 
 
 def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"], batch: Batch) -> IntactLogits:
-    """The intact log-probabilities at the batch's real positions, computed a chunk at a time."""
+    """The intact logits at the batch's real positions and their logsumexp, computed a chunk at a time into one
+    preallocated tensor (no list of chunks concatenated: that would hold them twice)."""
     rows, item, target, counted = positions(batch, hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    step = chunk_rows(vocab_size(model, hidden))
-    log_p = torch.cat([wide(head(model, flat[rows[lo:lo + step]])).log_softmax(-1)
-                       for lo in range(0, max(len(rows), 1), step)])
-    return IntactLogits(rows, item, target, counted, log_p, hidden.shape[0])
+    first = wide(head(model, flat[rows[:1]]))
+    z = torch.empty((len(rows), first.shape[-1]), dtype=first.dtype, device=hidden.device)
+    lse = torch.empty(len(rows), dtype=first.dtype, device=hidden.device)
+    step = chunk_rows(first.shape[-1])
+    for lo in range(0, len(rows), step):
+        z[lo:lo + step] = wide(head(model, flat[rows[lo:lo + step]]))
+        lse[lo:lo + step] = z[lo:lo + step].logsumexp(-1)
+    return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse)
+
+
+@dataclass
+class Unembedding:
+    """The unembedding as one linear map (logits = ln_final(h) @ weight.T + bias), read a vocabulary tile at a
+    time by ``patched_stack``."""
+
+    weight: Float[Tensor, "vocab d_model"]
+    bias: Optional[Float[Tensor, " vocab"]]
+
+
+def linear_unembedding(model: InterpBridge, hidden: Tensor, out: Tensor) -> Optional[Unembedding]:
+    """The model's unembedding as an ``Unembedding`` when it is one ``nn.Linear`` whose map after the final norm
+    reproduces the forward's logits ``out`` (``head_matches``' tolerance); None otherwise (the chunked path)."""
+    linear = getattr(model.unembed, "original_component", None)
+    if not isinstance(linear, torch.nn.Linear) or out.ndim != 3 or hidden.shape[:2] != out.shape[:2]:
+        return None
+    with torch.no_grad():
+        mine = torch.nn.functional.linear(model.ln_final(hidden), linear.weight, linear.bias)
+    if mine.shape != out.shape:
+        return None
+    scale = float(out.abs().max()) if out.numel() else 0.0
+    if not bool((mine - out).abs().max() <= 16 * torch.finfo(out.dtype).eps * max(scale, 1.0)):
+        return None
+    return Unembedding(linear.weight, linear.bias)
+
+
+def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[Tensor, "stack_batch pos d_model"],
+                  intact: IntactLogits, n: int) -> list[tuple[Tensor, Tensor]]:
+    """Per variant of a stacked forward (``n`` variants, variant-major on the batch axis): (per-item NLL sums
+    [batch] float64, mean KL(intact || patched) over the real positions), ``patched_items``' quantities.
+
+    Every variant's final-normed rows go through the unembedding together, a vocabulary tile at a time
+    (``TILE_BYTES``: the tile's weights stay in cache while every row streams past them), and nothing of a tile is
+    kept but per-row sums. With z the patched logits, z_p the intact ones, p = softmax(z_p), e = z - z_p (a
+    difference of two close float32 numbers: exact where the patch changes little) and, per row,
+
+        P = sum_v p_v (1 up to rounding),  A = sum_v p_v expm1(e_v),  B = sum_v p_v e_v,
+
+    logsumexp(z) = lse_p + log P + log1p(A / P), so
+
+        NLL(x) = lse_p + log P + log1p(A / P) - z_x,        KL(p || q) = log1p(A / P) - B / P.
+
+    A and B are small where the patch is (expm1 keeps A's precision near 0), so the KL is not the difference of
+    two large logsumexps: measured on SmolLM2 it is within 1e-3 relative of a float64 evaluation where the
+    float32 log-softmax path was off by 1.6e-5 nats (tests/ablation/test_logits.py). A patch that raises a logit
+    by more than float32's exp range (e > 88) falls back to ``patched_items`` for that stack."""
+    rows, d = len(intact.rows), hidden.shape[-1]
+    with torch.no_grad():
+        x = model.ln_final(hidden.reshape(n, -1, d)[:, intact.rows]).reshape(n * rows, d)
+        vocab, dtype, device = unembedding.weight.shape[0], intact.logits.dtype, x.device
+        tile = max(1, TILE_BYTES // (4 * max(n * rows, 1)))
+        sum_expm1, sum_e = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
+        total_p = torch.zeros(rows, dtype=torch.float64, device=device)
+        picked = torch.zeros((n, rows), dtype=dtype, device=device)
+        for lo in range(0, vocab, tile):
+            hi = min(lo + tile, vocab)
+            bias = None if unembedding.bias is None else unembedding.bias[lo:hi]
+            z = wide(torch.nn.functional.linear(x, unembedding.weight[lo:hi], bias)).view(n, rows, hi - lo)
+            inside = ((intact.target >= lo) & (intact.target < hi)).nonzero().squeeze(1)
+            if len(inside):
+                picked[:, inside] = z[:, inside, intact.target[inside] - lo]
+            p = intact.log_p(vocab=slice(lo, hi)).exp_()
+            total_p += p.sum(-1).double()
+            # float32 reductions over a tile (~3e-6 relative; float64 ones cost 1.45x the floor instead of 1.15x)
+            e = z.sub_(intact.logits[:, lo:hi])  # z - z_p, in place
+            sum_e += torch.einsum("nrv,rv->nr", e, p).double()
+            sum_expm1 += torch.einsum("nrv,rv->nr", e.expm1_(), p).double()
+        if not bool(torch.isfinite(sum_expm1).all()):
+            return [patched_items(model, h, intact, True) for h in hidden.chunk(n)]
+        log1p_a = torch.log1p(sum_expm1 / total_p)
+        nll = intact.lse.double() + total_p.log() + log1p_a - picked.double()
+        kl = (log1p_a - sum_e / total_p).sum(-1) / max(rows, 1)
+        weights = intact.counted.double()
+        results = []
+        for v in range(n):
+            sums = torch.zeros(intact.n_items, dtype=torch.float64, device=device)
+            sums.index_add_(0, intact.item, nll[v] * weights)
+            results.append((sums, kl[v].to(dtype)))
+    return results
 
 
 def patched_items(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"], intact: IntactLogits,
@@ -113,14 +205,15 @@ def patched_items(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
     variant's final hidden states, a chunk of positions at a time (module doc)."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     sums = torch.zeros(intact.n_items, dtype=torch.float64, device=hidden.device)
-    kl_sum = torch.zeros((), dtype=intact.log_p.dtype, device=hidden.device)
-    step = chunk_rows(intact.log_p.shape[-1])
+    kl_sum = torch.zeros((), dtype=intact.logits.dtype, device=hidden.device)
+    step = chunk_rows(intact.logits.shape[-1])
     for lo in range(0, len(intact.rows), step):
         part = slice(lo, lo + step)
         log_q = wide(head(model, flat[intact.rows[part]])).log_softmax(-1)
         nll = -log_q.gather(-1, intact.target[part, None])[:, 0]
         sums.index_add_(0, intact.item[part], nll.double() * intact.counted[part].double())
-        if kl:
-            log_p = intact.log_p[part]
-            kl_sum = kl_sum + (log_p.exp() * (log_p - log_q)).sum()
+        if kl:  # sum p (log p - log q), in place: two chunks alive (log q, then log p - log q; and p)
+            log_p = intact.log_p(part)
+            difference = log_q.neg_().add_(log_p)
+            kl_sum = kl_sum + torch.einsum("rv,rv->", log_p.exp(), difference)
     return sums, (kl_sum / max(len(intact.rows), 1) if kl else None)

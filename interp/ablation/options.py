@@ -47,6 +47,17 @@ def _count(minimum: int) -> Callable[[str, Any], int]:
     return check
 
 
+def _stack(name: str, value: Any) -> Any:
+    """"auto" (``interp.ablation.memory.auto_stack``) or a count >= 1; the command line's text "8" is a count."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if value == "auto":
+        return value
+    if isinstance(value, str):
+        raise InputError(f"{name} must be 'auto' or an integer >= 1; got {value!r}")
+    return _count(1)(name, value)
+
+
 def _positive(name: str, value: Any) -> float:
     """``check_positive``'s rule (a positive finite real number, numpy scalars too), without torch."""
     real = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
@@ -95,7 +106,10 @@ class SweepOptions:
     estimate: Estimate = option("auto", "key", "exact | attribution | atp | atp_distance | auto",
                                 _member(ESTIMATES))
     max_batches: Optional[int] = option(None, "fingerprint", "batches of the data read (None: all)")
-    stack: int = option(8, "none", "variants stacked on the batch axis of one patched forward", _count(1), flag=True)
+    stack: Any = option("auto", "none", "variants stacked on the batch axis of one patched forward: a count, or "
+                        "auto, the most (up to 8) whose estimated peak stays within 2 plain forwards' or, when a "
+                        "one-pass estimate runs first, within its backward's peak (interp.ablation.memory)", _stack,
+                        flag=True)
     force_exact: bool = option(False, "none", "run forwards even for variants an identity answers (b_k under "
                                "non-rotary positions, absent biases, b_v folded); by default their rows say why and "
                                "skip the forward", _flag, flag=True)

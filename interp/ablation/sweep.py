@@ -76,8 +76,10 @@ from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
+from interp.ablation.memory import auto_stack
 from interp.ablation.options import SweepOptions, sweep_options
-from interp.ablation.logits import IntactLogits, head_matches, intact_logits, patched_items
+from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
+                                   patched_items, patched_stack)
 from interp.hooks import block_hook
 from interp.prefix import first_layer, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
@@ -124,6 +126,7 @@ class _Run:
     kl_weights: list[float] = field(default_factory=list)  # per batch: the units its KL averages over
     fingerprint: dict = field(default_factory=dict)
     split_head: bool = False  # next-token metrics from final hidden states, chunked (interp.ablation.logits)
+    unembedding: Optional[Unembedding] = None  # the split head's unembedding as one linear map (vocabulary tiles)
     base_sums: Optional[Tensor] = None  # the intact metric's per-item sums, all batches in order
     weights_per_item: list[float] = field(default_factory=list)  # and each item's count (tokens or 1)
     implicit: Optional[ImplicitSites] = None  # what sink_v / massive variants patch (interp.ablation.implicit)
@@ -198,12 +201,17 @@ def _run_intact(run: _Run) -> None:
         for batch in run.batches:
             kept: dict[str, Tensor] = {}
             grab = [(block_hook(run.model.interp.n_layers - 1, "hook_out"), lambda t, hook: kept.update(h=t))]
-            out, hidden = metrics.run_forward(run.model, batch, grab if next_token and not run.refs else [],
-                                              run.need_hidden)
-            if "h" in kept:  # once per sweep: does the final norm and unembedding alone give the forward's logits?
-                run.split_head = head_matches(run.model, kept.pop("h"), out)
+            out, hidden = metrics.run_forward(run.model, batch, grab if next_token else [], run.need_hidden)
+            if "h" in kept and not run.refs:  # once: does the final norm and unembedding alone give the logits?
+                run.split_head = head_matches(run.model, kept["h"], out)
+                run.unembedding = linear_unembedding(run.model, kept["h"], out) if run.split_head else None
             ref = metrics.reference(out, hidden, batch)
             values.append(run.items(out, hidden, ref, batch))
+            if run.unembedding is not None:  # the baseline in the patched variants' own arithmetic: a patch that
+                # changes nothing has delta 0 to rounding, not the gap between two ways of computing log-softmax
+                h = kept.pop("h")
+                values[-1] = (patched_stack(run.model, run.unembedding, h, intact_logits(run.model, h, batch), 1)[0][0],
+                              values[-1][1])
             ref.pop("output")
             ref["features"] = ref["features"].clone()  # not a view that keeps the whole output alive
             run.refs.append(ref)
@@ -381,6 +389,9 @@ def _run_group(run: _Run, index: int, intact: _Intact, group: list[_Job], start:
               if start and intact.outputs else nullcontext())
     with replay:
         out, hidden = metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden or run.split_head)
+    if run.split_head and run.unembedding is not None:  # every variant's metric from one tiled unembedding
+        stacked = patched_stack(run.model, run.unembedding, out, intact.logits, n)
+        return [(s, kl if job.draw < 0 else None) for job, (s, kl) in zip(group, stacked)]
     results = []
     hiddens = hidden.chunk(n) if hidden is not None else [None] * n
     for job, o, h in zip(group, out.chunk(n), hiddens):
@@ -418,9 +429,12 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
     bar = tqdm(total=len(jobs) * len(run.batches), disable=not opts.progress, unit="forward",
                desc=f"ablate {method} (exact, with {opts.n_control} control draws)")
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
+    stack = opts.stack if opts.stack != "auto" else max(
+        auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact")
+        for b in run.batches[:1])
     with torch.no_grad():
         for round_jobs in _rounds(jobs):
-            groups = _groups(round_jobs, opts.stack, opts.reuse_prefix)
+            groups = _groups(round_jobs, stack, opts.reuse_prefix)
             hooks = [_job_hooks(run, group, stats, opts) for _, group in groups]
             record = opts.reuse_prefix and any(start for start, _ in groups)
             sums: dict[_Job, list[Tensor]] = {job: [] for job in round_jobs}
