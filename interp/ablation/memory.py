@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from interp.ablation import logits as split
 from interp.models.bridge import InterpBridge
 
 MAX_STACK = 8  # beyond this, stacking saves no time on either device measured (benchmarks/scale.py)
@@ -59,8 +60,6 @@ def estimate_bytes(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix:
     block = tokens * (3 * info.n_heads * tokens * 4 + 3 * _intermediate(model) * element + 6 * info.d_model * element)
     vocab = info.vocab_size or 0
     head = tokens * vocab * 4 if logits and info.causal else 0
-    from interp.ablation import logits as split  # imported here: logits imports the sweep's metric helpers
-
     prefix = info.n_layers * tokens * info.d_model * element if reuse_prefix else 0
     return dict(forward=float(max(block, head)), fixed=float(head + prefix), tile=float(split.TILE_BYTES),
                 per_variant=float(block + tokens * info.d_model * 4),
