@@ -43,16 +43,21 @@ def head(model: InterpBridge, hidden: Float[Tensor, "*rows d_model"]) -> Float[T
     return model.unembed(model.ln_final(hidden))
 
 
-def head_matches(model: InterpBridge, hidden: Tensor, out: Tensor) -> bool:
-    """Whether ``head(hidden)`` reproduces the forward's logits ``out`` (same inputs) to a few units of rounding."""
+def _reproduces(head_fn, hidden: Tensor, out: Tensor) -> bool:
+    """Whether ``head_fn(hidden)`` gives the forward's logits ``out`` (same inputs) to a few units of rounding."""
     if out.ndim != 3 or hidden.shape[:2] != out.shape[:2]:
         return False
     with torch.no_grad():
-        mine = head(model, hidden)
+        mine = head_fn(hidden)
     if mine.shape != out.shape:
         return False
     scale = float(out.abs().max()) if out.numel() else 0.0
     return bool((mine - out).abs().max() <= 16 * torch.finfo(out.dtype).eps * max(scale, 1.0))
+
+
+def head_matches(model: InterpBridge, hidden: Tensor, out: Tensor) -> bool:
+    """Whether ``head(hidden)`` reproduces the forward's logits ``out`` (same inputs) to a few units of rounding."""
+    return _reproduces(lambda h: head(model, h), hidden, out)
 
 
 def chunk_rows(vocab: int) -> int:
@@ -132,14 +137,8 @@ def linear_unembedding(model: InterpBridge, hidden: Tensor, out: Tensor) -> Opti
     """The model's unembedding as an ``Unembedding`` when it is one ``nn.Linear`` whose map after the final norm
     reproduces the forward's logits ``out`` (``head_matches``' tolerance); None otherwise (the chunked path)."""
     linear = getattr(model.unembed, "original_component", None)
-    if not isinstance(linear, torch.nn.Linear) or out.ndim != 3 or hidden.shape[:2] != out.shape[:2]:
-        return None
-    with torch.no_grad():
-        mine = torch.nn.functional.linear(model.ln_final(hidden), linear.weight, linear.bias)
-    if mine.shape != out.shape:
-        return None
-    scale = float(out.abs().max()) if out.numel() else 0.0
-    if not bool((mine - out).abs().max() <= 16 * torch.finfo(out.dtype).eps * max(scale, 1.0)):
+    if not isinstance(linear, torch.nn.Linear) or not _reproduces(
+            lambda h: torch.nn.functional.linear(model.ln_final(h), linear.weight, linear.bias), hidden, out):
         return None
     return Unembedding(linear.weight, linear.bias)
 

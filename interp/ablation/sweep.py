@@ -206,12 +206,13 @@ def _run_intact(run: _Run) -> None:
                 run.split_head = head_matches(run.model, kept["h"], out)
                 run.unembedding = linear_unembedding(run.model, kept["h"], out) if run.split_head else None
             ref = metrics.reference(out, hidden, batch)
-            values.append(run.items(out, hidden, ref, batch))
             if run.unembedding is not None:  # the baseline in the patched variants' own arithmetic: a patch that
                 # changes nothing has delta 0 to rounding, not the gap between two ways of computing log-softmax
-                h = kept.pop("h")
-                values[-1] = (patched_stack(run.model, run.unembedding, h, intact_logits(run.model, h, batch), 1)[0][0],
-                              values[-1][1])
+                intact = intact_logits(run.model, kept["h"], batch)
+                values.append((patched_stack(run.model, run.unembedding, kept.pop("h"), intact, 1)[0][0],
+                               intact.counts.double()))
+            else:
+                values.append(run.items(out, hidden, ref, batch))
             ref.pop("output")
             ref["features"] = ref["features"].clone()  # not a view that keeps the whole output alive
             run.refs.append(ref)
@@ -429,9 +430,9 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
     bar = tqdm(total=len(jobs) * len(run.batches), disable=not opts.progress, unit="forward",
                desc=f"ablate {method} (exact, with {opts.n_control} control draws)")
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
-    stack = opts.stack if opts.stack != "auto" else max(
+    stack = opts.stack if opts.stack != "auto" else min(  # the most constrained batch's
         auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact")
-        for b in run.batches[:1])
+        for b in run.batches)
     with torch.no_grad():
         for round_jobs in _rounds(jobs):
             groups = _groups(round_jobs, stack, opts.reuse_prefix)
