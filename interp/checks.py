@@ -167,6 +167,13 @@ class CheckedBatch(Batch):
         return CheckedBatch._made(Batch(move(self.inputs), move(self.attention_mask), move(self.labels)),
                                   self._key, _WITNESS)
 
+    def items(self, lo: int, hi: int) -> "CheckedBatch":
+        """Items ``lo:hi`` of this batch (views of the values checked), still checked."""
+        def part(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t[lo:hi]
+        return CheckedBatch._made(Batch(part(self.inputs), part(self.attention_mask), part(self.labels)),
+                                  self._key, _WITNESS)
+
     def repeat(self, n: int) -> "CheckedBatch":
         """This batch repeated ``n`` times along the batch axis (stacked variants), still checked."""
         def rep(t: Optional[Tensor]) -> Optional[Tensor]:

@@ -228,5 +228,15 @@ def repeat_batch(batch: Batch, n: int) -> Batch:
     return Batch(rep(batch.inputs), rep(batch.attention_mask), rep(batch.labels))
 
 
+def slice_batch(batch: Batch, lo: int, hi: int) -> Batch:
+    """Items ``lo:hi`` of ``batch`` (views); a ``CheckedBatch`` stays checked."""
+    if isinstance(batch, CheckedBatch):
+        return batch.items(lo, hi)
+
+    def part(t: Optional[Tensor]) -> Optional[Tensor]:
+        return None if t is None else t[lo:hi]
+    return Batch(part(batch.inputs), part(batch.attention_mask), part(batch.labels))
+
+
 class StopForward(Exception):
     """Raised by a keeper once every activation a forward is read for is kept: nothing after is computed."""

@@ -14,12 +14,18 @@ recomputed exactly, and only what follows the head's output z = A V is linearise
 softmax saturates and a linear estimate through it fails. v (linear in z) is estimated as
 by ``attribution``. Both are weighted by batch size like the exact metric; ``fold`` is an
 exact identity, so its estimated change is zero by construction.
+
+Memory: the backward keeps every block's activations of the batch. With ``item_sums`` (next-token NLL from
+vocabulary tiles, ``interp.ablation.logits.tiled_item_sums``) the forward stops after the last block, no
+[batch, pos, vocab] logits or their gradient are formed, and a batch runs in parts of ``items_per_part`` items
+(``interp.ablation.memory.estimate_items``): the estimates are sums over items, so the parts add up to the whole
+(tests/ablation/test_memory.py, to 1e-10 in float64).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -32,7 +38,7 @@ from interp.errors import InputError
 from interp.heads import kv_group
 from interp.hooks import hook_name
 from interp.models.bridge import InterpBridge
-from interp.patching import bias_shift
+from interp.patching import bias_shift, slice_batch
 from interp.stats import QKVStats
 from interp.types import Method
 
@@ -122,6 +128,16 @@ class EstimateInputs:
     refs: Sequence[dict]
     need_hidden: bool
     bias_seed: int = 0  # method="random"'s directions
+    # (per-item metric sums, counts) from final hidden states, with a gradient (``logits.tiled_item_sums``): the
+    # forward stops after the last block and no full-vocabulary logits are formed; each batch then runs in parts
+    # of ``items_per_part`` items, whose estimates add up to the batch's (module doc)
+    item_sums: Optional[Callable[[Tensor, Batch], tuple[Tensor, Tensor]]] = None
+    items_per_part: int = 0  # 0: whole batches
+
+    @property
+    def forward_to_hidden(self) -> bool:
+        """Whether the estimate's forward stops after the last block (a hidden-state metric, or ``item_sums``)."""
+        return self.need_hidden or self.item_sums is not None
 
     def sites(self, pattern: bool) -> tuple[list, list]:
         """(sites whose pattern AtP* recomputes: q and k when ``pattern``; sites estimated linearly)."""
@@ -166,7 +182,7 @@ def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Any, p
     hooks = ([(n, _store(cache, n)) for n in names] + [(hook_name(l, "z"), _keep_node(nodes, l)) for l in layers]
              + [(hook_name(l, k), _keep_node(nodes, site)) for site in linear_sites for l, k in [site]])
     with torch.enable_grad():
-        out, hidden = run_forward(model, batch, hooks, job.need_hidden)
+        out, hidden = run_forward(model, batch, hooks, job.forward_to_hidden)
         keys = list(nodes)
         per_metric = _metric_grads(out, hidden, ref, batch, values, [nodes[k] for k in keys])
     dz = _pattern_dz(model, cache, pattern_sites, shift)
@@ -179,11 +195,28 @@ def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Any, p
     return torch.tensor(rows, dtype=torch.float64)
 
 
+def _parts(job: EstimateInputs, batch: Batch, value: Callable, weight: float) -> Iterator[tuple[Batch, Callable]]:
+    """(batch, metric) pairs whose estimates add up to the batch's: the batch and ``value`` itself; with
+    ``item_sums``, parts of ``items_per_part`` items, each metric the part's sums over the whole batch's units
+    (``weight``). The metric is a sum over items and no item's activations reach another's, so each item's
+    gradient, and with it each term of the estimate, is the same in a part as in the whole."""
+    if job.item_sums is None:
+        yield batch, value
+        return
+    n = int(batch.inputs.shape[0])
+    step = job.items_per_part if 0 < job.items_per_part < n else n
+    units = max(weight, 1.0)
+    item_sums = job.item_sums
+    for lo in range(0, n, step):
+        yield slice_batch(batch, lo, lo + step), lambda out, hidden, ref, b: item_sums(hidden, b)[0].sum() / units
+
+
 def _weighted(job: EstimateInputs, value: Callable, pattern: bool) -> list[float]:
     total = sum(job.weights)
     deltas = torch.zeros(len(job.variants), dtype=torch.float64)
     for batch, ref, weight in zip(job.batches, job.refs, job.weights):
-        deltas += batch_estimates(job, batch, ref, [value], pattern)[0] * (weight / total)
+        for part, metric in _parts(job, batch, value, weight):
+            deltas += batch_estimates(job, part, ref, [metric], pattern)[0] * (weight / total)
     return deltas.tolist()
 
 

@@ -24,7 +24,7 @@ full-logits path).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -34,8 +34,9 @@ from interp.ablation.metrics import wide
 from interp.data import Batch
 from interp.models.bridge import InterpBridge
 
-CHUNK_BYTES = 16 * 2**20  # logits of one chunk of positions (float32): the chunk's rows x vocab x 4 bytes
-TILE_BYTES = 16 * 2**20  # one vocabulary tile of every stacked variant's logits (float32)
+CHUNK_BYTES = 4 * 2**20  # logits of one chunk of positions (float32): the chunk's rows x vocab x 4 bytes
+CHECK_POSITIONS = 16  # positions per item at which ``head_matches`` compares the split head with the forward
+TILE_VOCAB = 512  # vocabulary entries per tile: the stacked variants' metric and the tiled NLL (forward, backward)
 
 
 def head(model: InterpBridge, hidden: Float[Tensor, "*rows d_model"]) -> Float[Tensor, "*rows vocab"]:
@@ -44,9 +45,12 @@ def head(model: InterpBridge, hidden: Float[Tensor, "*rows d_model"]) -> Float[T
 
 
 def _reproduces(head_fn, hidden: Tensor, out: Tensor) -> bool:
-    """Whether ``head_fn(hidden)`` gives the forward's logits ``out`` (same inputs) to a few units of rounding."""
+    """Whether ``head_fn(hidden)`` gives the forward's logits ``out`` (same inputs) to a few units of rounding, at
+    the first ``CHECK_POSITIONS`` positions of each item (a head that does more, e.g. a soft-cap, does it at every
+    position; comparing all of them would hold three more copies of the batch's logits)."""
     if out.ndim != 3 or hidden.shape[:2] != out.shape[:2]:
         return False
+    hidden, out = hidden[:, :CHECK_POSITIONS], out[:, :CHECK_POSITIONS]
     with torch.no_grad():
         mine = head_fn(hidden)
     if mine.shape != out.shape:
@@ -109,17 +113,29 @@ def vocab_size(model: InterpBridge, hidden: Tensor) -> int:
         return head(model, hidden.reshape(-1, hidden.shape[-1])[:1]).shape[-1]
 
 
-def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"], batch: Batch) -> IntactLogits:
+def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"], batch: Batch,
+                  unembedding: Optional["Unembedding"] = None) -> IntactLogits:
     """The intact logits at the batch's real positions and their logsumexp, computed a chunk at a time into one
-    preallocated tensor (no list of chunks concatenated: that would hold them twice)."""
+    preallocated tensor (no list of chunks concatenated: that would hold them twice); with ``unembedding`` (and
+    logits in the model's dtype) each chunk's product is written into it directly."""
     rows, item, target, counted = positions(batch, hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1])
     first = wide(head(model, flat[rows[:1]]))
     z = torch.empty((len(rows), first.shape[-1]), dtype=first.dtype, device=hidden.device)
     lse = torch.empty(len(rows), dtype=first.dtype, device=hidden.device)
     step = chunk_rows(first.shape[-1])
+    direct = unembedding is not None and unembedding.weight.dtype == z.dtype
     for lo in range(0, len(rows), step):
-        z[lo:lo + step] = wide(head(model, flat[rows[lo:lo + step]]))
+        part = flat[rows[lo:lo + step]]
+        if direct:  # constants: no gradient (out= refuses one)
+            with torch.no_grad():
+                x, w = model.ln_final(part), unembedding.weight.t()
+                if unembedding.bias is None:
+                    torch.mm(x, w, out=z[lo:lo + step])
+                else:
+                    torch.addmm(unembedding.bias, x, w, out=z[lo:lo + step])
+        else:
+            z[lo:lo + step] = wide(head(model, part))
         lse[lo:lo + step] = z[lo:lo + step].logsumexp(-1)
     return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse)
 
@@ -149,9 +165,10 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
     [batch] float64, mean KL(intact || patched) over the real positions), ``patched_items``' quantities.
 
     Every variant's final-normed rows go through the unembedding together, a vocabulary tile at a time
-    (``TILE_BYTES``: the tile's weights stay in cache while every row streams past them), and nothing of a tile is
-    kept but per-row sums. With z the patched logits, z_p the intact ones, p = softmax(z_p), e = z - z_p (a
-    difference of two close float32 numbers: exact where the patch changes little) and, per row,
+    (``TILE_VOCAB`` entries: a tile's weights stay in cache while every row streams past them, and a tile of every
+    stacked row is small beside the intact logits), and nothing of a tile is kept but per-row sums. With z the
+    patched logits, z_p the intact ones, p = softmax(z_p), e = z - z_p (a difference of two close float32
+    numbers: exact where the patch changes little) and, per row,
 
         P = sum_v p_v (1 up to rounding),  A = sum_v p_v expm1(e_v),  B = sum_v p_v e_v,
 
@@ -167,7 +184,7 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
     with torch.no_grad():
         x = model.ln_final(hidden.reshape(n, -1, d)[:, intact.rows]).reshape(n * rows, d)
         vocab, dtype, device = unembedding.weight.shape[0], intact.logits.dtype, x.device
-        tile = max(1, TILE_BYTES // (4 * max(n * rows, 1)))
+        tile = TILE_VOCAB
         sum_expm1, sum_e = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
         total_p = torch.zeros(rows, dtype=torch.float64, device=device)
         picked = torch.zeros((n, rows), dtype=dtype, device=device)
@@ -196,6 +213,67 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
             sums.index_add_(0, intact.item, nll[v] * weights)
             results.append((sums, kl[v].to(dtype)))
     return results
+
+
+class _TiledNextTokenNLL(torch.autograd.Function):
+    """-log softmax(x W^T + c)[target] per row, a vocabulary tile (``TILE_VOCAB`` logits) at a time forward and
+    backward: no [rows, vocab] tensor is formed, the tiles are recomputed in the backward. Its gradient is with
+    respect to ``x`` only (the one-pass estimates differentiate activations, never the weights):
+
+        d NLL_r / d x_r = sum_v (softmax_v - [v = target_r]) W_v."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor) -> Tensor:
+        lse = torch.full((x.shape[0],), -torch.inf, dtype=wide(x).dtype, device=x.device)
+        picked = torch.zeros_like(lse)
+        for lo, z in _tiles(x, weight, bias):
+            lse = torch.logaddexp(lse, z.logsumexp(-1))
+            _pick(picked, z, target, lo)
+        ctx.save_for_backward(x, weight, bias, target, lse)
+        return lse - picked
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], None, None, None]:
+        x, weight, bias, target = ctx.saved_tensors[:4]
+        lse = ctx.saved_tensors[4]
+        grad_x = torch.zeros(x.shape, dtype=lse.dtype, device=x.device)
+        for lo, z in _tiles(x, weight, bias):
+            p = z.sub_(lse[:, None]).exp_()  # softmax over the whole vocabulary, this tile's entries
+            inside = ((target >= lo) & (target < lo + z.shape[1])).nonzero().squeeze(1)
+            p[inside, target[inside] - lo] -= 1
+            grad_x.addmm_(p.mul_(grad[:, None].to(p.dtype)), weight[lo:lo + z.shape[1]].to(p.dtype))
+        return grad_x.to(x.dtype), None, None, None
+
+
+def _tiles(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Iterator[tuple[int, Tensor]]:
+    """(first vocabulary index, wide logits [rows, tile]) of ``x`` through each ``TILE_VOCAB`` rows of ``weight``."""
+    for lo in range(0, weight.shape[0], TILE_VOCAB):
+        hi = min(lo + TILE_VOCAB, weight.shape[0])
+        yield lo, wide(torch.nn.functional.linear(x, weight[lo:hi], None if bias is None else bias[lo:hi]))
+
+
+def _pick(picked: Tensor, z: Tensor, target: Tensor, lo: int) -> None:
+    """picked[r] = z[r, target[r] - lo] for the rows whose target falls in this tile."""
+    inside = ((target >= lo) & (target < lo + z.shape[1])).nonzero().squeeze(1)
+    if len(inside):
+        picked[inside] = z[inside, target[inside] - lo]
+
+
+def tiled_item_sums(model: InterpBridge, unembedding: Unembedding, hidden: Float[Tensor, "batch pos d_model"],
+                    batch: Batch) -> tuple[Tensor, Tensor]:
+    """(per-item NLL sums [batch] float64, per-item counts) of next_token_ce from final hidden states, with a
+    gradient with respect to ``hidden``: ``metrics.metric_items``' numbers (same positions, same rule) without
+    the [batch, pos, vocab] logits, their log-softmax and its gradient, which a backward through the full head
+    holds (three times the forward's logits): ``_TiledNextTokenNLL``."""
+    rows, item, target, counted = positions(batch, hidden.device)
+    x = model.ln_final(hidden.reshape(-1, hidden.shape[-1])[rows])
+    bias = None if unembedding.bias is None else unembedding.bias.detach()
+    nll = _TiledNextTokenNLL.apply(x, unembedding.weight.detach(), bias, target)
+    weights = counted.to(torch.float64)
+    sums = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device).index_add(0, item,
+                                                                                            nll.double() * weights)
+    counts = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device).index_add_(0, item, weights)
+    return sums, counts
 
 
 def patched_items(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"], intact: IntactLogits,

@@ -11,12 +11,15 @@ bytes (``e``: the model's element size; HF upcasts the logits and the attention 
   + 3 x d_mlp x e  [gate, up, activation] + 6 x d_model x e  [residual, norms, attention output]);
 * the logits, per sequence: T x vocabulary x 4 (causal LMs; a classifier's or a ViT's are negligible);
 * a plain forward's peak: the larger of one block and the logits (the earlier blocks' activations are freed);
-* the sweep: the intact logits + ``logits.TILE_BYTES`` + the intact block outputs (layers x T x d_model x e) +
-  s x (one block + the final hidden states, T x d_model x 4), per sequence of the batch;
+* the sweep: the intact logits + the intact block outputs (layers x T x d_model x e) + s x (one block + the
+  final hidden states, T x d_model x 4 + a vocabulary tile of its logits and their difference from the intact
+  ones, ``TILE_COPIES`` x T x ``logits.TILE_VOCAB`` x 4), per sequence of the batch;
 * the one-pass estimate's forward and backward (estimate != "exact"): every block's activations kept for the
-  backward plus the logits, their log-softmax and its gradient: layers x one block + 3 x the logits. Measured
-  at 25m@128 the sweep's peak is that stage's (198 MB whatever the stack, 1 or 8), so under a backward the
-  budget is its peak, not two forwards'.
+  backward plus the logits, their log-softmax and its gradient: layers x one block + 3 x the logits; with the
+  tiled next-token metric (``tiled``: ``logits.tiled_item_sums``) no logits, and the batch runs in parts of
+  ``estimate_items`` items, the most whose backward stays within ``BUDGET`` forwards of the whole batch (at
+  least one item: a single item's backward can exceed it, e.g. 12 layers at 512 tokens). Under a backward the
+  exact stage's budget is the larger of two forwards and that stage's peak (memory the call reaches anyway).
 
 The same rule on every device (nothing is measured; ``benchmarks/scale.py --ablation`` measures the real peaks).
 """
@@ -29,6 +32,7 @@ from interp.ablation import logits as split
 from interp.models.bridge import InterpBridge
 
 MAX_STACK = 8  # beyond this, stacking saves no time on either device measured (benchmarks/scale.py)
+TILE_COPIES = 2  # a stacked variant's logits tile and its difference from the intact ones (float32)
 BUDGET = 2.0  # the sweep's peak within this many plain forwards' peaks (issue 40's goal)
 
 
@@ -53,7 +57,9 @@ def _intermediate(model: InterpBridge) -> int:
 
 def estimate_bytes(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix: bool) -> dict[str, float]:
     """Per sequence of the batch: a plain forward's peak (``forward``), what the sweep holds whatever the stack
-    (``fixed``) and what each stacked variant adds (``per_variant``); bytes (module doc)."""
+    (``fixed``), what each stacked variant adds (``per_variant``, and ``tile`` with a next-token metric), the
+    one-pass estimate's backward through the full head (``backward``) and with the tiled metric
+    (``backward_tiled``); bytes (module doc)."""
     info = model.interp
     element = next(model.parameters()).element_size()
     tokens = tokens_per_item(model, inputs)
@@ -61,18 +67,39 @@ def estimate_bytes(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix:
     vocab = info.vocab_size or 0
     head = tokens * vocab * 4 if logits and info.causal else 0
     prefix = info.n_layers * tokens * info.d_model * element if reuse_prefix else 0
-    return dict(forward=float(max(block, head)), fixed=float(head + prefix), tile=float(split.TILE_BYTES),
+    tile = TILE_COPIES * tokens * split.TILE_VOCAB * 4 if head else 0
+    return dict(forward=float(max(block, head)), fixed=float(head + prefix), tile=float(tile),
                 per_variant=float(block + tokens * info.d_model * 4),
-                backward=float(info.n_layers * block + 3 * head))
+                backward=float(info.n_layers * block + 3 * head),
+                backward_tiled=float(info.n_layers * block + tokens * (3 * info.d_model + 2 * split.TILE_VOCAB) * 4))
 
 
-def auto_stack(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix: bool, backward: bool = False) -> int:
+def estimate_items(model: InterpBridge, inputs: Any) -> int:
+    """Items per part of the one-pass estimate's forward and backward with the tiled metric (module doc): the
+    most (at most the batch) whose backward stays within ``BUDGET`` plain forwards of the whole batch, at least 1."""
+    est = estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
+    batch = int(inputs.shape[0])
+    return max(1, min(batch, int(BUDGET * est["forward"] * batch // est["backward_tiled"])))
+
+
+def backward_peak(model: InterpBridge, inputs: Any, tiled: bool) -> float:
+    """The one-pass estimate's estimated peak on a batch of ``inputs``, bytes: whole batches through the full
+    head, or parts of ``estimate_items`` items with the tiled metric (module doc)."""
+    est = estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
+    if tiled:
+        return estimate_items(model, inputs) * est["backward_tiled"]
+    return int(inputs.shape[0]) * est["backward"]
+
+
+def auto_stack(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix: bool, backward: bool = False,
+               tiled: bool = False) -> int:
     """The stack ``stack="auto"`` uses for a batch of ``inputs`` (module doc): 1 to ``MAX_STACK``. With
-    ``backward`` (the sweep's one-pass estimate runs a forward and backward first) the budget is the larger of
-    ``BUDGET`` forwards and that backward's own peak (``estimate_bytes``' ``backward``): a stack within the peak the
-    call reaches anyway costs no memory (measured: benchmarks/scale.py --ablation, estimate_peak_mb)."""
+    ``backward`` (the sweep's one-pass estimate runs a forward and backward first; ``tiled``: with the tiled
+    metric, in parts) the budget is the larger of ``BUDGET`` forwards and that backward's own peak
+    (``backward_peak``): a stack within the peak the call reaches anyway costs no memory (measured:
+    benchmarks/scale.py --ablation, estimate_peak_mb)."""
     est = estimate_bytes(model, inputs, logits, reuse_prefix)
     batch = int(inputs.shape[0])
-    budget = max(BUDGET * est["forward"], est["backward"] if backward else 0.0) * batch
-    room = budget - est["fixed"] * batch - est["tile"]
-    return max(1, min(MAX_STACK, int(room // (est["per_variant"] * batch))))
+    budget = max(BUDGET * est["forward"] * batch, backward_peak(model, inputs, tiled) if backward else 0.0)
+    room = budget - est["fixed"] * batch
+    return max(1, min(MAX_STACK, int(room // ((est["per_variant"] + est["tile"]) * batch))))

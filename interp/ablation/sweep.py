@@ -76,10 +76,10 @@ from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
-from interp.ablation.memory import auto_stack
+from interp.ablation.memory import auto_stack, estimate_items
 from interp.ablation.options import SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
-                                   patched_items, patched_stack)
+                                   patched_items, patched_stack, tiled_item_sums)
 from interp.hooks import block_hook
 from interp.prefix import first_layer, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
@@ -194,30 +194,20 @@ def _check_estimate(estimate: str, name: str, batches: list[Batch]) -> None:
 def _run_intact(run: _Run) -> None:
     """The intact forward of every batch: references and baseline. The references keep what the one-pass
     estimates and distance metrics compare against (features, embeddings), never a batch's full output: the exact
-    stage recomputes the intact run per batch as it streams (``_exact``)."""
+    stage recomputes the intact run per batch as it streams (``_exact``). Once the first batch has shown that the
+    final norm and a linear unembedding give the logits (``linear_unembedding``), next_token_ce's later batches
+    stop after the last block: no batch's full-vocabulary logits are formed beside its intact distribution."""
     values = []
     next_token = run.metric_name == "next_token_ce" and not run.need_hidden
     with torch.no_grad():
         for batch in run.batches:
-            kept: dict[str, Tensor] = {}
-            grab = [(block_hook(run.model.interp.n_layers - 1, "hook_out"), lambda t, hook: kept.update(h=t))]
-            out, hidden = metrics.run_forward(run.model, batch, grab if next_token else [], run.need_hidden)
-            if "h" in kept and not run.refs:  # once: does the final norm and unembedding alone give the logits?
-                run.split_head = head_matches(run.model, kept["h"], out)
-                run.unembedding = linear_unembedding(run.model, kept["h"], out) if run.split_head else None
-            ref = metrics.reference(out, hidden, batch)
-            if run.unembedding is not None:  # the baseline in the patched variants' own arithmetic: a patch that
-                # changes nothing has delta 0 to rounding, not the gap between two ways of computing log-softmax
-                intact = intact_logits(run.model, kept["h"], batch)
-                values.append((patched_stack(run.model, run.unembedding, kept.pop("h"), intact, 1)[0][0],
-                               intact.counts.double()))
+            if next_token and run.unembedding is not None:
+                hidden, _ = metrics.run_forward(run.model, batch, [], True)
+                values.append(_tiled_baseline(run, hidden, batch))
+                run.refs.append({})  # nothing to compare against: the metric reads the intact distribution
             else:
-                values.append(run.items(out, hidden, ref, batch))
-            ref.pop("output")
-            ref["features"] = ref["features"].clone()  # not a view that keeps the whole output alive
-            run.refs.append(ref)
+                values.append(_intact_outputs(run, batch, next_token))
             run.kl_weights.append(metrics.kl_weight(run.model, batch))
-            del out, hidden
     sums, counts = (torch.cat([v[i].detach() for v in values]) for i in (0, 1))
     run.base_sums, run.weights_per_item = sums, counts.tolist()
     run.weights = [float(v[1].sum()) for v in values]
@@ -227,6 +217,33 @@ def _run_intact(run: _Run) -> None:
                          "ablation, so every delta would be too: a callable metric must return finite values; "
                          "a half-precision model may overflow (load it in float32)")
     run.rounding = rounding_level(run.model, run.baseline)
+
+
+def _intact_outputs(run: _Run, batch: Batch, next_token: bool) -> tuple[Tensor, Tensor]:
+    """One batch's intact (per-item sums, counts) from a full forward, its reference appended to ``run.refs``;
+    on the first batch of next_token_ce, whether the split head and the tiled unembedding reproduce the logits."""
+    kept: dict[str, Tensor] = {}
+    grab = [(block_hook(run.model.interp.n_layers - 1, "hook_out"), lambda t, hook: kept.update(h=t))]
+    out, hidden = metrics.run_forward(run.model, batch, grab if next_token else [], run.need_hidden)
+    if "h" in kept and not run.refs:  # once: does the final norm and unembedding alone give the logits?
+        run.split_head = head_matches(run.model, kept["h"], out)
+        run.unembedding = linear_unembedding(run.model, kept["h"], out) if run.split_head else None
+    ref = metrics.reference(out, hidden, batch)
+    tiled = run.unembedding is not None
+    value = None if tiled else run.items(out, hidden, ref, batch)
+    ref.pop("output")
+    ref["features"] = ref["features"].clone()  # not a view that keeps the whole output alive
+    run.refs.append(ref)
+    del out, hidden
+    # the baseline in the patched variants' own arithmetic: a patch that changes nothing has delta 0 to rounding,
+    # not the gap between two ways of computing log-softmax
+    return _tiled_baseline(run, kept.pop("h"), batch) if tiled else value
+
+
+def _tiled_baseline(run: _Run, hidden: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+    """(per-item NLL sums, counts) of the intact run in ``patched_stack``'s arithmetic (one unpatched variant)."""
+    intact = intact_logits(run.model, hidden, batch, run.unembedding)
+    return patched_stack(run.model, run.unembedding, hidden, intact, 1)[0][0], intact.counts.double()
 
 
 def rounding_level(model: InterpBridge, baseline: float) -> float:
@@ -375,7 +392,7 @@ def _intact_batch(run: _Run, index: int, record: bool, logits: bool) -> _Intact:
     if not logits:
         return _Intact(outputs)
     if run.split_head:
-        return _Intact(outputs, logits=intact_logits(run.model, out, batch))
+        return _Intact(outputs, logits=intact_logits(run.model, out, batch, run.unembedding))
     return _Intact(outputs, output=out)
 
 
@@ -431,7 +448,8 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
                desc=f"ablate {method} (exact, with {opts.n_control} control draws)")
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
     stack = opts.stack if opts.stack != "auto" else min(  # the most constrained batch's
-        auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact")
+        auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact",
+                   tiled=bool(_tiled_metric(run)))
         for b in run.batches)
     with torch.no_grad():
         for round_jobs in _rounds(jobs):
@@ -505,7 +523,7 @@ def _run_estimate(run: _Run, variants: list[Variant], estimate: str, stats: Opti
         _exact(run, todo, keys, stats, log, opts)
     elif todo:
         job = EstimateInputs(run.model, run.batches, run.weights, todo, method, stats, run.refs, run.need_hidden,
-                             bias_seed=opts.seed)
+                             bias_seed=opts.seed, **_tiled_metric(run))
         if estimate == "atp_distance":
             deltas = distance_deltas(job, run.metric_name, opts.n_projections)
         else:
@@ -521,6 +539,16 @@ def _run_estimate(run: _Run, variants: list[Variant], estimate: str, stats: Opti
     df[["layer", "head"]] = df[["layer", "head"]].astype("Int64")
     # typed even when empty (an "auto" sweep with nothing left to run exactly), so frames concatenate as numbers
     return df.astype(NUMERIC)
+
+
+def _tiled_metric(run: _Run) -> dict:
+    """``EstimateInputs``' item_sums and items_per_part where next_token_ce reads a linear unembedding (the one-pass
+    estimate's backward then forms no full-vocabulary logits and runs in parts: ``interp.ablation.attribution``)."""
+    if run.unembedding is None or run.metric_name != "next_token_ce":
+        return {}
+    unembedding, model = run.unembedding, run.model
+    return dict(item_sums=lambda hidden, batch: tiled_item_sums(model, unembedding, hidden, batch),
+                items_per_part=min(estimate_items(model, b.inputs) for b in run.batches))
 
 
 def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:

@@ -55,12 +55,12 @@ def test_a_head_that_does_more_than_norm_and_unembedding_keeps_the_full_logits()
     assert logits.linear_unembedding(model, hidden, out) is None  # nor does the tiled unembedding claim them
 
 
-@pytest.mark.parametrize("tile_bytes", [4 * 3 * 30 * 7, logits.TILE_BYTES])  # 7 vocabulary entries a tile, or one
+@pytest.mark.parametrize("tile_vocab", [7, logits.TILE_VOCAB])  # 7 vocabulary entries a tile, or one tile
 @pytest.mark.parametrize("family", ["qwen2", "gpt2"])  # tied embedding; GPT-2's Conv1D-free lm_head too
-def test_tiled_stack_equals_the_full_logits_formulas_per_variant(monkeypatch, tile_bytes, family):
+def test_tiled_stack_equals_the_full_logits_formulas_per_variant(monkeypatch, tile_vocab, family):
     """Three variants stacked on the batch axis: each one's NLL sums and KL, from the vocabulary tiles and the
     online log-sum-exp, equal the full-logits formulas on that variant's own output (float64, 1e-12)."""
-    monkeypatch.setattr(logits, "TILE_BYTES", tile_bytes)
+    monkeypatch.setattr(logits, "TILE_VOCAB", tile_vocab)
     model = clone_model(interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu"), torch.float64)
     ids = tiny_inputs(family, batch=3, pos=10, seed=0)
     mask = torch.ones_like(ids)
@@ -70,7 +70,7 @@ def test_tiled_stack_equals_the_full_logits_formulas_per_variant(monkeypatch, ti
     hidden, out = _hidden_and_out(model, batch)
     unembedding = logits.linear_unembedding(model, hidden, out)
     assert unembedding is not None
-    intact = logits.intact_logits(model, hidden, batch)
+    intact = logits.intact_logits(model, hidden, batch, unembedding)  # products written into the logits directly
     torch.testing.assert_close(intact.logits,
                                out.reshape(-1, out.shape[-1])[intact.rows].double(), rtol=1e-12, atol=1e-12)
     patched = [_hidden_and_out(model, Batch(tiny_inputs(family, batch=3, pos=10, seed=s), mask)) for s in (1, 2, 3)]
@@ -136,3 +136,32 @@ def test_a_logit_raised_past_float32_exp_range_falls_back_to_the_log_softmax_pat
     assert torch.isfinite(sums).all() and torch.isfinite(kl)
     torch.testing.assert_close(sums, want_sums)
     torch.testing.assert_close(kl, want_kl)
+
+
+@pytest.mark.parametrize("tile_vocab", [7, logits.TILE_VOCAB])  # 7 vocabulary entries a tile, or one tile
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_tiled_nll_and_its_gradient_equal_the_full_head(monkeypatch, tile_vocab, family):
+    """The one-pass estimates' metric from vocabulary tiles (``tiled_item_sums``): its per-item NLL sums and
+    counts equal ``metric_items`` on the forward's own logits, and its gradient with respect to the final hidden
+    states equals autograd's through the full head (norm, unembedding, log-softmax), float64, 1e-12; padded
+    rows get no gradient."""
+    monkeypatch.setattr(logits, "TILE_VOCAB", tile_vocab)
+    model = clone_model(interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu"), torch.float64)
+    ids = tiny_inputs(family, batch=3, pos=10, seed=0)
+    mask = torch.ones_like(ids)
+    mask[0, 7:] = 0
+    mask[2, 4:] = 0
+    batch = Batch(ids, mask)
+    hidden, out = _hidden_and_out(model, batch)
+    unembedding = logits.linear_unembedding(model, hidden, out)
+    weight = torch.randn(3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # a weighted sum
+    h1 = hidden.detach().clone().requires_grad_(True)
+    sums, counts = logits.tiled_item_sums(model, unembedding, h1, batch)
+    (grad,) = torch.autograd.grad((sums * weight).sum(), h1)
+    h2 = hidden.detach().clone().requires_grad_(True)
+    want_sums, want_counts = metrics.metric_items("next_token_ce", logits.head(model, h2), None, {}, batch)
+    (want_grad,) = torch.autograd.grad((want_sums * weight).sum(), h2)
+    torch.testing.assert_close(sums, want_sums, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(counts, want_counts.double())
+    torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)
+    assert float(grad.abs().sum()) > 0 and float(grad[0, 7:].abs().max()) == 0

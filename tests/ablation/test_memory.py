@@ -31,7 +31,7 @@ def test_forward_estimate_counts_logits_and_one_block_by_hand():
     assert est["per_variant"] == block + t * config.hidden_size * 4
     assert est["backward"] == config.num_hidden_layers * block + 3 * logits
     no_prefix = memory.estimate_bytes(model, inputs, logits=False, reuse_prefix=False)
-    assert no_prefix["fixed"] == 0  # a hidden-state metric keeps no logits; no prefix kept
+    assert no_prefix["fixed"] == 0 and no_prefix["tile"] == 0  # a hidden-state metric keeps no logits; no prefix
 
 
 def test_auto_stack_is_the_largest_within_the_budget():
@@ -40,7 +40,8 @@ def test_auto_stack_is_the_largest_within_the_budget():
         inputs = tiny_inputs("qwen2", batch=2, pos=pos, seed=0)
         stack = memory.auto_stack(model, inputs, logits=True, reuse_prefix=True)
         est = memory.estimate_bytes(model, inputs, logits=True, reuse_prefix=True)
-        total = lambda s: 2 * (est["fixed"] + s * est["per_variant"]) + est["tile"]  # noqa: E731
+        assert est["tile"] == 2 * pos * 512 * 4  # a tile of the logits and its difference, float32
+        total = lambda s: 2 * (est["fixed"] + s * (est["per_variant"] + est["tile"]))  # noqa: E731
         budget = memory.BUDGET * 2 * est["forward"]
         assert 1 <= stack <= memory.MAX_STACK
         assert stack == 1 or total(stack) <= budget  # within the budget, or 1 when nothing fits
@@ -73,3 +74,54 @@ def test_stack_option_reads_auto_a_count_or_refuses():
     add_flags(parser)
     assert flag_values(parser.parse_args(["--stack", "auto"]))["stack"] == "auto"
     assert SweepOptions(**{"stack": flag_values(parser.parse_args(["--stack", "4"]))["stack"]}).stack == 4
+
+
+def test_estimate_items_is_the_most_whose_backward_fits_two_forwards():
+    model = _qwen()
+    config = model.hf_model.config
+    for pos, batch in ((4, 2), (16, 4), (64, 8)):
+        inputs = tiny_inputs("qwen2", batch=batch, pos=pos, seed=0)
+        est = memory.estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
+        block = est["per_variant"] - pos * config.hidden_size * 4  # one block of one sequence (by hand above)
+        per_item = config.num_hidden_layers * block + pos * (3 * config.hidden_size + 2 * 512) * 4
+        assert est["backward_tiled"] == per_item
+        items = memory.estimate_items(model, inputs)
+        budget = memory.BUDGET * batch * est["forward"]
+        assert 1 <= items <= batch
+        assert items == 1 or items * per_item <= budget
+        assert items == batch or (items + 1) * per_item > budget
+        assert memory.backward_peak(model, inputs, tiled=True) == items * per_item
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+@pytest.mark.parametrize("estimate", ["atp", "attribution"])
+def test_one_pass_estimate_in_parts_equals_the_whole_batch_and_the_full_head(monkeypatch, family, estimate):
+    """The one-pass estimate with the tiled metric, run a batch at a time or an item at a time, equals the one
+    through the full head (the forward's logits and their log-softmax), float64, 1e-10: the parts add up."""
+    import interp.ablation.sweep as sweep
+
+    model = interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu").to(torch.float64)
+    ids = tiny_inputs(family, batch=3, pos=9, seed=0)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    data = [interp.Batch(ids, mask), interp.Batch(tiny_inputs(family, batch=3, pos=9, seed=1))]
+    keywords = dict(kinds=("q", "k", "v"), estimate=estimate, n_boot=0, progress=False)
+    tiled = sweep._tiled_metric
+    seen = []
+
+    def spy(run, items):
+        out = tiled(run)
+        seen.append(out)
+        return {**out, "items_per_part": items} if out else out
+
+    monkeypatch.setattr(sweep, "_tiled_metric", lambda run: spy(run, 1))
+    by_item = interp.ablate_bias(model, data, **keywords)
+    assert seen and all(s for s in seen)  # the tiled path ran
+    monkeypatch.setattr(sweep, "_tiled_metric", lambda run: spy(run, 0))
+    whole = interp.ablate_bias(model, data, **keywords)
+    monkeypatch.setattr(sweep, "_tiled_metric", lambda run: {})
+    full_head = interp.ablate_bias(model, data, **keywords)
+    assert full_head["delta"].abs().max() > 1e-6  # the estimates are not all 0
+    for got in (by_item, whole):
+        assert (got["delta"] - full_head["delta"]).abs().max() <= 1e-10
+        assert (got["baseline"] - full_head["baseline"]).abs().max() <= 1e-10
