@@ -223,8 +223,8 @@ def ablation_run(size: str, tokens: int, args) -> dict:
     _, estimate_peak = measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", top_k=0, sample_k=0,
                                                                progress=False), model, data, args.device, 1)
     from interp.ablation.memory import auto_stack
-    stack_used = (auto_stack(model, data[0].inputs, True, True, backward=True) if args.stack in (None, "auto")
-                  else int(args.stack))
+    stack_used = (min(auto_stack(model, b.inputs, True, True, backward=True, tiled=True) for b in data)
+                  if args.stack in (None, "auto") else int(args.stack))  # the sweep's rule (a linear unembedding)
     n_patched, block_share = patched_forwards(result["table"], SIZES[size][1])
     floor_s = fwd_bwd_s + block_share * blocks_s + n_patched * head_s
     print("interp from", interp.__file__, flush=True)
