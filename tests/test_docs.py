@@ -542,3 +542,17 @@ def test_readme_ablation_scale_equals_its_csv():
     for quoted, value in zip(said.groups()[1:], (now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
                                                  now.estimate_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
+
+
+def test_readme_ablation_phases_equal_their_csv():
+    """README's per-phase peaks of ablate_bias, before and after, are docs/results/scale/ablation_phases_cpu.csv's."""
+    table = pd.read_csv(RESULTS / "scale" / "ablation_phases_cpu.csv").set_index(["code", "phase"])
+    text = " ".join(README.split())
+    said = re.search(r"a forward ([\d.]+) MB\): the intact run ([\d.]+) -> ([\d.]+) MB, the one-pass estimate ([\d.]+) "
+                     r"-> ([\d.]+) MB, the exact stage \(one head and 7 control draws\) ([\d.]+) -> ([\d.]+) MB", text)
+    assert said, "README quotes the per-phase peaks"
+    want = [table.loc[("before", "_run_intact"), "forward_mb"]] + [
+        table.loc[(code, phase), "peak_mb"] for phase in ("_run_intact", "_run_estimate", "_exact")
+        for code in ("before", "after")]
+    for quoted, value in zip(said.groups(), want):
+        assert agrees(quoted, value), (quoted, value)
