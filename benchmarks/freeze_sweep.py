@@ -9,7 +9,8 @@ Run it from the checkout with ``PYTHONPATH=.`` where another checkout's ``interp
 Each case (``CASES``) is a small exact sweep that exercises every part of the exact stage: stacked variants
 and their matched controls on the replayed prefix, per-item sums and bootstrap intervals, the KL from the
 intact run (SmolLM2: next-token logits) or a hidden-state metric (MiniLM: embedding_cosine, whose forward
-stops at the last block), and an implicit kind. ``tests/ablation/test_frozen_sweep.py`` recomputes the same
+stops at the last block), and an implicit kind. SmolLM2 has no q, k, v bias: its q and v rows are answered without a
+forward (delta 0, "absent bias"), so its table holds the implicit kind's patched forwards and the identity rows. ``tests/ablation/test_frozen_sweep.py`` recomputes the same
 cases with the current code and compares every number to 1e-6.
 """
 
