@@ -2,6 +2,10 @@
 ``docs/figures/<model>/`` (one command regenerates it; look at each image after a change).
 
     python benchmarks/gallery.py [--models dinov2-s14 minilm-l6 ...] [--quick] [--out docs/figures]
+    python benchmarks/gallery.py --steps frequency sinks --out /tmp/gallery   # those steps' figures only
+
+``--steps`` redraws the figures of the pipeline steps named (``interp.pipeline.STEPS``) without the others (the
+ablation step alone is most of the time) and leaves ``index.md`` alone: copy the PNGs you mean to change.
 
 Each model runs on its own kind of data (photos for DINOv2, MNIST for the MNIST ViTs, digits
 for the digits pair, Python's documentation for the language models). Writes the PNGs and
@@ -20,7 +24,7 @@ matplotlib.use("Agg")
 
 import interp  # noqa: E402
 from interp.io import atomic_path  # noqa: E402
-from interp.pipeline import DEMO_BATCHES, make_context, run_steps  # noqa: E402
+from interp.pipeline import DEMO_BATCHES, STEPS, make_context, run_steps  # noqa: E402
 from interp.plots import save_figure  # noqa: E402
 
 RUNS = {"dinov2-s14": "photos", "minilm-l6": "python-docs", "smollm2-135m": "python-docs",
@@ -33,6 +37,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--quick", action="store_true", help="one batch (a smoke run)")
     ap.add_argument("--out", default="docs/figures")
+    ap.add_argument("--steps", nargs="+", choices=list(STEPS), help="only these pipeline steps (no index.md)")
     args = ap.parse_args()
     out = Path(args.out)
     sample = "one batch (--quick)" if args.quick else f"the demo's sample, its first {DEMO_BATCHES} batches"
@@ -41,7 +46,7 @@ def main() -> None:
     for name in args.models:
         t = time.time()
         ctx = make_context(interp.load_model(name), RUNS[name], quick=args.quick, max_batches=DEMO_BATCHES)  # as the demo
-        sections = run_steps(ctx, log=lambda _: None)
+        sections = run_steps(ctx, args.steps, log=lambda _: None)
         lines += [f"## {name}", "", f"Data: {ctx.data_label()}.", ""]
         for section in sections:
             for fig_name, fig in section.figures.items():
@@ -49,6 +54,8 @@ def main() -> None:
                 lines.append(f"- [{section.title}: {fig_name}]({name}/{path.name})")
         lines.append("")
         print(f"{name}: {sum(len(s.figures) for s in sections)} figures in {time.time() - t:.0f}s", flush=True)
+    if args.steps:
+        return
     with atomic_path(out / "index.md") as tmp:
         tmp.write_text("\n".join(lines))
 

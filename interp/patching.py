@@ -15,6 +15,10 @@ activation a = XW + b of that head:
   matched control for zeroing: zeroing displaces a by ||b_h||, the replacement by ||r_h - b_h||, about
   sqrt(2) ||b_h|| in high dimension.
 
+Where the architecture has no bias at a site (``bias_spec``'s ``present`` False: SmolLM2's q, k, v) every method
+leaves a unchanged (a' - a = 0; ``displacement_norm`` 0 and so the matched control's draws too): a bias that is not
+there is neither removed nor replaced by E[XW].
+
 The matched control (``control_patch_hooks``, draw d): whatever the method's displacement s_h = a' - a of each
 targeted head (-b_h for zero, E[XW]_h - b_h for mean, ...), a' = a + u_h^(d) ||s_h||, with u_h^(d) a uniformly
 random unit vector (``matched_shift``, fixed by (seed, layer, kind, d)): the same displacement norm in a random
@@ -50,6 +54,17 @@ def check_method(method: str, targets: Sequence[Target], stats: Optional[QKVStat
         raise InputError("method='fold' applies to v only (b_v folds exactly into b_O)")
     if method == "mean" and stats is None and need_stats:
         raise InputError("method='mean' needs stats from record_qkv (the content means)")
+
+
+def needs_means(model: InterpBridge, method: str, targets: Sequence[Target]) -> bool:
+    """Whether ``method`` needs the content means E[XW] (``record_qkv``) for ``targets``: "mean" on a bias the
+    architecture has (an absent one is shifted by 0, ``bias_shift``); implicit kinds (sink_v, massive) are not
+    bias targets here."""
+    if method != "mean":
+        return False
+    sites = {(layer, kind) for layer, _, kind in targets if kind in QKV_KINDS}
+    present = {layer: attention_weights(model, layer).present for layer in {layer for layer, _ in sites}}
+    return any(present[layer][kind] for layer, kind in sites)
 
 
 def check_targets(model: InterpBridge, targets: Any, function: str) -> list[Target]:
@@ -100,8 +115,15 @@ def _scaled_directions(like: Tensor, entropy: list[int]) -> Tensor:
 
 def bias_shift(model: InterpBridge, layer: int, kind: str, method: Method,
                stats: Optional[QKVStats] = None, seed: int = 0) -> Tensor:
-    """a' - a for every head of (layer, kind): [head_index, d_head] (-b, E[XW] - b, mean_h b - b or r - b)."""
-    bias = attention_weights(model, layer).bias(kind)
+    """a' - a for every head of (layer, kind): [head_index, d_head] (-b, E[XW] - b, mean_h b - b or r - b).
+
+    Where the architecture has no bias at the site (``bias_spec``'s ``present`` False) it is exactly 0 for every
+    method: there is no b to remove or replace, so "mean" does not add E[XW] (that would move a head that has
+    no bias, and an ablation would report the move as the bias's effect)."""
+    weights = attention_weights(model, layer)
+    bias = weights.bias(kind)
+    if not weights.present[kind]:
+        return torch.zeros_like(bias)
     shift = -bias.clone()
     if method == "mean":
         shift = shift + stats.mean(layer, kind, "content").to(shift.device, shift.dtype)
@@ -160,7 +182,7 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
     ``seed`` fixes ``method="random"``'s directions)."""
     info = require_bridge(model, "bias_patch_hooks").interp
     targets = check_targets(model, targets, "bias_patch_hooks")
-    check_method(method, targets, stats)
+    check_method(method, targets, stats, need_stats=needs_means(model, method, targets))
     if stats is not None:
         require_stats(stats).require_model(model)
     hooks: list[Hook] = []
@@ -181,7 +203,7 @@ def control_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: 
     module doc). No b_O fold for ``method="fold"``: its displacement is compensated, so it has no control."""
     require_bridge(model, "control_patch_hooks")
     targets = check_targets(model, targets, "control_patch_hooks")
-    check_method(method, targets, stats)
+    check_method(method, targets, stats, need_stats=needs_means(model, method, targets))
     hooks: list[Hook] = []
     for (layer, kind), heads in _by_site(targets).items():
         shift = matched_shift(bias_shift(model, layer, kind, method, stats, seed), layer, kind, seed, draw)

@@ -349,6 +349,7 @@ def attention_distance_figure(profile: pd.DataFrame, model_name: str, hue: Optio
     sns.scatterplot(data=profile, x="layer", y="mean_attention_distance", hue=use_hue,
                     palette="tab10" if use_hue else None, ax=ax, s=40)
     unit = profile.distance_unit.iloc[0] if "distance_unit" in profile else "pixels"
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # a layer index: no tick at 0.5
     ax.set_xlabel("layer")
     ax.set_ylabel(f"mean attention distance ({unit})")
     ax.set_title(f"{model_name}: mean attention distance per head" + (f"\n{data}" if data else ""))
@@ -428,14 +429,39 @@ def sink_mass_grid(profile: pd.DataFrame, *, model_name: Optional[str] = None, d
     return fig
 
 
+MAX_LAYER_GROUPS = 10  # the categorical palette's colours (tab10)
+
+
+def _layer_groups(layers: Sequence[int]) -> list[tuple[str, list[int]]]:
+    """The distinct ``layers`` as at most ``MAX_LAYER_GROUPS`` categories, in order: one per layer ("layer 3")
+    where there are at most that many, else runs of r = ceil(n / MAX_LAYER_GROUPS) consecutive layers
+    ("layers 0-2"; the last run may be shorter, "layer 29" when it holds one)."""
+    distinct = sorted({int(la) for la in layers})
+    run = -(-len(distinct) // MAX_LAYER_GROUPS)
+    groups = []
+    for i in range(0, len(distinct), run):
+        part = distinct[i:i + run]
+        contiguous = part == list(range(part[0], part[-1] + 1))
+        label = (f"layer {part[0]}" if len(part) == 1 else f"layers {part[0]}-{part[-1]}" if contiguous
+                 else "layers " + ", ".join(map(str, part)))
+        groups.append((label, part))
+    return groups
+
+
 def implicit_vs_explicit(frame: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
     """From ``implicit_value_bias``: each head's implicit value bias ||mean c_i|| against its explicit
-    ||b_v W_O||, both in residual-stream units on the same axes (y = x dashed)."""
+    ||b_v W_O||, both in residual-stream units on the same axes (y = x dashed). Points are coloured by layer as
+    categories (``colours.CATEGORICAL``, in order): "layer l" for at most 10 layers, else runs of consecutive layers
+    ("layers 0-2") so that there are at most 10 groups; the legend names them."""
     check_table(frame, "implicit_vs_explicit", "interp.implicit_value_bias(model, data)",
                 ["layer", "head", "explicit_norm", "implicit_norm", "positions", "has_b_v"], keys=["layer", "head"],
                 finite=["explicit_norm", "implicit_norm"])
     fig, ax = plt.subplots(figsize=(6, 5.5))
-    sns.scatterplot(data=frame, x="explicit_norm", y="implicit_norm", hue="layer", palette="viridis", ax=ax, s=35)
+    palette = plt.get_cmap(colours.CATEGORICAL).colors
+    for i, (label, layers) in enumerate(_layer_groups(frame.layer)):
+        part = frame[frame.layer.isin(layers)]
+        ax.scatter(part.explicit_norm, part.implicit_norm, color=palette[i], s=35, label=label,
+                   edgecolors="white", linewidths=0.5)
     hi = 1.05 * float(max(frame.explicit_norm.max(), frame.implicit_norm.max(), 1e-12))
     ax.plot([0, hi], [0, hi], "k--", lw=0.8, label="y = x")
     ax.set_xlim(0, hi)
@@ -446,7 +472,7 @@ def implicit_vs_explicit(frame: pd.DataFrame, *, model_name: Optional[str] = Non
     if not frame.has_b_v.any():
         ax.text(0.03, 0.5, "no b_v in this model:\nevery head sits at explicit = 0", transform=ax.transAxes,
                 fontsize=9, bbox=dict(boxstyle="round", facecolor="#f2f2f2", edgecolor="#999999"))
-    ax.legend(title="layer", fontsize=8)
+    ax.legend(title="layer", fontsize=8, title_fontsize=8)
     ax.set_title(f"{_model_of(frame, model_name)}: implicit (sink) vs explicit (b_v) value bias, one point per head"
                  + (f"\n{data}" if data else ""), fontsize=10)
     fig.tight_layout()

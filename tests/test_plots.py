@@ -320,3 +320,58 @@ def test_a_sink_table_with_categorical_positions_or_text_numbers_is_drawn_or_sai
     plt.close("all")
     with pytest.raises(InputError, match="'mass' holds .* values .* not numbers"):
         interp.plots.sink_mass_grid(table.assign(mass=table.mass.astype(str)))
+
+
+@pytest.mark.parametrize("n_layers", [2, 3, 7, 12])
+def test_attention_distance_ticks_are_whole_layers(n_layers):
+    """The x axis is a layer index: every tick drawn inside the axis is an integer (3 layers drew 0.25, 0.5 ...)."""
+    from interp import plots
+
+    profile = pd.DataFrame([dict(layer=la, head=h, mean_attention_distance=RNG.uniform(1, 9), cluster=h % 2,
+                                 distance_unit="tokens") for la in range(n_layers) for h in range(2)])
+    fig = plots.attention_distance_figure(profile, "toy")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    shown = [(t.get_position()[0], t.get_text()) for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+    assert len(shown) >= 2
+    for x, text in shown:
+        assert x == round(x) and text.replace("\u2212", "-") == str(int(round(x))), shown
+    plt.close("all")
+
+
+def _tab10(i):
+    return matplotlib.colormaps["tab10"](i)[:3]
+
+
+@pytest.mark.parametrize("n_layers,run,labels", [
+    (4, 1, ["layer 0", "layer 1", "layer 2", "layer 3"]),
+    (10, 1, [f"layer {la}" for la in range(10)]),
+    (12, 2, ["layers 0-1", "layers 2-3", "layers 4-5", "layers 6-7", "layers 8-9", "layers 10-11"]),
+    (23, 3, ["layers 0-2", "layers 3-5", "layers 6-8", "layers 9-11", "layers 12-14", "layers 15-17", "layers 18-20",
+             "layers 21-22"]),
+    (30, 3, [f"layers {a}-{a + 2}" for a in range(0, 30, 3)]),
+    (31, 4, [f"layers {a}-{a + 3}" for a in range(0, 28, 4)] + ["layers 28-30"]),
+])
+def test_implicit_vs_explicit_colours_layers_as_at_most_ten_categories(n_layers, run, labels):
+    """Each head's point has the tab10 colour of its layer's group (layer // run, the runs written out here) and
+    the legend names the groups in order."""
+    from interp import plots
+
+    table = pd.DataFrame([dict(model="m", layer=la, head=h, explicit_norm=RNG.uniform(), implicit_norm=RNG.uniform(),
+                               positions="first", has_b_v=True) for la in range(n_layers) for h in range(3)])
+    ax = plots.implicit_vs_explicit(table).axes[0]
+    drawn = {}
+    for collection in ax.collections:
+        colours_of = collection.get_facecolors()
+        for i, point in enumerate(collection.get_offsets()):
+            drawn[tuple(point)] = tuple(colours_of[i if len(colours_of) > 1 else 0][:3])
+    assert len(drawn) == len(table)
+    for _, r in table.iterrows():
+        np.testing.assert_allclose(drawn[(r.explicit_norm, r.implicit_norm)], _tab10(r.layer // run), atol=1e-9)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert [t for t in legend if t != "y = x"] == labels and len(labels) <= 10
+    handles = [h for h, t in zip(ax.get_legend().legend_handles, legend) if t != "y = x"]
+    for i, handle in enumerate(handles):
+        np.testing.assert_allclose(handle.get_facecolor()[0][:3], _tab10(i), atol=1e-9)
+    plt.close("all")

@@ -48,10 +48,10 @@ Uncertainty: ``delta_lo`` / ``delta_hi`` (exact rows) are the 95% percentile boo
 delta, so independent of the batching; over batches for a callable metric that returns one scalar per
 batch. ``n_boot``, ``n_control`` and ``seed`` are in the fingerprint.
 
-Variants the mathematics answers (b_k under positions that cancel it, absent biases, b_v
-folded) are written without a forward, with the reason in ``identity``. With ``out``, each
-finished variant is appended to ``out/ablation.jsonl`` at once; a rerun skips finished variants; the
-table is written as ``out/ablation.csv`` / ``.parquet`` (one name: a later call into ``out`` replaces it).
+Variants the mathematics answers (b_k under positions that cancel it, absent biases under every method, a
+displacement a' - a of exactly 0, b_v folded) are written without a forward, with the reason in ``identity``.
+With ``out``, each finished variant is appended to ``out/ablation.jsonl`` at once; a rerun skips finished
+variants; the table is written as ``out/ablation.csv`` / ``.parquet`` (one name: a later call into ``out`` replaces it).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ from interp.heads import bias_present
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.patching import (Target, bias_patch_hooks, check_method, control_patch_hooks, displacement_norm,
-                             repeat_batch, stack_hooks)
+                             needs_means, repeat_batch, stack_hooks)
 from interp.record import record_qkv
 from interp.stats import QKVStats
 from interp.types import Estimate, Method
@@ -308,8 +308,8 @@ def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated:
 def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
     """Why ``var`` provably changes nothing, so that no forward is needed; "" when it must run.
 
-    * every target's bias is absent and the method only removes (zero, fold) or replaces it by a random
-      vector of its norm (random): nothing to remove;
+    * every target's bias is absent (the architecture has none), whatever the method: nothing to remove or
+      replace, so every method's shift a' - a is 0 (``interp.patching.bias_shift``; "mean" does not add E[XW]);
     * only b_k, and the registry says b_k cancels in the softmax (learned, ALiBi, relative or no
       positions; not rotary or qk-norm): every method shifts k by a per-head constant,
       which adds the same amount to every score of a query row;
@@ -317,8 +317,7 @@ def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
     """
     kinds = {kind for _, _, kind in var.targets}
     present = {layer: bias_present(model, layer) for layer in {layer for layer, _, _ in var.targets}}
-    if method in ("zero", "fold", "random") and not any(present[layer].get(kind, True)
-                                                         for layer, _, kind in var.targets):
+    if not any(present[layer].get(kind, True) for layer, _, kind in var.targets):
         return "absent bias: nothing to remove"
     spec = model.interp.spec
     if kinds == {"k"} and spec.k_bias_inert:
@@ -496,13 +495,22 @@ def _displacement(run: _Run, var: Variant, stats: Optional[QKVStats], opts: Swee
     return displacement_norm(run.model, plain, opts.method, stats, opts.seed)
 
 
+def _no_displacement(run: _Run, var: Variant, stats: Optional[QKVStats], opts: SweepOptions) -> str:
+    """Why a bias variant needs no forward when its method moves no targeted activation: a' - a = 0 on every
+    target (a present bias of zeros under zero, fold or random; layer_mean on a layer with one kv head); its
+    delta is exactly 0. "" for an implicit variant or a displacement above 0."""
+    if is_implicit(var.targets) or _displacement(run, var, stats, opts) != 0:
+        return ""
+    return "zero displacement: the method moves no activation (a' - a = 0 on every target)"
+
+
 def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, estimate: str, stats: Optional[QKVStats],
                         log: ResultLog, opts: SweepOptions) -> list[Variant]:
     """Log the rows an identity answers (no forward); return the variants left to run. The identity answers the
     matched control too (a random direction of the same displacement is as inert): its draws are exactly 0."""
     method = opts.method
-    reasons = {v: identity_reason(run.model, v, method) or (run.implicit.reason(v.targets) if run.implicit else "")
-               for v in todo}
+    reasons = {v: identity_reason(run.model, v, method) or _no_displacement(run, v, stats, opts)
+               or (run.implicit.reason(v.targets) if run.implicit else "") for v in todo}
     for var in [v for v in todo if reasons[v]]:
         controls = [0.0] * opts.n_control if _has_control(var, method) else None
         log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var], controls=controls,
@@ -740,7 +748,7 @@ def _ablate(model: InterpBridge, data: Any, variants: list[Variant], metric: met
     if opts.method == "mean" and stats is not None:  # other data's means give other rows
         run.fingerprint["stats"] = f"{stats.model_fingerprint}/{stats.data_fingerprint}"
     run.implicit = sites and prepare_sites(model, sites, run.batches, targets)
-    if opts.method == "mean" and stats is None and any(explicit_targets(v.targets) for v in variants):
+    if stats is None and needs_means(model, opts.method, targets):  # none for absent biases (shifted by 0)
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, opts.overwrite)
     df = _sweep_all(run, variants, stats, log, opts)

@@ -185,7 +185,8 @@ def test_no_identity_is_claimed_under_rotary_and_absent_biases_are_said():
     table = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), progress=False, estimate="exact")
     assert (table.identity == "absent bias: nothing to remove").all() and (table.delta == 0).all()
     mean = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), method="mean", progress=False, estimate="exact")
-    assert (mean.identity == "b_k cancels in the softmax under relative positions").all()
+    # no k bias to replace by E[XW] either (it used to be replaced, and said inert only because b_k cancels)
+    assert (mean.identity == "absent bias: nothing to remove").all() and (mean.delta == 0).all()
 
 
 @pytest.mark.parametrize("family", ["qwen2", "neox"])
@@ -226,8 +227,9 @@ def test_atp_star_refuses_scores_that_are_not_bilinear():
 
 @pytest.mark.parametrize("family", ["beit", "bloom", "falcon-rw"])
 def test_the_identity_claim_holds_under_relative_and_alibi_positions(family):
-    """'mean' moves b_k by a nonzero E[XW] even where k has no bias (BEiT): relative position
-    bias and ALiBi are content-free, so the forced forwards must agree with the identity's 0."""
+    """'mean' moves b_k by a nonzero E[XW] - b_k: relative position bias and ALiBi are content-free, so the
+    forced forwards must agree with the identity's 0. BEiT has no k bias: nothing is moved (said so), and the
+    forced forwards, which add 0, agree."""
     model = interp.load_model(interp.tiny_hf_model(family, bias_scale=2.0).double(), device="cpu")
     x = interp.tiny_inputs(family)
     x = x.double() if x.is_floating_point() else x
@@ -235,7 +237,8 @@ def test_the_identity_claim_holds_under_relative_and_alibi_positions(family):
               progress=False)
     claimed = interp.ablate_bias(model, [x], **kw)
     forced = interp.ablate_bias(model, [x], force_exact=True, **kw)
-    assert claimed.identity.str.startswith("b_k cancels").all() and (claimed.delta == 0).all()
+    reason = "absent bias" if family == "beit" else "b_k cancels"
+    assert claimed.identity.str.startswith(reason).all() and (claimed.delta == 0).all()
     assert forced.delta.abs().max() <= 1e-6 * forced.baseline.abs().max()  # float32 softmax rounding at most
 
 
@@ -379,3 +382,66 @@ def test_merge_shards_refuses_another_analyzers_table():
     profile = pd.DataFrame(dict(layer=[0, 0], head=[0, 1], position=["first", "first"], mass=[0.5, 0.2]))
     with pytest.raises(InputError, match=r"merge_shards takes tables of interp\.ablate_bias\(model.*frame 0 lacks kind"):
         interp.merge_shards([profile, profile])
+
+
+def _counting_forwards(monkeypatch):
+    """The sweep's forwards, counted; recording means (a forward per batch of its own) fails the test."""
+    import interp.ablation.metrics as metrics
+    import interp.ablation.sweep as sweep
+
+    calls = []
+    real = metrics.run_forward
+    monkeypatch.setattr(metrics, "run_forward", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(sweep, "record_qkv", lambda *a, **k: pytest.fail("means recorded for absent biases"))
+    return calls
+
+
+def _said_absent_without_forwards(table, n_control):
+    assert (table.identity == "absent bias: nothing to remove").all(), table.identity
+    assert (table.delta == 0).all() and (table.ablated == table.baseline).all() and (table.kl == 0).all()
+    assert (table.displacement_norm == 0).all()  # the columns of any identity row: controls of 0, p = 1
+    assert (table.control_lo == 0).all() and (table.control_hi == 0).all() and (table.n_control == n_control).all()
+    assert (table.control_p == 1).all() and not table.bias_dependent.astype(bool).any()
+
+
+@pytest.mark.parametrize("method", ["mean", "layer_mean", "random", "zero"])
+def test_every_method_reports_an_absent_bias_as_such_without_a_forward(monkeypatch, method):
+    """SmolLM2's architecture (tiny llama): no q, k, v bias. "mean" used to shift it by E[XW] and report an
+    effect on a head that has no bias; now every method is answered by the identity: delta 0, no patched forward,
+    no means recorded."""
+    llama = interp.load_model(interp.tiny_hf_model("llama"), device="cpu")
+    data = lm_batches("llama")
+    calls = _counting_forwards(monkeypatch)
+    table = ablate_bias(llama, data, kinds=("q", "k", "v"), method=method, progress=False, estimate="exact",
+                        n_control=3)
+    assert len(table) == 2 * (4 + 2 + 2) and len(calls) == len(data)  # every variant; the intact run only
+    _said_absent_without_forwards(table, 3)
+
+
+@pytest.mark.slow
+def test_smollm2_mean_ablation_is_zero_without_forwards(monkeypatch):
+    smol = interp.load_model("smollm2-135m")
+    data = interp.builtin_batches(smol, "python-docs", batch_size=2, n=4, seq_len=16)
+    calls = _counting_forwards(monkeypatch)
+    table = ablate_bias(smol, data, kinds=("q", "k", "v"), method="mean", layers=[0, 14, 29], heads=[0, 2],
+                        progress=False, estimate="exact", n_control=2)
+    assert len(table) == 3 * 3 * 2 and len(calls) == len(data)
+    _said_absent_without_forwards(table, 2)
+
+
+def test_a_zero_displacement_needs_no_forward_and_a_real_one_runs(monkeypatch):
+    """A present bias of zeros (bias_scale 0) is moved by 0 under "zero": its rows are said without a forward.
+    Under "mean" the same heads move by E[XW] (not 0) and run, with their control draws."""
+    gpt2 = interp.load_model(interp.tiny_hf_model("gpt2", bias_scale=0.0), device="cpu")
+    assert interp.bias_spec(gpt2).present.all() and (interp.bias_spec(gpt2).query("kind != 'o'").norm == 0).all()
+    data = lm_batches("gpt2")
+    import interp.ablation.metrics as metrics
+
+    calls = []
+    real = metrics.run_forward
+    monkeypatch.setattr(metrics, "run_forward", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    zero = ablate_bias(gpt2, data, kinds=("q", "v"), method="zero", progress=False, estimate="exact", n_control=2)
+    assert (zero.identity.str.startswith("zero displacement")).all() and (zero.delta == 0).all()
+    assert (zero.displacement_norm == 0).all() and (zero.control_p == 1).all() and len(calls) == len(data)
+    mean = ablate_bias(gpt2, data, kinds=("q", "v"), method="mean", progress=False, estimate="exact", n_control=2)
+    assert (mean.identity == "").all() and (mean.displacement_norm > 0).all() and (mean.delta != 0).all()
