@@ -169,20 +169,22 @@ def _factors(model: InterpBridge, store: dict, layer: int, heads: slice) -> tupl
             left_out)
 
 
-def _block_terms(queries: Tensor, keys: Tensor, scale: float, rows: slice, cols: slice,
-                 mask: Tensor) -> tuple[Tensor, Tensor]:
+def _block_terms(queries: Tensor, keys: Tensor, scale: float, rows: slice, cols: slice, blocked: Tensor,
+                 n: Tensor) -> tuple[Tensor, Tensor]:
     """The formed terms of query ``rows`` over keys ``cols`` [b, h, rows, terms, keys], float64, centred along
-    each row over its allowed keys and 0 on blocked keys (``mask`` [b, q, k], 0/1): one batched product of the
-    ``_factors`` (times ``scale`` in their dtype, as ``score_terms``), then a - abar over the allowed keys. Also
-    the sum over terms of abar [b, h, rows] (the score's row mean, less what ``_factors`` leaves out)."""
+    each row over its allowed keys and 0 on ``blocked`` ones ([b, q, k]; ``n`` [b, q]: allowed keys, at least 1):
+    one batched product of the ``_factors`` (times ``scale`` in their dtype, as ``score_terms``), then a - abar
+    over the allowed keys. Blocked entries are overwritten, not multiplied by 0, so a NaN there (HF's sliding-window
+    attention gives NaN states at padded positions) stays out. Also the sum over terms of abar [b, h, rows] (the
+    score's row mean, less what ``_factors`` leaves out)."""
     b, h, _, _, d = queries.shape
-    n, r, c = keys.shape[2], rows.stop - rows.start, cols.stop - cols.start
-    product = queries[:, :, rows].reshape(b, h, 2 * r, d) @ keys[:, :, :, cols].reshape(b, h, n * c, d).mT
+    sides, r, c = keys.shape[2], rows.stop - rows.start, cols.stop - cols.start
+    product = queries[:, :, rows].reshape(b, h, 2 * r, d) @ keys[:, :, :, cols].reshape(b, h, sides * c, d).mT
     product = product.mul_(scale) if scale != 1.0 else product
-    m = mask[:, None, rows, None, cols]
-    terms = product.view(b, h, r, 2 * n, c).double().mul_(m)
-    mean = terms.sum(-1, keepdim=True).div_(mask[:, None, rows, None].sum(-1, keepdim=True).clamp_(min=1))
-    return terms.sub_(mean).mul_(m), mean.sum((-2, -1))
+    blocked = blocked[:, None, rows, None, cols]
+    terms = product.view(b, h, r, 2 * sides, c).double().masked_fill_(blocked, 0)
+    mean = terms.sum(-1, keepdim=True).div_(n[:, None, rows, None, None])
+    return terms.sub_(mean).masked_fill_(blocked, 0), mean.sum((-2, -1))
 
 
 def _block_gram(terms: Tensor, weight: Tensor) -> Tensor:
@@ -219,6 +221,7 @@ def _layer_sums(model: InterpBridge, store: dict, layer: int, allowed: Tensor, v
     keys = allowed[:, 0].to(torch.float64)  # [b, q, k]
     b, q, k = keys.shape
     n = keys.sum(-1).clamp(min=1)  # [b, q]
+    blocked = ~allowed[:, 0]
     weight = valid_rows[:, 0] / n  # a row's mean over its keys; 0 for rows that attend nothing
     prior = _computed_terms(model.interp).index("key_prior")
     ones = keys.new_ones(1, len(_computed_terms(model.interp)))
@@ -229,7 +232,7 @@ def _layer_sums(model: InterpBridge, store: dict, layer: int, allowed: Tensor, v
         size = max(1, min(most, budget // (b * queries.shape[1] * k)))
         gram = kl = 0
         for rows, cols in _blocks(model.interp, layer, q, size):
-            terms, level = _block_terms(queries, factors, scale, rows, cols, keys)
+            terms, level = _block_terms(queries, factors, scale, rows, cols, blocked, n)
             score = (ones @ terms)[..., 0, :]  # the centred score (softmax ignores a row constant); 0 if blocked
             if check is not None:
                 level = level + left_out[..., rows] if left_out.dim() else level  # the score's row mean
