@@ -10,10 +10,13 @@ loaded as a module beside the current ``interp.analysis.scores``: one process, t
 of ``benchmarks/scale.py`` (``SIZES``, float32, q/k/v biases N(0, 0.02^2)) and the same batches of random token ids.
 One CPU thread. Each repeat runs, in turn, a plain HF forward (``model.hf_model(ids)``, with its unembedding: the
 reference), the pass before and the pass after; per pass the fastest wall and CPU (process) seconds over the
-repeats are kept, and the largest peak memory (the process's peak resident set above what it held before the
-pass, scale.py's method: VmHWM reset through /proc/self/clear_refs, glibc's mmap threshold fixed so freed
-tensors are returned). With ``--batches`` 2 the pattern check (first batch) runs on one of the two batches, in
-both versions. Ratios are to the forward: ``*_wall_ratio``, ``*_cpu_ratio`` (CPU time is less sensitive to other
+repeats are kept, with glibc's allocator at its defaults (as a user runs it). Then, for every run, each pass runs
+once more for its peak memory: the process's peak resident set above what it held before the pass, scale.py's
+method (VmHWM reset through /proc/self/clear_refs, glibc's mmap threshold fixed at 64 KiB so that freed tensors
+go back to the system and each pass sees its own peak). That setting is kept out of the timings: with it every
+temporary above 64 KiB is a fresh mmap, and the row blocks' many temporaries ran 2x slower (112m@512: 15.2 s of
+CPU against 7 s), which says more about the setting than about the code. With ``--batches`` 2 the pattern check
+(first batch) runs on one of the two batches, in both versions. Ratios are to the forward: ``*_wall_ratio``, ``*_cpu_ratio`` (CPU time is less sensitive to other
 jobs than wall time), ``*_memory_ratio``. ``max_abs_diff``: the largest |after - before| over the table's number
 columns (variance, share, total_variance, kl_without_key_prior and the bootstrap bounds). ``load_1min_*``: the
 machine's 1-minute load average before and after the run (the machine is shared; a load above its core count
@@ -87,34 +90,47 @@ def timed(fn) -> tuple[float, float, float, object]:
     return wall, cpu, max(scale._rss_mb("VmHWM") - base, 0.0), result
 
 
-def run_one(size: str, tokens: int, before, args) -> dict:
-    """One row: the three passes, each timed ``args.repeats`` times in turn (module doc)."""
+def _passes(size: str, tokens: int, before, args) -> dict:
+    """The three passes of one run on a fresh model and batches (after a warm-up forward)."""
     model = scale.build(size, "cpu", torch.float32)
     data = scale.make_batches(scale.SIZES[size][5], args.batches, args.batch_size, tokens, "cpu")
-    scale.plain_forward(model, data[:1])  # warm-up
-    passes = {"forward": lambda: scale.plain_forward(model, data),
-              "before": lambda: before.score_decomposition(model, data, progress=False),
-              "after": lambda: after_module.score_decomposition(model, data, progress=False)}
-    best = {name: [float("inf"), float("inf"), 0.0] for name in passes}
-    tables = {}
+    scale.plain_forward(model, data[:1])
+    return {"forward": lambda: scale.plain_forward(model, data),
+            "before": lambda: before.score_decomposition(model, data, progress=False),
+            "after": lambda: after_module.score_decomposition(model, data, progress=False)}
+
+
+def time_run(size: str, tokens: int, before, args) -> dict:
+    """One row's times: the three passes, ``args.repeats`` times in turn, the fastest wall and CPU seconds of each
+    (module doc), and the largest table difference."""
+    passes, tables = _passes(size, tokens, before, args), {}
+    best = {name: [float("inf"), float("inf")] for name in passes}
     load_before = os.getloadavg()[0]
     for _ in range(args.repeats):
         for name, fn in passes.items():
-            wall, cpu, peak, result = timed(fn)
-            best[name] = [min(best[name][0], wall), min(best[name][1], cpu), max(best[name][2], peak)]
-            tables[name] = result
+            wall, cpu, _, tables[name] = timed(fn)
+            best[name] = [min(best[name][0], wall), min(best[name][1], cpu)]
     diff = (tables["after"][NUMBERS] - tables["before"][NUMBERS]).abs().max().max()
     row = dict(size=size, tokens=tokens, batch_size=args.batch_size, n_batches=args.batches, repeats=args.repeats,
                threads=torch.get_num_threads(), cores=os.cpu_count(), before=args.before, after=_commit(),
-               max_abs_diff=diff,
-               load_1min_before=load_before, load_1min_after=os.getloadavg()[0])
-    forward_wall, forward_cpu, forward_peak = best["forward"]
-    row.update(forward_wall_s=forward_wall, forward_cpu_s=forward_cpu, forward_peak_mb=forward_peak)
+               max_abs_diff=diff, load_1min_before=load_before, load_1min_after=os.getloadavg()[0])
+    for name in passes:
+        row.update({f"{name}_wall_s": best[name][0], f"{name}_cpu_s": best[name][1]})
     for name in ("before", "after"):
-        wall, cpu, peak = best[name]
-        row.update({f"{name}_wall_s": wall, f"{name}_cpu_s": cpu, f"{name}_peak_mb": peak,
-                    f"{name}_wall_ratio": wall / forward_wall, f"{name}_cpu_ratio": cpu / forward_cpu,
-                    f"{name}_memory_ratio": peak / forward_peak if forward_peak else float("nan")})
+        row.update({f"{name}_wall_ratio": row[f"{name}_wall_s"] / row["forward_wall_s"],
+                    f"{name}_cpu_ratio": row[f"{name}_cpu_s"] / row["forward_cpu_s"]})
+    return row
+
+
+def add_peaks(row: dict, before, args) -> dict:
+    """``row`` with each pass's peak MB (one more run each, glibc's mmap threshold fixed: module doc) and the
+    memory ratios to the forward's."""
+    passes = _passes(row["size"], int(row["tokens"]), before, args)
+    for name, fn in passes.items():
+        row[f"{name}_peak_mb"] = timed(fn)[2]
+    for name in ("before", "after"):
+        forward = row["forward_peak_mb"]
+        row[f"{name}_memory_ratio"] = row[f"{name}_peak_mb"] / forward if forward else float("nan")
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     return row
 
@@ -154,7 +170,6 @@ def main(argv=None) -> pd.DataFrame:
     if args.dry_run:
         args.runs, args.batches, args.repeats = "tiny@16", 1, 1
     torch.set_num_threads(1)
-    scale.exact_cpu_peaks()
     before = load_before(args.before)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -162,8 +177,9 @@ def main(argv=None) -> pd.DataFrame:
         (out.parent / "score_decomposition_profile.txt").write_text(profile(before, args))
         print(f"wrote {out.parent / 'score_decomposition_profile.txt'}")
         return pd.DataFrame()
-    frame = pd.DataFrame([run_one(size, int(tokens), before, args)
-                          for size, tokens in (r.split("@") for r in args.runs.split(","))])
+    rows = [time_run(size, int(tokens), before, args) for size, tokens in (r.split("@") for r in args.runs.split(","))]
+    scale.exact_cpu_peaks()  # from here on: peaks only (module doc)
+    frame = pd.DataFrame([add_peaks(row, before, args) for row in rows])
     frame.to_csv(out, index=False, float_format="%.6g")
     print(f"wrote {out}")
     return frame
