@@ -141,14 +141,17 @@ def _computed_terms(info: Any) -> tuple[str, ...]:
     return TERMS if info.rotary else ("content", "key_prior")
 
 
-def _factors(model: InterpBridge, store: dict, layer: int, heads: slice) -> tuple[Tensor, Tensor, float, Tensor]:
+def _factors(model: InterpBridge, store: dict, layer: int, heads: slice,
+             used: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, float, Tensor]:
     """Both sides of ``layer``'s score terms for query ``heads``, head-first and contiguous, in the cache's dtype
     (at least float32), and the score scale: queries [b, h, q, 2, d] = (c_q, b_q) and keys [b, h, n, k, d] = c_k
     (n = 1) or, under rotary, (c_k, b_k) (n = 2; every vector rotated by its position; k from the query head's kv
     head), so that term (t, u) = scale x queries[.., t, :] . keys[.., u, :] is term t * n + u of
     ``_computed_terms``. Where the scale is a power of two it is put on the queries (no bit changes); else it is 1
     and the caller scales each product, as ``score_terms`` does. Last, [b, h, q]: the row constant the formed terms
-    leave out (without rotary query_const + const = q_i . b_k x scale; else 0), for the pattern check."""
+    leave out (without rotary query_const + const = q_i . b_k x scale; else 0), for the pattern check. Positions
+    no pair uses (``used``: query rows [b, q] and keys [b, k] with an allowed pair) get zero factors, so that their
+    products are 0, not NaN: HF's sliding-window attention leaves NaN states at padded positions."""
     info = model.interp
     w = attention_weights(model, layer)
     q, k = store[hook_name(layer, "q")][:, :, heads], store[hook_name(layer, "k")]
@@ -163,28 +166,28 @@ def _factors(model: InterpBridge, store: dict, layer: int, heads: slice) -> tupl
     keys = torch.stack([x[:, :, group] for x in ((ck, bk) if info.rotary else (ck,))], 1)  # [b, n, k, h, d]
     scale = info.score_scale(layer)  # 1/sqrt(d_head); GPT-2's scale_attn_by_inverse_layer_idx divides by layer + 1
     exact = math.frexp(scale)[0] == 0.5
-    queries = torch.stack((cq, bq), 3) * (scale if exact else 1.0)
+    queries = (torch.stack((cq, bq), 3) * (scale if exact else 1.0)).masked_fill_(~used[0][:, :, None, None, None], 0)
+    keys = keys.masked_fill_(~used[1][:, None, :, None, None], 0)
     left_out = torch.einsum("bqhd,bqhd->bhq", cq + bq, bk[:, :, group]) * scale if not info.rotary else cq.new_zeros(())
     return (queries.transpose(1, 2).contiguous(), keys.permute(0, 3, 1, 2, 4).contiguous(), 1.0 if exact else scale,
             left_out)
 
 
-def _block_terms(queries: Tensor, keys: Tensor, scale: float, rows: slice, cols: slice, blocked: Tensor,
+def _block_terms(queries: Tensor, keys: Tensor, scale: float, rows: slice, cols: slice, mask: Tensor,
                  n: Tensor) -> tuple[Tensor, Tensor]:
     """The formed terms of query ``rows`` over keys ``cols`` [b, h, rows, terms, keys], float64, centred along
-    each row over its allowed keys and 0 on ``blocked`` ones ([b, q, k]; ``n`` [b, q]: allowed keys, at least 1):
-    one batched product of the ``_factors`` (times ``scale`` in their dtype, as ``score_terms``), then a - abar
-    over the allowed keys. Blocked entries are overwritten, not multiplied by 0, so a NaN there (HF's sliding-window
-    attention gives NaN states at padded positions) stays out. Also the sum over terms of abar [b, h, rows] (the
-    score's row mean, less what ``_factors`` leaves out)."""
+    each row over its allowed keys and 0 on blocked ones (``mask`` [b, q, k], 0/1; ``n`` [b, q]: allowed keys, at
+    least 1): one batched product of the ``_factors`` (times ``scale`` in their dtype, as ``score_terms``), then
+    a - abar over the allowed keys. Also the sum over terms of abar [b, h, rows] (the score's row mean, less what
+    ``_factors`` leaves out)."""
     b, h, _, _, d = queries.shape
     sides, r, c = keys.shape[2], rows.stop - rows.start, cols.stop - cols.start
     product = queries[:, :, rows].reshape(b, h, 2 * r, d) @ keys[:, :, :, cols].reshape(b, h, sides * c, d).mT
     product = product.mul_(scale) if scale != 1.0 else product
-    blocked = blocked[:, None, rows, None, cols]
-    terms = product.view(b, h, r, 2 * sides, c).double().masked_fill_(blocked, 0)
+    m = mask[:, None, rows, None, cols]
+    terms = product.view(b, h, r, 2 * sides, c).double().mul_(m)
     mean = terms.sum(-1, keepdim=True).div_(n[:, None, rows, None, None])
-    return terms.sub_(mean).masked_fill_(blocked, 0), mean.sum((-2, -1))
+    return terms.sub_(mean).mul_(m), mean.sum((-2, -1))
 
 
 def _block_gram(terms: Tensor, weight: Tensor) -> Tensor:
@@ -221,18 +224,18 @@ def _layer_sums(model: InterpBridge, store: dict, layer: int, allowed: Tensor, v
     keys = allowed[:, 0].to(torch.float64)  # [b, q, k]
     b, q, k = keys.shape
     n = keys.sum(-1).clamp(min=1)  # [b, q]
-    blocked = ~allowed[:, 0]
+    used = (allowed[:, 0].any(-1), allowed[:, 0].any(-2))  # query rows and keys in some allowed pair
     weight = valid_rows[:, 0] / n  # a row's mean over its keys; 0 for rows that attend nothing
     prior = _computed_terms(model.interp).index("key_prior")
     ones = keys.new_ones(1, len(_computed_terms(model.interp)))
     grams, kls, gaps = [], [], []
     budget, most = _block_budget(keys.device, q)
     for heads in head_chunks(model.interp.n_heads, b * min(q, most) * k, budget):
-        queries, factors, scale, left_out = _factors(model, store, layer, heads)
+        queries, factors, scale, left_out = _factors(model, store, layer, heads, used)
         size = max(1, min(most, budget // (b * queries.shape[1] * k)))
         gram = kl = 0
         for rows, cols in _blocks(model.interp, layer, q, size):
-            terms, level = _block_terms(queries, factors, scale, rows, cols, blocked, n)
+            terms, level = _block_terms(queries, factors, scale, rows, cols, keys, n)
             score = (ones @ terms)[..., 0, :]  # the centred score (softmax ignores a row constant); 0 if blocked
             if check is not None:
                 level = level + left_out[..., rows] if left_out.dim() else level  # the score's row mean
