@@ -220,7 +220,11 @@ def _layer_sums(model: InterpBridge, store: dict, layer: int, allowed: Tensor, v
                 check: Optional[Tensor]) -> tuple[Tensor, Tensor, list]:
     """(sum over valid rows of G_i / n_i [b, h, t, t] (``_block_gram``), sum over valid rows of KL(P || P without
     the key prior) [b, h] (``_kl_without_key_prior``), the ``_pattern_gap`` of each block when ``check`` is
-    the model's pattern), a chunk of heads (``head_chunks``) and a block of rows (``_blocks``) at a time."""
+    the model's pattern), a chunk of heads (``head_chunks``) and a block of rows (``_blocks``) at a time: a term's
+    block holds at most ``CHUNK_ELEMENTS`` float64 entries and ``ROW_BLOCK`` rows on the CPU (``_block_budget``),
+    and spans only the keys its rows may attend (causal: about half the square), so memory is O(block x keys),
+    never [batch, head, query, key] of a whole layer. The terms formed are ``_computed_terms``' (without rotary,
+    query_const and const are constant along a row: centred, exactly 0; their rows of the table say 0)."""
     keys = allowed[:, 0].to(torch.float64)  # [b, q, k]
     b, q, k = keys.shape
     n = keys.sum(-1).clamp(min=1)  # [b, q]
@@ -303,13 +307,9 @@ def score_decomposition(
     ``clip_qkv``; and whenever the softmax of the four terms is not the model's own pattern (checked on the
     first batch). Each layer's rows use its sliding window (Mistral, Qwen2) and its score scale (GPT-2's
     ``scale_attn_by_inverse_layer_idx``). ``layers`` / ``heads`` (None: all): only those rows (the others'
-    terms are not computed), equal to the same rows of the full table. Cost: each layer's terms are reduced in
-    its pattern hook, a chunk of heads and a block of query rows at a time (``CHUNK_ELEMENTS`` float64 entries
-    per term block, at most ``ROW_BLOCK`` rows on the CPU), each block over only the keys its rows may attend
-    (causal: half the square); without rotary, query_const and const are constant along a row, so their
-    centred values are exactly 0 and are not formed (their variance and covariance are 0). The forward stops
-    at the last selected layer's pattern (no unembedding). Time and memory against a plain forward:
-    ``docs/results/scale/score_before_after.csv``.
+    terms are not computed), equal to the same rows of the full table. Cost: each layer is reduced in its pattern
+    hook, a block of heads and query rows at a time over the keys they may attend (``_layer_sums``); the forward
+    stops at the last selected layer's pattern (``docs/results/scale/score_before_after.csv``).
     """
     info = require_bridge(model, "score_decomposition").interp
     _require_bilinear_scores(info)
