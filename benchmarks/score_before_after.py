@@ -6,21 +6,21 @@
     python benchmarks/score_before_after.py --dry-run            # tiny model, 16 tokens, seconds (tests run it)
 
 The code before is ``interp/analysis/scores.py`` at ``--before`` (a commit, read with ``git show``, or a .py file),
-loaded as a module beside the current ``interp.analysis.scores``: one process, the same random-init Qwen2 models
-of ``benchmarks/scale.py`` (``SIZES``, float32, q/k/v biases N(0, 0.02^2)) and the same batches of random token ids.
+loaded as a module beside the current ``interp.analysis.scores``: one process, the same random-init Qwen2 models of
+``benchmarks/scale.py`` (``SIZES``, float32, q/k/v biases N(0, 0.02^2)) and the same batches of random token ids.
 One CPU thread. Each repeat runs, in turn, a plain HF forward (``model.hf_model(ids)``, with its unembedding: the
-reference), the pass before and the pass after; per pass the fastest wall and CPU (process) seconds over the
-repeats are kept, with glibc's allocator at its defaults (as a user runs it). Then, for every run, each pass runs
-once more for its peak memory: the process's peak resident set above what it held before the pass, scale.py's
-method (VmHWM reset through /proc/self/clear_refs, glibc's mmap threshold fixed at 64 KiB so that freed tensors
-go back to the system and each pass sees its own peak). That setting is kept out of the timings: with it every
-temporary above 64 KiB is a fresh mmap, and the row blocks' many temporaries ran 2x slower (112m@512: 15.2 s of
-CPU against 7 s), which says more about the setting than about the code. With ``--batches`` 2 the pattern check
-(first batch) runs on one of the two batches, in both versions. Ratios are to the forward: ``*_wall_ratio``, ``*_cpu_ratio`` (CPU time is less sensitive to other
-jobs than wall time), ``*_memory_ratio``. ``max_abs_diff``: the largest |after - before| over the table's number
-columns (variance, share, total_variance, kl_without_key_prior and the bootstrap bounds). ``load_1min_*``: the
-machine's 1-minute load average before and after the run (the machine is shared; a load above its core count
-slows every pass). One row per size@tokens.
+reference), the pass before and the pass after; per pass the fastest wall and CPU (process) seconds over the repeats
+are kept, with glibc's allocator at its defaults (as a user runs it). Then, for every run, each pass runs once more
+for its peak memory: the process's peak resident set above what it held before the pass, scale.py's method (VmHWM
+reset through /proc/self/clear_refs, glibc's mmap threshold fixed at 64 KiB so that freed tensors go back to the
+system and each pass sees its own peak). That setting is kept out of the timings: with it every temporary above 64
+KiB is a fresh mmap, and the row blocks' many temporaries ran 2x slower (the same code at 112m@512: 15.2 s of CPU
+with it, 7.5 s without), which says more about the setting than about the code. With ``--batches`` 2 the pattern
+check (first batch) runs on one of the two batches, in both versions. Ratios are to the forward: ``*_wall_ratio``,
+``*_cpu_ratio`` (CPU time is less sensitive to other jobs than wall time), ``*_memory_ratio``. ``max_abs_diff``: the
+largest |after - before| over the table's number columns (variance, share, total_variance, kl_without_key_prior and
+the bootstrap bounds). ``load_1min_*``: the machine's 1-minute load average before and after the run (the machine is
+shared; a load above its core count slows every pass). One row per size@tokens.
 
 ``--profile``: cProfile of one pass before and one after at the first ``--runs`` item (one batch, so the pattern
 check is in both), the top entries by own time and the per-layer reduction's cumulative line
