@@ -556,3 +556,24 @@ def test_readme_ablation_phases_equal_their_csv():
         for code in ("before", "after")]
     for quoted, value in zip(said.groups(), want):
         assert agrees(quoted, value), (quoted, value)
+
+
+def test_readme_score_decomposition_before_after_equals_its_csv():
+    """README's paragraph on issue 40 item 2 quotes docs/results/scale/score_before_after.csv
+    (benchmarks/score_before_after.py): per run, the wall, CPU and peak-memory ratios to a plain forward before
+    (aa859e5) and after; the batches, threads and the load average the run saw; the largest table difference."""
+    table = pd.read_csv(RESULTS / "scale" / "score_before_after.csv")
+    for r in table.itertuples():
+        quoted = [n for c in row(README, f"{r.size}@{r.tokens}")[1:] for n in numbers(c)]
+        expected = [r.before_wall_ratio, r.after_wall_ratio, r.before_cpu_ratio, r.after_cpu_ratio,
+                    r.before_memory_ratio, r.after_memory_ratio]
+        assert len(quoted) == 6 and all(agrees(q, e) for q, e in zip(quoted, expected)), (r.size, quoted, expected)
+    text = " ".join(README.split())
+    said = re.search(r"batch (\d+) x (\d+) batches, (\d+) CPU thread, at a 1-minute load average of ([\d.]+) to "
+                     r"([\d.]+) on (\d+) cores", text)
+    assert said, "README states how score_before_after.csv was measured"
+    loads = table[["load_1min_before", "load_1min_after"]].to_numpy()
+    assert [int(x) for x in said.group(1, 2, 3)] == [table.batch_size[0], table.n_batches[0], table.threads[0]]
+    assert agrees(said[4], loads.min()) and agrees(said[5], loads.max()) and int(said[6]) == table.cores[0]
+    said = re.search(r"tables equal aa859e5's to ([\d.e-]+) on these float32 models", text)
+    assert said and agrees(said[1], table.max_abs_diff.max()), "README quotes the largest table difference"

@@ -151,3 +151,20 @@ def test_readme_7b_rows_are_the_extrapolation_csv(name):
     quoted = [n for c in cells[1:] for n in numbers(c)]
     expected = [hit["ratio_7b"], hit["seconds_7b"], hit["peak_gb_7b"]]
     assert len(quoted) == 3 and all(agrees(q, e) for q, e in zip(quoted, expected)), (quoted, expected)
+
+
+def test_score_before_after_dry_run_measures_both_versions_on_the_same_batches(tmp_path):
+    """benchmarks/score_before_after.py --dry-run, with this checkout's scores.py as "before" (no git history
+    needed): one row, the two versions' tables identical (same code, same models and batches), every time and
+    memory ratio positive and finite (memory: where the forward's peak reads above 0), the load average recorded (no timed assertion)."""
+    spec = importlib.util.spec_from_file_location("score_before_after", ROOT / "benchmarks" / "score_before_after.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "score.csv"
+    module.main(["--dry-run", "--before", str(ROOT / "interp" / "analysis" / "scores.py"), "--out", str(out)])
+    row = pd.read_csv(out).iloc[0]
+    assert (row["size"], row["tokens"], row["max_abs_diff"]) == ("tiny", 16, 0.0)
+    for column in [f"{v}_{m}_ratio" for v in ("before", "after") for m in ("wall", "cpu", "memory")]:
+        no_peak = column.endswith("memory_ratio") and row["forward_peak_mb"] == 0  # a tiny forward may read 0 MB
+        assert no_peak or (math.isfinite(row[column]) and row[column] > 0), column
+    assert row["load_1min_before"] >= 0 and row["forward_wall_s"] > 0

@@ -13,6 +13,7 @@ keys along u = W_k b_q. Under rotary every term depends on i - j.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import pandas as pd
@@ -112,78 +113,171 @@ def score_terms(model: InterpBridge, cache: Any, layer: int, heads: Optional[sli
     }
 
 
-#: Float64 elements of one score-term tensor [batch, heads, query, key] that ``score_decomposition`` forms at
-#: a time (4 MiB): heads are taken in chunks of at most this size, so its extra memory does not grow with the
-#: number of heads (one head of 2 x 512 x 512 fills it).
+#: Float64 elements of one score term's block [batch, heads, rows, keys] that ``score_decomposition`` forms at a
+#: time on the CPU (4 MiB): heads are taken in chunks and query rows in blocks (``ROW_BLOCK``) so that a block
+#: stays under it, and its extra memory does not grow with the number of heads or with the sequence squared.
 CHUNK_ELEMENTS = 2**19
+#: Most query rows per block on the CPU (fewer where one head's block would pass ``CHUNK_ELEMENTS``): blocks that
+#: stay in cache measured fastest (16 to 64 rows within noise at 112m@512, ``benchmarks/score_before_after.py``).
+ROW_BLOCK = 32
+#: The block budget on an accelerator, where kernel launches rather than caches set the cost: 128 MiB of float64
+#: a term, no row cap (fewer, larger kernels). Not yet measured on a GPU.
+ACCELERATOR_ELEMENTS = 2**24
 #: The batches (by index in the data) on which ``score_decomposition`` checks that the four terms give the
 #: model's own pattern: the first. A config flag the audit misses changes every batch alike.
 PATTERN_CHECK_BATCHES = (0,)
 
 
-def head_chunks(n_heads: int, per_head: int) -> list[slice]:
-    """Slices of ``n_heads`` heads, each of at most ``CHUNK_ELEMENTS // per_head`` heads (at least one)."""
-    size = max(1, CHUNK_ELEMENTS // max(per_head, 1))
+def head_chunks(n_heads: int, per_head: int, budget: Optional[int] = None) -> list[slice]:
+    """Slices of ``n_heads`` heads, each of at most ``budget // per_head`` heads (at least one; ``budget``
+    defaults to ``CHUNK_ELEMENTS``)."""
+    size = max(1, (CHUNK_ELEMENTS if budget is None else budget) // max(per_head, 1))
     return [slice(h, min(h + size, n_heads)) for h in range(0, n_heads, size)]
 
 
-def _term_sums(terms: dict[str, Tensor], keys: Tensor, n: Tensor, valid_rows: Tensor) -> dict[tuple[str, str], Tensor]:
-    """Per item and head [batch, h]: each term's row variance and row covariance with the score, and the
-    score's row variance, summed over valid query rows. Within a row, Cov(a, b) = mean over allowed keys of
-    (a - mean a)(b - mean b); each term is centred once in float64 (in place, into one [.., 4, key] buffer), and
-    one batched product gives every row's 4 x 4 Gram matrix G[t, u] = sum_j a_t,j a_u,j of the centred terms:
-    Var(t) = G[t, t], Cov(t, s) = sum_u G[t, u] and Var(s) = sum G (s = the sum of the terms), so the terms are
-    read once. Also ``("kl", "")``: per item and head, the sum over rows of KL(P || P without the key_prior
-    term) (``_kl_without_key_prior``), from the centred score and key prior (softmax ignores a row constant)."""
-    first = next(iter(terms.values()))
-    b, h, q, k = first.shape
-    centred = torch.empty((b, h, q, len(TERMS), k), dtype=torch.float64, device=first.device)
-    for i, name in enumerate(TERMS):  # centred[..., i, :] = (t - row mean over allowed keys) on allowed keys, else 0
-        c = centred[:, :, :, i]
-        c.copy_(terms[name])
-        c.sub_((torch.einsum("bhqk,bqk->bhq", c, keys) / n)[..., None]).mul_(keys[:, None])
-    gram = centred @ centred.transpose(-1, -2)  # [b, h, q, 4, 4]
-    weight = valid_rows / n  # [b, 1, q]: a row's mean over its keys, 0 for rows that attend nothing
-    over_rows = lambda a: (a * weight).sum(-1)  # noqa: E731
+def _computed_terms(info: Any) -> tuple[str, ...]:
+    """The terms whose row-centred values can be nonzero: all four under rotary; else content and key_prior
+    (query_const and const do not depend on the key j, so centred along a row they are exactly 0)."""
+    return TERMS if info.rotary else ("content", "key_prior")
+
+
+def _factors(model: InterpBridge, store: dict, layer: int, heads: slice,
+             used: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, float, Tensor]:
+    """Both sides of ``layer``'s score terms for query ``heads``, head-first and contiguous, in the cache's dtype
+    (at least float32), and the score scale: queries [b, h, q, 2, d] = (c_q, b_q) and keys [b, h, n, k, d] = c_k
+    (n = 1) or, under rotary, (c_k, b_k) (n = 2; every vector rotated by its position; k from the query head's kv
+    head), so that term (t, u) = scale x queries[.., t, :] . keys[.., u, :] is term t * n + u of
+    ``_computed_terms``. Where the scale is a power of two it is put on the queries (no bit changes); else it is 1
+    and the caller scales each product, as ``score_terms`` does. Last, [b, h, q]: the row constant the formed terms
+    leave out (without rotary query_const + const = q_i . b_k x scale; else 0), for the pattern check. Positions
+    no pair uses (``used``: query rows [b, q] and keys [b, k] with an allowed pair) get zero factors, so that their
+    products are 0, not NaN: HF's sliding-window attention leaves NaN states at padded positions."""
+    info = model.interp
+    w = attention_weights(model, layer)
+    q, k = store[hook_name(layer, "q")][:, :, heads], store[hook_name(layer, "k")]
+    dt = torch.promote_types(q.dtype, torch.float32)
+    bq, bk = w.b_Q[heads].to(q.device, dt), w.b_K.to(k.device, dt)
+    cq, ck = q.to(dt) - bq, k.to(dt) - bk
+    bq, bk = bq.expand_as(cq), bk.expand_as(ck)
+    if info.rotary:
+        cos, sin = store[hook_name(layer, "cos")], store[hook_name(layer, "sin")]
+        cq, ck, bq, bk = (apply_rotary(x, cos, sin) for x in (cq, ck, bq, bk))
+    group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads), device=q.device)[heads]
+    keys = torch.stack([x[:, :, group] for x in ((ck, bk) if info.rotary else (ck,))], 1)  # [b, n, k, h, d]
+    scale = info.score_scale(layer)  # 1/sqrt(d_head); GPT-2's scale_attn_by_inverse_layer_idx divides by layer + 1
+    exact = math.frexp(scale)[0] == 0.5
+    queries = (torch.stack((cq, bq), 3) * (scale if exact else 1.0)).masked_fill_(~used[0][:, :, None, None, None], 0)
+    keys = keys.masked_fill_(~used[1][:, None, :, None, None], 0)
+    left_out = torch.einsum("bqhd,bqhd->bhq", cq + bq, bk[:, :, group]) * scale if not info.rotary else cq.new_zeros(())
+    return (queries.transpose(1, 2).contiguous(), keys.permute(0, 3, 1, 2, 4).contiguous(), 1.0 if exact else scale,
+            left_out)
+
+
+def _block_terms(queries: Tensor, keys: Tensor, scale: float, rows: slice, cols: slice, mask: Tensor,
+                 n: Tensor) -> tuple[Tensor, Tensor]:
+    """The formed terms of query ``rows`` over keys ``cols`` [b, h, rows, terms, keys], float64, centred along
+    each row over its allowed keys and 0 on blocked ones (``mask`` [b, q, k], 0/1; ``n`` [b, q]: allowed keys, at
+    least 1): one batched product of the ``_factors`` (times ``scale`` in their dtype, as ``score_terms``), then
+    a - abar over the allowed keys. Also the sum over terms of abar [b, h, rows] (the score's row mean, less what
+    ``_factors`` leaves out)."""
+    b, h, _, _, d = queries.shape
+    sides, r, c = keys.shape[2], rows.stop - rows.start, cols.stop - cols.start
+    product = queries[:, :, rows].reshape(b, h, 2 * r, d) @ keys[:, :, :, cols].reshape(b, h, sides * c, d).mT
+    product = product.mul_(scale) if scale != 1.0 else product
+    m = mask[:, None, rows, None, cols]
+    terms = product.view(b, h, r, 2 * sides, c).double().mul_(m)
+    mean = terms.sum(-1, keepdim=True).div_(n[:, None, rows, None, None])
+    return terms.sub_(mean).mul_(m), mean.sum((-2, -1))
+
+
+def _block_gram(terms: Tensor, weight: Tensor) -> Tensor:
+    """Per item and head [b, h, t, t]: sum over the block's rows of weight_i G_i, G_i[t, u] = sum_j a_t,j a_u,j
+    over row i's allowed keys of the centred terms (Cov(t, u) = G / n_i): one batched product."""
+    return torch.einsum("bhrtu,br->bhtu", terms @ terms.mT, weight)
+
+
+def _block_budget(device: torch.device, n_pos: int) -> tuple[int, int]:
+    """(float64 elements of one term's block, most query rows in a block): ``CHUNK_ELEMENTS`` and ``ROW_BLOCK`` on
+    the CPU; ``ACCELERATOR_ELEMENTS`` (or ``CHUNK_ELEMENTS`` if larger) and every row elsewhere."""
+    if device.type == "cpu":
+        return CHUNK_ELEMENTS, ROW_BLOCK
+    return max(CHUNK_ELEMENTS, ACCELERATOR_ELEMENTS), n_pos
+
+
+def _blocks(info: Any, layer: int, n_pos: int, size: int) -> list[tuple[slice, slice]]:
+    """(query rows, keys) of each block of ``size`` rows: the keys any of its rows may attend (causal: none after
+    its last row; a sliding window w: none before its first row's i - w + 1); every other key is blocked."""
+    window = info.window(layer)
+    out = []
+    for start in range(0, n_pos, size):
+        stop = min(start + size, n_pos)
+        first = max(0, start - window + 1) if window is not None else 0
+        out.append((slice(start, stop), slice(first, stop if info.causal else n_pos)))
+    return out
+
+
+def _layer_sums(model: InterpBridge, store: dict, layer: int, allowed: Tensor, valid_rows: Tensor,
+                check: Optional[Tensor]) -> tuple[Tensor, Tensor, list]:
+    """(sum over valid rows of G_i / n_i [b, h, t, t] (``_block_gram``), sum over valid rows of KL(P || P without
+    the key prior) [b, h] (``_kl_without_key_prior``), the ``_pattern_gap`` of each block when ``check`` is
+    the model's pattern), a chunk of heads (``head_chunks``) and a block of rows (``_blocks``) at a time: a term's
+    block holds at most ``CHUNK_ELEMENTS`` float64 entries and ``ROW_BLOCK`` rows on the CPU (``_block_budget``),
+    and spans only the keys its rows may attend (causal: about half the square), so memory is O(block x keys),
+    never [batch, head, query, key] of a whole layer. The terms formed are ``_computed_terms``' (without rotary,
+    query_const and const are constant along a row: centred, exactly 0; their rows of the table say 0)."""
+    keys = allowed[:, 0].to(torch.float64)  # [b, q, k]
+    b, q, k = keys.shape
+    n = keys.sum(-1).clamp(min=1)  # [b, q]
+    used = (allowed[:, 0].any(-1), allowed[:, 0].any(-2))  # query rows and keys in some allowed pair
+    weight = valid_rows[:, 0] / n  # a row's mean over its keys; 0 for rows that attend nothing
+    prior = _computed_terms(model.interp).index("key_prior")
+    ones = keys.new_ones(1, len(_computed_terms(model.interp)))
+    grams, kls, gaps = [], [], []
+    budget, most = _block_budget(keys.device, q)
+    for heads in head_chunks(model.interp.n_heads, b * min(q, most) * k, budget):
+        queries, factors, scale, left_out = _factors(model, store, layer, heads, used)
+        size = max(1, min(most, budget // (b * queries.shape[1] * k)))
+        gram = kl = 0
+        for rows, cols in _blocks(model.interp, layer, q, size):
+            terms, level = _block_terms(queries, factors, scale, rows, cols, keys, n)
+            score = (ones @ terms)[..., 0, :]  # the centred score (softmax ignores a row constant); 0 if blocked
+            if check is not None:
+                level = level + left_out[..., rows] if left_out.dim() else level  # the score's row mean
+                gaps.append(_pattern_gap(score, check[:, heads, rows], allowed[:, :, rows], cols, level))
+            gram = gram + _block_gram(terms, weight[:, rows])
+            kl = kl + _kl_without_key_prior(score, terms[..., prior, :], keys[:, rows, cols], valid_rows[:, :, rows])
+        grams.append(gram)
+        kls.append(kl)
+    return torch.cat(grams, 1), torch.cat(kls, 1), gaps
+
+
+def _term_stats(gram: Tensor, computed: Sequence[str]) -> dict[tuple[str, str], Tensor]:
+    """Per item and head [b, h], from the row-summed Gram matrix of the ``computed`` terms: Var(t) = G[t, t],
+    Cov(t, s) = sum_u G[t, u] (s = the sum of the terms) and Var(s) = sum G; 0 for a term not formed."""
+    zero = gram.new_zeros(gram.shape[:2])
+    with_score = gram.sum(-1)
     out = {}
-    cov_with_score = gram.sum(-1)
-    for i, name in enumerate(TERMS):
-        out[(name, "var")] = over_rows(gram[..., i, i])
-        out[(name, "cov")] = over_rows(cov_with_score[..., i])
-    out[("total", "var")] = over_rows(cov_with_score.sum(-1))
-    out[("total", "cov")] = out[("total", "var")]
-    key_prior = centred[:, :, :, TERMS.index("key_prior")]
-    out[("kl", "")] = _kl_without_key_prior(centred.sum(-2), key_prior, keys, valid_rows)
+    for name in TERMS:
+        i = computed.index(name) if name in computed else None
+        out[(name, "var")] = zero if i is None else gram[..., i, i]
+        out[(name, "cov")] = zero if i is None else with_score[..., i]
+    out[("total", "var")] = out[("total", "cov")] = with_score.sum(-1)
     return out
 
 
 def _accumulate_terms(model: InterpBridge, store: dict, layer: int, allowed: Tensor, valid_rows: Tensor,
                       acc: dict, kl_acc: dict, check: Optional[Tensor] = None) -> None:
     """Add ``layer``'s sums to ``acc`` (per term and stat: the sum over items [h], and the per-item sums
-    [batch, h] a share's bootstrap needs, under ("items", layer, name, stat)) and its KL sum to ``kl_acc``,
-    one chunk of heads at a time (``head_chunks``): no float64 [batch, head, query, key] tensor of every
-    head is formed. With ``check`` (the model's pattern), the softmax of the four terms is compared with it
+    [batch, h] a share's bootstrap needs, under ("items", layer, name, stat)) and its KL sum to ``kl_acc``
+    (``_layer_sums``: no float64 [batch, head, query, key] tensor of every head, nor of every query row, is
+    formed). With ``check`` (the model's pattern), the softmax of the four terms is compared with it
     (``_check_terms_give_pattern``)."""
     info = model.interp
-    keys = allowed[:, 0].to(torch.float64)  # [b, q, k]
-    n = keys.sum(-1).clamp(min=1)[:, None]  # [b, 1, q]
-    b, q, k = keys.shape
-    parts: dict[tuple[str, str], list[Tensor]] = {}
-    gaps = []
-    for heads in head_chunks(info.n_heads, b * q * k):
-        terms = score_terms(model, store, layer, heads)
-        if check is not None:
-            gaps.append(_pattern_gap(sum(t.double() for t in terms.values()), check[:, heads], allowed))
-        for key, value in _term_sums(terms, keys, n, valid_rows).items():
-            parts.setdefault(key, []).append(value)
-        del terms
+    gram, kl, gaps = _layer_sums(model, store, layer, allowed, valid_rows, check)
     if check is not None:
         _check_terms_give_pattern(info, layer, gaps, check.dtype)
-    for (name, stat), chunks in parts.items():
-        per_item = torch.cat(chunks, 1)  # [b, h]
-        if name == "kl":
-            kl_acc[layer] = kl_acc.get(layer, 0) + per_item.sum(0)
-            continue
+    kl_acc[layer] = kl_acc.get(layer, 0) + kl.sum(0)
+    for (name, stat), per_item in _term_stats(gram, _computed_terms(info)).items():
         acc[(layer, name, stat)] = acc.get((layer, name, stat), 0) + per_item.sum(0)
         if (stat == "cov") != (name == "total"):
             acc.setdefault(("items", layer, name, stat), []).append(per_item)
@@ -213,9 +307,9 @@ def score_decomposition(
     ``clip_qkv``; and whenever the softmax of the four terms is not the model's own pattern (checked on the
     first batch). Each layer's rows use its sliding window (Mistral, Qwen2) and its score scale (GPT-2's
     ``scale_attn_by_inverse_layer_idx``). ``layers`` / ``heads`` (None: all): only those rows (the others'
-    terms are not computed), equal to the same rows of the full table. Cost: each layer's terms are reduced in
-    its pattern hook, a chunk of heads at a time (``CHUNK_ELEMENTS`` float64 entries per term tensor); the
-    forward stops at the last selected layer's pattern (no unembedding).
+    terms are not computed), equal to the same rows of the full table. Cost: each layer is reduced in its pattern
+    hook, a block of heads and query rows at a time over the keys they may attend (``_layer_sums``); the forward
+    stops at the last selected layer's pattern (``docs/results/scale/score_before_after.csv``).
     """
     info = require_bridge(model, "score_decomposition").interp
     _require_bilinear_scores(info)
@@ -316,25 +410,29 @@ def _kl_without_key_prior(score: Tensor, key_prior: Tensor, keys: Tensor, valid_
     return ((expected_prior - lse + lse_shifted) * valid_rows).sum(-1)
 
 
-def _pattern_gap(score: Tensor, pattern: Tensor, allowed: Tensor) -> tuple[float, float, float, float]:
-    """(gap, spread, largest, outside) of ``_check_terms_give_pattern`` for one chunk of heads."""
-    p, s = pattern.double(), score
-    logq = s.masked_fill(~allowed, float("-inf")).log_softmax(-1)
-    both = allowed & ((p > 1e-4) | (logq.exp() > 1e-4))
-    zero = torch.zeros_like(p)
-    gap = float(torch.where(both, (p.clamp_min(1e-300).log() - logq).abs(), zero).amax())
-    hi, lo = s.masked_fill(~allowed, float("-inf")).amax(-1), s.masked_fill(~allowed, float("inf")).amin(-1)
-    spread = float((hi - lo).nan_to_num(0.0, 0.0, 0.0).amax())  # rows with no allowed key: 0
-    largest = float(torch.where(allowed, s.abs(), zero).amax())
-    outside = float(torch.where(allowed, zero, p).sum(-1).masked_fill(~allowed.any(-1), 0).amax())  # real rows
-    return gap, spread, largest, outside
+def _pattern_gap(score: Tensor, pattern: Tensor, allowed: Tensor, cols: slice = slice(None),
+                 level: Optional[Tensor] = None) -> tuple[float, float, float, float]:
+    """(gap, spread, largest, outside) of ``_check_terms_give_pattern`` for one block: ``score`` over keys
+    ``cols`` less the row constant ``level`` [.., rows] (largest is of |score + level|), ``pattern`` and
+    ``allowed`` over every key of the same rows (keys outside ``cols`` are blocked).
+    p_terms > 1e-4 is read as log p_terms > log 1e-4 (no second exponential)."""
+    outside = pattern.masked_fill(allowed, 0).sum(-1, dtype=torch.float64).masked_fill(~allowed.any(-1), 0)
+    p, blocked = pattern[..., cols].double(), ~allowed[..., cols]
+    masked = score.masked_fill(blocked, float("-inf"))
+    logq = masked.log_softmax(-1)
+    both = ((p > 1e-4) | (logq > math.log(1e-4))).masked_fill_(blocked, False)
+    gap = (p.clamp_min(1e-300).log_().sub_(logq).abs_().masked_fill_(~both, 0)).amax()
+    hi, lo = masked.amax(-1), score.masked_fill(blocked, float("inf")).amin(-1)
+    spread = (hi - lo).nan_to_num(0.0, 0.0, 0.0).amax()  # rows with no allowed key: 0
+    largest = (score if level is None else score + level[..., None]).abs().masked_fill_(blocked, 0).amax()
+    return float(gap), float(spread), float(largest), float(outside.amax())  # outside: real rows only
 
 
 def _check_terms_give_pattern(info: Any, layer: int, gaps: Sequence[tuple[float, float, float, float]],
                               dtype: torch.dtype) -> None:
     """Refuse when the softmax of the four terms over the allowed keys is not the model's own pattern.
 
-    ``gaps``: ``_pattern_gap`` of each chunk of heads (the maxima below are over all of them).
+    ``gaps``: ``_pattern_gap`` of each block of heads and rows (the maxima below are over all of them).
     The config audit covers the flags it knows; this catches the ones it does not (a scale, window,
     norm or cap the decomposition does not model). Families with a content-free extra term (ALiBi,
     relative position bias) are not checked: the four terms leave it out by design. ``gap``: the largest
