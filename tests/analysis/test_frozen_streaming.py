@@ -1,7 +1,7 @@
 """The memory rework of issue 40 (score terms reduced a chunk of heads at a time in the pattern hook, sink and
 implicit sums reduced in the hooks one layer at a time) leaves the numbers where they were: the tables of
 ``score_decomposition``, ``sink_profile`` and ``implicit_value_bias`` on the shipped MiniLM-L6 and SmolLM2-135M
-equal, to 1e-6, the ones ``benchmarks/freeze_streaming.py`` wrote from main before the rework
+equal, to 1e-6 relative or 1e-5 of each column's largest value, the ones ``benchmarks/freeze_streaming.py`` wrote from main before the rework
 (docs/results/scale/frozen/, SOURCE.txt names the commit)."""
 
 import importlib.util
@@ -48,9 +48,14 @@ def test_tables_equal_the_frozen_ones(recomputed, model, table):
     assert now[keys].reset_index(drop=True).equals(frozen[keys]), "same rows, same order"
     columns = [c for c in frozen.columns if c not in keys]
     assert columns and set(columns) <= set(now.columns)
+    # float32 forwards round differently on another CPU (vectorised exp, BLAS): measured on a 2-core Xeon against
+    # the machine that froze them, up to 1.7e-6 of a column's largest value (MiniLM's cos_to_explicit) and 3.7e-5
+    # relative on values near 0; so each column is held to 1e-5 of its own scale, and 1e-6 relative
     for column in columns:
+        values = np.abs(frozen[column].to_numpy(float))
+        scale = float(values[np.isfinite(values)].max()) if np.isfinite(values).any() else 0.0
         np.testing.assert_allclose(now[column].to_numpy(float), frozen[column].to_numpy(float), rtol=1e-6,
-                                   atol=1e-12, equal_nan=True, err_msg=f"{model} {table} {column}")
+                                   atol=max(1e-5 * scale, 1e-12), equal_nan=True, err_msg=f"{model} {table} {column}")
 
 
 
