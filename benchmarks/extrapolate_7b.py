@@ -1,7 +1,7 @@
 """A 7B model on one GPU, extrapolated from the CPU scale table (issue 40): each pass's time and peak memory
 for 1,000 sequences x 512 tokens on one H200, written to ``docs/results/scale/extrapolation_7b.csv``.
 
-    python benchmarks/extrapolate_7b.py [--table docs/results/scale/memory_after.csv] [--at 112m@512]
+    python benchmarks/extrapolate_7b.py [--table docs/results/scale/cpu.csv] [--at 112m@512]
 
 No GPU was at hand: nothing here was measured on one. The rule, stated so it can be checked and replaced by
 measurement (``benchmarks/scale.py --gpu-check``):
@@ -86,7 +86,7 @@ def extrapolate(table: pd.DataFrame, at: str) -> pd.DataFrame:
 
 def main(argv=None) -> pd.DataFrame:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--table", default=str(ROOT / "docs" / "results" / "scale" / "memory_after.csv"))
+    p.add_argument("--table", default=str(ROOT / "docs" / "results" / "scale" / "cpu.csv"))
     p.add_argument("--at", default="112m@512")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)

@@ -71,13 +71,27 @@ def test_readme_scale_table_is_the_csv():
     from test_docs import README, agrees, numbers, row
 
     table = pd.read_csv(ROOT / "docs" / "results" / "scale" / "cpu.csv")
-    for label in ("record_qkv", "run_with_cache", "ablate_bias"):
+    for label in ("plain_forward", "record_qkv", "run_with_cache", "sink_profile", "implicit_value_bias",
+                  "score_decomposition", "ablate_bias"):
         cells = row(README, label)
         size, tokens = cells[1].split("@")
         hit = table[(table["pass"] == label) & (table["size"] == size) & (table["tokens"] == int(tokens))]
         assert len(hit) == 1, label
         ratio, peak = numbers(cells[2])[0], numbers(cells[3])[0]
         assert agrees(ratio, hit["ratio"].iloc[0]) and agrees(peak, hit["peak_mb"].iloc[0]), label
+    import re
+
+    at = table[(table["size"] == "112m") & (table["tokens"] == 512)].set_index("pass")["peak_mb"]
+    text = " ".join(README.split())
+    said = re.search(r"`sink_profile` meets it \(([\d.]+)x\), `implicit_value_bias` does not \(([\d.]+)x", text)
+    assert said, "README states item 3's memory goal against the table"
+    for quoted, name in zip(said.groups(), ("sink_profile", "implicit_value_bias")):
+        assert agrees(quoted, at[name] / at["plain_forward"]), name
+    said = re.search(r"the score decomposition's ([\d.]+)x here is ([\d.]+)x with the allocator's defaults", text)
+    ratios = table[(table["size"] == "112m") & (table["tokens"] == 512)].set_index("pass")["ratio"]
+    other = pd.read_csv(ROOT / "docs" / "results" / "scale" / "score_before_after.csv")
+    other = other[(other["size"] == "112m") & (other["tokens"] == 512)].iloc[0]
+    assert said and agrees(said[1], ratios["score_decomposition"]) and agrees(said[2], other["after_wall_ratio"])
 
 
 SCALE = ROOT / "docs" / "results" / "scale"
@@ -120,7 +134,7 @@ def _extrapolation():
 
 def test_extrapolation_csv_is_the_script_on_the_measured_run():
     ex = _extrapolation()
-    frame = ex.extrapolate(pd.read_csv(SCALE / "memory_after.csv"), "112m@512")
+    frame = ex.extrapolate(pd.read_csv(SCALE / "cpu.csv"), "112m@512")
     committed = pd.read_csv(SCALE / "extrapolation_7b.csv")
     assert list(committed["pass"]) == list(frame["pass"])
     for column in ("ratio_7b", "seconds_7b", "peak_gb_7b", "forward_seconds_7b"):
