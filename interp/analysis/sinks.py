@@ -425,8 +425,7 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     layers, heads = check_layers(layers, info), check_heads(heads, info)
     sink_names = check_positions(model, default_sink_positions(model) if positions is None else positions)
     group = kv_group(info.n_heads, info.n_kv_heads)
-    weights = {layer: attention_weights(model, layer, dtype=torch.float64) for layer in layers}
-    grams = {layer: w.W_O @ w.W_O.transpose(1, 2) for layer, w in weights.items()}  # W_O W_O^T per head
+    grams = {layer: _output_gram(model, layer) for layer in layers}  # W_O W_O^T per head
     acc: dict = {}
     seen = _BatchClasses(model, layers, acc)
 
@@ -453,15 +452,26 @@ def implicit_value_bias(model: InterpBridge, data: Any, *, positions: Any = None
     n_batches, data_fp = stream_batches(model, data, max_batches, stop, consume, desc="implicit value bias",
                                         progress=progress, stop_at_layer=max(layers) + 1, hooks=hooks)
     meta = dict(positions="+".join(sink_names), **provenance(model, data_fp, n_batches, max_batches))
+    weights = lambda layer: attention_weights(model, layer, dtype=torch.float64)  # noqa: E731
     return _select_heads(_implicit_table(acc, weights, group, layers, meta), heads)
 
 
-def _implicit_table(acc: dict, weights: dict, group: list[int], layers: Sequence[int], meta: dict) -> pd.DataFrame:
+def _output_gram(model: InterpBridge, layer: int) -> Float[Tensor, "head_index d_head d_head"]:
+    """W_O W_O^T per head in float64: what the forward's reductions read of a layer's weights (a float64 copy of
+    every layer's W_Q, W_K, W_V and W_O held through the forward would be 4 d_model^2 x 8 bytes a layer: 226 MB at
+    the 112M shape, 11 GB at 7B)."""
+    w_o = attention_weights(model, layer, dtype=torch.float64).W_O
+    return w_o @ w_o.transpose(1, 2)
+
+
+def _implicit_table(acc: dict, weights: Callable[[int], Any], group: list[int], layers: Sequence[int],
+                    meta: dict) -> pd.DataFrame:
+    """The table from the forward's sums; ``weights(layer)`` gives a layer's float64 weights, one layer at a time."""
     n_rows = rows_or_fail(acc.get("rows", 0))
     rows = []
     for layer in layers:
         s = {k: v.cpu() / n_rows for k, v in acc[layer].items()}
-        w = weights[layer]
+        w = weights(layer)
         explicit = torch.einsum("hd,hdm->hm", w.b_V[group], w.W_O)  # b_v W_O per query head
         for h in range(len(group)):
             m, e = s["u"][h] @ w.W_O[h], explicit[h]
