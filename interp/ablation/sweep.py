@@ -448,7 +448,7 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
     stack = opts.stack if opts.stack != "auto" else min(  # the most constrained batch's
         auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact",
-                   tiled=bool(_tiled_metric(run)))
+                   tiled=_reads_tiles(run))
         for b in run.batches)
     with torch.no_grad():
         for round_jobs in _rounds(jobs):
@@ -549,10 +549,15 @@ def _run_estimate(run: _Run, variants: list[Variant], estimate: str, stats: Opti
     return df.astype(NUMERIC)
 
 
+def _reads_tiles(run: _Run) -> bool:
+    """Whether next_token_ce reads a linear unembedding a vocabulary tile at a time (``_tiled_metric``)."""
+    return run.unembedding is not None and run.metric_name == "next_token_ce"
+
+
 def _tiled_metric(run: _Run) -> dict:
     """``EstimateInputs``' item_sums and items_per_part where next_token_ce reads a linear unembedding (the one-pass
     estimate's backward then forms no full-vocabulary logits and runs in parts: ``interp.ablation.attribution``)."""
-    if run.unembedding is None or run.metric_name != "next_token_ce":
+    if not _reads_tiles(run):
         return {}
     unembedding, model = run.unembedding, run.model
     return dict(item_sums=lambda hidden, batch: tiled_item_sums(model, unembedding, hidden, batch),

@@ -21,6 +21,19 @@ def _hidden_and_out(model, batch):
     return kept["h"], out
 
 
+def _padded_float64(family):
+    """A tiny float64 model of ``family``, a batch of 3 with right padding in two items, its final hidden states,
+    logits and linear unembedding."""
+    model = clone_model(interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu"), torch.float64)
+    ids = tiny_inputs(family, batch=3, pos=10, seed=0)
+    mask = torch.ones_like(ids)
+    mask[0, 7:] = 0
+    mask[2, 4:] = 0
+    batch = Batch(ids, mask)
+    hidden, out = _hidden_and_out(model, batch)
+    return model, batch, mask, hidden, out, logits.linear_unembedding(model, hidden, out)
+
+
 @pytest.mark.parametrize("chunk_bytes", [4 * 7 * 512, logits.CHUNK_BYTES])  # 7 positions a chunk, or one chunk
 def test_chunked_nll_and_kl_equal_the_full_logits_formulas(monkeypatch, chunk_bytes):
     monkeypatch.setattr(logits, "CHUNK_BYTES", chunk_bytes)
@@ -61,14 +74,7 @@ def test_tiled_stack_equals_the_full_logits_formulas_per_variant(monkeypatch, ti
     """Three variants stacked on the batch axis: each one's NLL sums and KL, from the vocabulary tiles and the
     online log-sum-exp, equal the full-logits formulas on that variant's own output (float64, 1e-12)."""
     monkeypatch.setattr(logits, "TILE_VOCAB", tile_vocab)
-    model = clone_model(interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu"), torch.float64)
-    ids = tiny_inputs(family, batch=3, pos=10, seed=0)
-    mask = torch.ones_like(ids)
-    mask[0, 7:] = 0
-    mask[2, 4:] = 0
-    batch = Batch(ids, mask)
-    hidden, out = _hidden_and_out(model, batch)
-    unembedding = logits.linear_unembedding(model, hidden, out)
+    model, batch, mask, hidden, out, unembedding = _padded_float64(family)
     assert unembedding is not None
     intact = logits.intact_logits(model, hidden, batch, unembedding)  # products written into the logits directly
     torch.testing.assert_close(intact.logits,
@@ -146,14 +152,7 @@ def test_tiled_nll_and_its_gradient_equal_the_full_head(monkeypatch, tile_vocab,
     states equals autograd's through the full head (norm, unembedding, log-softmax), float64, 1e-12; padded
     rows get no gradient."""
     monkeypatch.setattr(logits, "TILE_VOCAB", tile_vocab)
-    model = clone_model(interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu"), torch.float64)
-    ids = tiny_inputs(family, batch=3, pos=10, seed=0)
-    mask = torch.ones_like(ids)
-    mask[0, 7:] = 0
-    mask[2, 4:] = 0
-    batch = Batch(ids, mask)
-    hidden, out = _hidden_and_out(model, batch)
-    unembedding = logits.linear_unembedding(model, hidden, out)
+    model, batch, mask, hidden, out, unembedding = _padded_float64(family)
     weight = torch.randn(3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # a weighted sum
     h1 = hidden.detach().clone().requires_grad_(True)
     sums, counts = logits.tiled_item_sums(model, unembedding, h1, batch)
