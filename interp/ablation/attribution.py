@@ -24,10 +24,13 @@ vocabulary tiles, ``interp.ablation.logits.tiled_item_sums``) the forward stops 
 
 from __future__ import annotations
 
+import functools
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 from interp.ablation.metrics import run_forward
@@ -133,6 +136,9 @@ class EstimateInputs:
     # of ``items_per_part`` items, whose estimates add up to the batch's (module doc)
     item_sums: Optional[Callable[[Tensor, Batch], tuple[Tensor, Tensor]]] = None
     items_per_part: int = 0  # 0: whole batches
+    # every block but the last recomputed in the backward (``_checkpointed_blocks``): where one item's backward
+    # through all blocks exceeds the memory budget (``interp.ablation.memory.estimate_checkpoint``)
+    checkpoint: bool = False
 
     @property
     def forward_to_hidden(self) -> bool:
@@ -175,17 +181,20 @@ def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Any, p
     shift = {site: bias_shift(model, site[0], site[1], job.method, job.stats, job.bias_seed) for site in pattern_sites}
     shift.update(_linear_shifts(model, linear_sites, job.method, job.stats, job.bias_seed))
     layers = sorted({l for l, _ in pattern_sites})
-    names = {hook_name(l, n) for l in layers for n in ("q", "k", "v", "pattern") + (("cos", "sin") if
-                                                                                  model.interp.rotary else ())}
+    read = ("q", "k", "v", "pattern") + (("cos", "sin") if model.interp.rotary else ())
     cache: dict[str, Tensor] = {}
+    dz: dict[tuple[int, str], Tensor] = {}
     nodes: dict[Any, Tensor] = {}  # layer -> hook_z (AtP*), (layer, kind) -> hook_q|k|v (linear)
-    hooks = ([(n, _store(cache, n)) for n in names] + [(hook_name(l, "z"), _keep_node(nodes, l)) for l in layers]
+    hooks = ([(hook_name(l, n), _store(cache, hook_name(l, n), dz, l)) for l in layers for n in read]
+             + [(hook_name(l, "z"), _pattern_dz_at_z(model, cache, dz, nodes, l, read, pattern_sites, shift))
+                for l in layers]
              + [(hook_name(l, k), _keep_node(nodes, site)) for site in linear_sites for l, k in [site]])
-    with torch.enable_grad():
+    with torch.enable_grad(), _checkpointed_blocks(model, job.checkpoint):
         out, hidden = run_forward(model, batch, hooks, job.forward_to_hidden)
         keys = list(nodes)
         per_metric = _metric_grads(out, hidden, ref, batch, values, [nodes[k] for k in keys])
-    dz = _pattern_dz(model, cache, pattern_sites, shift)
+    # a layer whose z hook came before its q, k, v and pattern were read (no family measured): from the cache now
+    dz.update(_pattern_dz(model, cache, [s for s in pattern_sites if s not in dz], shift))
     rows = []
     for grads in per_metric:
         by_key = dict(zip(keys, grads))
@@ -235,7 +244,57 @@ def atp_star_deltas(job: EstimateInputs, value: Callable) -> list[float]:
     return _weighted(job, value, pattern=True)
 
 
-def _store(cache: dict, name: str) -> Callable[[Tensor, Any], None]:
+def _store(cache: dict, name: str, dz: dict, layer: int) -> Callable[[Tensor, Any], None]:
     def fn(t: Tensor, hook: Any) -> None:
-        cache[name] = t.detach()
+        if not any(site[0] == layer for site in dz):  # a checkpointed block's recomputation: its dz is made
+            cache[name] = t.detach()
     return fn
+
+
+def _pattern_dz_at_z(model: InterpBridge, cache: dict, dz: dict, nodes: dict, layer: int, read: tuple,
+                     pattern_sites: list, shift: dict) -> Callable[[Tensor, Any], Tensor]:
+    """The hook on ``layer``'s z: its (A' - A) V from the q, k, v and pattern just read, which are then dropped,
+    so no layer's pattern outlives its block in the cache (only autograd's saved tensors, which a checkpointed
+    block does not keep); then z as a fresh node (``_keep_node``)."""
+    keep = _keep_node(nodes, layer)
+    names = [hook_name(layer, n) for n in read]
+    sites = [s for s in pattern_sites if s[0] == layer]
+
+    def fn(t: Tensor, hook: Any) -> Tensor:
+        if all(n in cache for n in names) and not any(s in dz for s in sites):
+            with torch.no_grad():
+                dz.update(_pattern_dz(model, cache, sites, shift))
+            for n in names:
+                del cache[n]
+        return keep(t, hook)
+    return fn
+
+
+@contextmanager
+def _checkpointed_blocks(model: InterpBridge, on: bool) -> Iterator[None]:
+    """With ``on``, every block but the last recomputes its activations in the backward instead of keeping them
+    (``torch.utils.checkpoint``, non-reentrant): the backward holds the blocks' inputs and one block's activations
+    at a time, for one more forward of the blocks. The hooks fire again in the recomputation (the same values);
+    ``_store`` and ``_pattern_dz_at_z`` skip a layer already read. The last block is left whole: the forward stops
+    inside it. Caches are off (a recomputation would append its keys and values to them a second time)."""
+    if not on:
+        yield
+        return
+    config = getattr(model.hf_model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+    blocks = list(model.blocks)[:-1]
+    for block in blocks:  # on the instance itself: the bridge's own __setattr__ may pass it to the HF module
+        object.__setattr__(block, "forward", functools.partial(_checkpoint, block.forward))
+    if use_cache is not None:
+        config.use_cache = False
+    try:
+        yield
+    finally:
+        for block in blocks:
+            object.__delattr__(block, "forward")
+        if use_cache is not None:
+            config.use_cache = use_cache
+
+
+def _checkpoint(forward: Callable, *args: Any, **kwargs: Any) -> Any:
+    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)

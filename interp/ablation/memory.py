@@ -18,8 +18,12 @@ bytes (``e``: the model's element size; HF upcasts the logits and the attention 
   backward plus the logits, their log-softmax and its gradient: layers x one block + 3 x the logits; with the
   tiled next-token metric (``tiled``: ``logits.tiled_item_sums``) no logits, and the batch runs in parts of
   ``estimate_items`` items, the most whose backward stays within ``BUDGET`` forwards of the whole batch (at
-  least one item: a single item's backward can exceed it, e.g. 12 layers at 512 tokens). Under a backward the
-  exact stage's budget is the larger of two forwards and that stage's peak (memory the call reaches anyway).
+  least one item). AtP* keeps each layer's (A' - A) V for q and k in float64 (layers x 2 x T x d_model x 8). Where
+  one item's backward exceeds ``BUDGET`` forwards of the batch (e.g. 12 layers at 512 tokens), every block but
+  the last recomputes its activations in the backward (``estimate_checkpoint``): the backward then holds the
+  blocks' inputs (layers x T x d_model x e) and three blocks (the one recomputed, its gradients, the last one).
+  Under a backward the exact stage's budget is the larger of two forwards and that stage's peak (memory the call
+  reaches anyway).
 
 The same rule on every device (nothing is measured; ``benchmarks/scale.py --ablation`` measures the real peaks).
 """
@@ -68,18 +72,32 @@ def estimate_bytes(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix:
     head = tokens * vocab * 4 if logits and info.causal else 0
     prefix = info.n_layers * tokens * info.d_model * element if reuse_prefix else 0
     tile = TILE_COPIES * tokens * split.TILE_VOCAB * 4 if head else 0
+    tiled_head = tokens * (3 * info.d_model + 2 * split.TILE_VOCAB) * 4
+    dz = 2 * info.n_layers * tokens * info.d_model * 8  # AtP*'s (A' - A) V of every layer's q and k, float64
     return dict(forward=float(max(block, head)), fixed=float(head + prefix), tile=float(tile),
                 per_variant=float(block + tokens * info.d_model * 4),
                 backward=float(info.n_layers * block + 3 * head),
-                backward_tiled=float(info.n_layers * block + tokens * (3 * info.d_model + 2 * split.TILE_VOCAB) * 4))
+                backward_tiled=float(info.n_layers * block + tiled_head + dz),
+                backward_checkpointed=float(info.n_layers * tokens * info.d_model * element + 3 * block
+                                            + tiled_head + dz))
+
+
+def estimate_checkpoint(model: InterpBridge, inputs: Any) -> bool:
+    """Whether the one-pass estimate with the tiled metric recomputes its blocks in the backward
+    (``attribution._checkpointed_blocks``): where one item's backward through every block's kept activations
+    exceeds ``BUDGET`` plain forwards of the whole batch (module doc)."""
+    est = estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
+    return est["backward_tiled"] > BUDGET * est["forward"] * int(inputs.shape[0])
 
 
 def estimate_items(model: InterpBridge, inputs: Any) -> int:
     """Items per part of the one-pass estimate's forward and backward with the tiled metric (module doc): the
-    most (at most the batch) whose backward stays within ``BUDGET`` plain forwards of the whole batch, at least 1."""
+    most (at most the batch) whose backward, checkpointed where ``estimate_checkpoint`` says so, stays within
+    ``BUDGET`` plain forwards of the whole batch, at least 1."""
     est = estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
     batch = int(inputs.shape[0])
-    return max(1, min(batch, int(BUDGET * est["forward"] * batch // est["backward_tiled"])))
+    per_item = est["backward_checkpointed" if estimate_checkpoint(model, inputs) else "backward_tiled"]
+    return max(1, min(batch, int(BUDGET * est["forward"] * batch // per_item)))
 
 
 def backward_peak(model: InterpBridge, inputs: Any, tiled: bool) -> float:
@@ -87,7 +105,8 @@ def backward_peak(model: InterpBridge, inputs: Any, tiled: bool) -> float:
     head, or parts of ``estimate_items`` items with the tiled metric (module doc)."""
     est = estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
     if tiled:
-        return estimate_items(model, inputs) * est["backward_tiled"]
+        per_item = est["backward_checkpointed" if estimate_checkpoint(model, inputs) else "backward_tiled"]
+        return estimate_items(model, inputs) * per_item
     return int(inputs.shape[0]) * est["backward"]
 
 

@@ -76,7 +76,7 @@ from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
-from interp.ablation.memory import auto_stack, estimate_items
+from interp.ablation.memory import auto_stack, estimate_checkpoint, estimate_items
 from interp.ablation.options import SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
                                    patched_items, patched_stack, tiled_item_sums)
@@ -555,13 +555,15 @@ def _reads_tiles(run: _Run) -> bool:
 
 
 def _tiled_metric(run: _Run) -> dict:
-    """``EstimateInputs``' item_sums and items_per_part where next_token_ce reads a linear unembedding (the one-pass
-    estimate's backward then forms no full-vocabulary logits and runs in parts: ``interp.ablation.attribution``)."""
+    """``EstimateInputs``' item_sums, items_per_part and checkpoint where next_token_ce reads a linear unembedding
+    (the one-pass estimate's backward then forms no full-vocabulary logits and runs in parts, its blocks recomputed
+    where one item's would not fit: ``interp.ablation.attribution``)."""
     if not _reads_tiles(run):
         return {}
     unembedding, model = run.unembedding, run.model
     return dict(item_sums=lambda hidden, batch: tiled_item_sums(model, unembedding, hidden, batch),
-                items_per_part=min(estimate_items(model, b.inputs) for b in run.batches))
+                items_per_part=min(estimate_items(model, b.inputs) for b in run.batches),
+                checkpoint=any(estimate_checkpoint(model, b.inputs) for b in run.batches))
 
 
 def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:

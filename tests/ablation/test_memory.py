@@ -83,24 +83,44 @@ def test_estimate_items_is_the_most_whose_backward_fits_two_forwards():
         inputs = tiny_inputs("qwen2", batch=batch, pos=pos, seed=0)
         est = memory.estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
         block = est["per_variant"] - pos * config.hidden_size * 4  # one block of one sequence (by hand above)
-        per_item = config.num_hidden_layers * block + pos * (3 * config.hidden_size + 2 * 512) * 4
-        assert est["backward_tiled"] == per_item
-        items = memory.estimate_items(model, inputs)
+        layers, width = config.num_hidden_layers, config.hidden_size
+        dz = 2 * layers * pos * width * 8  # AtP*'s (A' - A) V of q and k per layer, float64
+        tiled_head = pos * (3 * width + 2 * 512) * 4
+        assert est["backward_tiled"] == layers * block + tiled_head + dz
+        assert est["backward_checkpointed"] == layers * pos * width * 4 + 3 * block + tiled_head + dz
         budget = memory.BUDGET * batch * est["forward"]
+        checkpoint = memory.estimate_checkpoint(model, inputs)
+        assert checkpoint == (est["backward_tiled"] > budget)
+        per_item = est["backward_checkpointed" if checkpoint else "backward_tiled"]
+        items = memory.estimate_items(model, inputs)
         assert 1 <= items <= batch
         assert items == 1 or items * per_item <= budget
         assert items == batch or (items + 1) * per_item > budget
         assert memory.backward_peak(model, inputs, tiled=True) == items * per_item
 
 
+def test_a_long_sequence_checkpoints_the_estimate_and_fits_more_items():
+    """Where one item's backward through every block's kept activations exceeds two forwards of the batch, the
+    estimate recomputes its blocks (the blocks' inputs and three blocks kept instead of every block)."""
+    model = interp.load_model(tiny_hf_model("qwen2", n_layers=8, config={"vocab_size": 5000}), device="cpu")
+    short, long = tiny_inputs("qwen2", batch=2, pos=8, seed=0), tiny_inputs("qwen2", batch=2, pos=256, seed=0)
+    assert not memory.estimate_checkpoint(model, short)
+    assert memory.estimate_checkpoint(model, long)
+    est = memory.estimate_bytes(model, long, logits=True, reuse_prefix=False)
+    assert est["backward_checkpointed"] < est["backward_tiled"]
+
+
 @pytest.mark.parametrize("family", ["gpt2", "qwen2"])
 @pytest.mark.parametrize("estimate", ["atp", "attribution"])
 def test_one_pass_estimate_in_parts_equals_the_whole_batch_and_the_full_head(monkeypatch, family, estimate):
-    """The one-pass estimate with the tiled metric, run a batch at a time or an item at a time, equals the one
-    through the full head (the forward's logits and their log-softmax), float64, 1e-10: the parts add up."""
+    """The one-pass estimate with the tiled metric, run a batch at a time, an item at a time, or an item at a time
+    with its blocks recomputed in the backward (checkpointed), equals the one through the full head (the
+    forward's logits and their log-softmax), float64, 1e-10: the parts add up, and a recomputation changes
+    nothing (its hooks fire again and are skipped)."""
+    import interp.ablation.attribution as attribution
     import interp.ablation.sweep as sweep
 
-    model = interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu").to(torch.float64)
+    model = interp.load_model(tiny_hf_model(family, n_layers=3), device="cpu").to(torch.float64)
     ids = tiny_inputs(family, batch=3, pos=9, seed=0)
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
@@ -109,19 +129,25 @@ def test_one_pass_estimate_in_parts_equals_the_whole_batch_and_the_full_head(mon
     tiled = sweep._tiled_metric
     seen = []
 
-    def spy(run, items):
+    def spy(run, items, checkpoint=False):
         out = tiled(run)
         seen.append(out)
-        return {**out, "items_per_part": items} if out else out
+        return {**out, "items_per_part": items, "checkpoint": checkpoint} if out else out
 
     monkeypatch.setattr(sweep, "_tiled_metric", lambda run: spy(run, 1))
     by_item = interp.ablate_bias(model, data, **keywords)
     assert seen and all(s for s in seen)  # the tiled path ran
+    recomputed = []
+    checkpoint = attribution._checkpoint
+    monkeypatch.setattr(attribution, "_checkpoint", lambda *a, **k: recomputed.append(1) or checkpoint(*a, **k))
+    monkeypatch.setattr(sweep, "_tiled_metric", lambda run: spy(run, 1, checkpoint=True))
+    checkpointed = interp.ablate_bias(model, data, **keywords)
+    assert len(recomputed) == 2 * 3 * 2  # blocks 0 and 1 of every item (3 a batch) of both batches
     monkeypatch.setattr(sweep, "_tiled_metric", lambda run: spy(run, 0))
     whole = interp.ablate_bias(model, data, **keywords)
     monkeypatch.setattr(sweep, "_tiled_metric", lambda run: {})
     full_head = interp.ablate_bias(model, data, **keywords)
     assert full_head["delta"].abs().max() > 1e-6  # the estimates are not all 0
-    for got in (by_item, whole):
+    for got in (by_item, whole, checkpointed):
         assert (got["delta"] - full_head["delta"]).abs().max() <= 1e-10
         assert (got["baseline"] - full_head["baseline"]).abs().max() <= 1e-10
