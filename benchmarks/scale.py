@@ -28,9 +28,12 @@ one-pass estimate), and for each patched forward it runs exactly (each exact var
 ``n_control`` matched-control draws, read from the table it returns) the blocks after the patched layer and the
 unembedding: floor = t_fwd_bwd + sum over those forwards of ((L - l) / L) t_blocks + t_head, with t_blocks an HF
 forward of the decoder without its head and t_head the final norm and unembedding alone (all per batch set,
-fastest of ``--repeats``). Columns: forward_s, ablate_s, floor_s, ratio_forward (ablate / forward),
-ratio_floor (ablate / floor), n_patched (forwards the table says ran), forward_peak_mb, ablate_peak_mb and
-memory_ratio (ablate / forward peak). ``--profile``: cProfile of one more ablate pass, top entries by
+fastest of ``--repeats``). Times are taken with glibc's allocator at its defaults (as in a user's process), the
+peaks in a child process with its mmap threshold fixed (rows before label "times at allocator defaults" timed
+everything with the threshold fixed, which slows the sweep's many large temporaries more than the floor's
+passes). Columns: forward_s, ablate_s, floor_s, ratio_forward (ablate / forward), ratio_floor (ablate / floor),
+n_patched (forwards the table says ran), forward_peak_mb, ablate_peak_mb, estimate_peak_mb and memory_ratio
+(ablate / forward peak). ``--profile``: cProfile of one more ablate pass, top entries by
 cumulative time to ``ablation_profile.txt``.
 """
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -197,13 +201,47 @@ def patched_forwards(table: pd.DataFrame, n_layers: int) -> tuple[int, float]:
     return int(runs.sum()), float((runs * (n_layers - exact.layer.astype(int)) / n_layers).sum())
 
 
+def ablation_peaks(size: str, tokens: int, args) -> dict:
+    """The ablation row's peaks (MB above what was held before each): a plain forward's, the default call's and
+    the one-pass estimate's alone (top_k = sample_k = 0: no exact stage; its forward and backward set a floor on
+    the sweep's peak that no stack changes)."""
+    model = build(size, args.device, DTYPES[args.dtype])
+    data = make_batches(SIZES[size][5], args.batches, args.batch_size, tokens, args.device)
+    plain_forward(model, data[:1])
+    _, forward_peak = measure(plain_forward, model, data, args.device, args.repeats)
+    _, ablate_peak = measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", progress=False,
+                                                             **_stack_option(args)), model, data, args.device, 1)
+    _, estimate_peak = measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", top_k=0, sample_k=0,
+                                                               progress=False), model, data, args.device, 1)
+    return dict(forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, estimate_peak_mb=estimate_peak)
+
+
+def _stack_option(args) -> dict:
+    return {} if args.stack is None else {"stack": int(args.stack) if args.stack.isdigit() else args.stack}
+
+
+def _peaks_in_child(size: str, tokens: int, args) -> dict:
+    """``ablation_peaks`` in a child process whose glibc mmap threshold is fixed (``exact_cpu_peaks``); on CUDA
+    here (allocator statistics need no such setting)."""
+    if args.device.startswith("cuda"):
+        return ablation_peaks(size, tokens, args)
+    command = [sys.executable, __file__, "--ablation-peaks", "--runs", f"{size}@{tokens}", "--device", args.device,
+               "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--dtype", args.dtype,
+               "--repeats", str(args.repeats), "--threads", str(args.threads)] + (
+        ["--stack", args.stack] if args.stack is not None else [])
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def ablation_run(size: str, tokens: int, args) -> dict:
-    """One row of the ablation table (module doc)."""
+    """One row of the ablation table (module doc): times in this process, glibc's allocator at its defaults as a
+    user's process has it (a fixed mmap threshold makes every large temporary a fresh mapping: it slowed the
+    sweep's vocabulary tiles by more than the floor's passes), peaks from a child with the threshold fixed."""
     dtype = DTYPES[args.dtype]
     model = build(size, args.device, dtype)
     data = make_batches(SIZES[size][5], args.batches, args.batch_size, tokens, args.device)
     plain_forward(model, data[:1])
-    forward_s, forward_peak = measure(plain_forward, model, data, args.device, args.repeats)
+    forward_s, _ = measure(plain_forward, model, data, args.device, args.repeats)
     fwd_bwd_s, _ = measure(forward_backward, model, data, args.device, args.repeats)
     blocks_s, _ = measure(blocks_only, model, data, args.device, args.repeats)
     with torch.no_grad():
@@ -214,14 +252,12 @@ def ablation_run(size: str, tokens: int, args) -> dict:
     result = {}
 
     def ablate(m, d):
-        extra = {} if args.stack is None else {"stack": int(args.stack) if args.stack.isdigit() else args.stack}
-        result["table"] = interp.ablate_bias(m, d, estimate="auto", progress=False, **extra)
+        result["table"] = interp.ablate_bias(m, d, estimate="auto", progress=False, **_stack_option(args))
 
-    ablate_s, ablate_peak = measure(ablate, model, data, args.device, 1)
-    # the one-pass estimate alone (top_k = sample_k = 0: no exact stage): its forward + backward sets a floor on
-    # the sweep's peak that no stack changes
-    _, estimate_peak = measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", top_k=0, sample_k=0,
-                                                               progress=False), model, data, args.device, 1)
+    ablate_s, _ = measure(ablate, model, data, args.device, 1)
+    peaks = _peaks_in_child(size, tokens, args)
+    forward_peak, ablate_peak, estimate_peak = (peaks[k] for k in ("forward_peak_mb", "ablate_peak_mb",
+                                                                   "estimate_peak_mb"))
     from interp.ablation.memory import auto_stack
     stack_used = (min(auto_stack(model, b.inputs, True, True, backward=True, tiled=True) for b in data)
                   if args.stack in (None, "auto") else int(args.stack))  # the sweep's rule (a linear unembedding)
@@ -395,6 +431,7 @@ def parse(argv=None) -> argparse.Namespace:
                    help="cProfile PASS at the first --runs item -> docs/results/scale/PASS_profile.txt (with --ablation: "
                         "any PASS, the sweep's profile -> ablation_profile.txt)")
     p.add_argument("--ablation", action="store_true", help="ablate_bias against its floor -> ablation_<device>.csv")
+    p.add_argument("--ablation-peaks", action="store_true", help=argparse.SUPPRESS)  # --ablation's child
     p.add_argument("--label", default="", help="--ablation: the code measured (e.g. before, after)")
     p.add_argument("--stack", default=None, help="--ablation: ablate_bias's stack (default: its own default)")
     p.add_argument("--dry-run", action="store_true", help="tiny model, 16 tokens, CPU: seconds")
@@ -416,7 +453,12 @@ def main(argv=None) -> pd.DataFrame:
     args = parse(argv)
     if not args.device.startswith("cuda"):
         torch.set_num_threads(args.threads)
-        exact_cpu_peaks()
+        if not args.ablation:  # --ablation times with the allocator's defaults, its peaks come from a child
+            exact_cpu_peaks()
+    if args.ablation_peaks:  # that child: one JSON line
+        size, tokens = args.runs.split(",")[0].split("@")
+        print(json.dumps(ablation_peaks(size, int(tokens), args)))
+        return pd.DataFrame()
     if args.gpu_check:
         code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-x", "-m", "cuda", "-p", "no:cacheprovider",
                                 "--tier", "all", str(ROOT / "tests")], cwd=ROOT)
