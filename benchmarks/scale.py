@@ -32,7 +32,9 @@ fastest of ``--repeats``). Times are taken with glibc's allocator at its default
 peaks in a child process with its mmap threshold fixed (rows before label "times at allocator defaults" timed
 everything with the threshold fixed, which slows the sweep's many large temporaries more than the floor's
 passes). Columns: forward_s, ablate_s, floor_s, ratio_forward (ablate / forward), ratio_floor (ablate / floor),
-n_patched (forwards the table says ran), forward_peak_mb, ablate_peak_mb, estimate_peak_mb and memory_ratio
+n_patched (forwards the table says ran), forward_peak_mb, ablate_peak_mb (the call run a second time in the
+process, as the forward is after a warm-up), ablate_cold_peak_mb (the first call, with what it initialises once and
+keeps: rows before that label read only this one, as ablate_peak_mb), estimate_peak_mb and memory_ratio
 (ablate / forward peak). ``--profile``: cProfile of one more ablate pass, top entries by
 cumulative time to ``ablation_profile.txt``.
 """
@@ -202,18 +204,21 @@ def patched_forwards(table: pd.DataFrame, n_layers: int) -> tuple[int, float]:
 
 
 def ablation_peaks(size: str, tokens: int, args) -> dict:
-    """The ablation row's peaks (MB above what was held before each): a plain forward's, the default call's and
-    the one-pass estimate's alone (top_k = sample_k = 0: no exact stage; its forward and backward set a floor on
-    the sweep's peak that no stack changes)."""
+    """The ablation row's peaks (MB above what was held before each): a plain forward's (after one warm-up
+    forward), the default call's, first in the process (``ablate_cold_peak_mb``: with what its first run
+    initialises once and keeps, imports and kernels) and again (``ablate_peak_mb``), and the one-pass estimate's
+    alone (top_k = sample_k = 0: no exact stage; its forward and backward set a floor on the sweep's peak that
+    no stack changes)."""
     model = build(size, args.device, DTYPES[args.dtype])
     data = make_batches(SIZES[size][5], args.batches, args.batch_size, tokens, args.device)
     plain_forward(model, data[:1])
     _, forward_peak = measure(plain_forward, model, data, args.device, args.repeats)
-    _, ablate_peak = measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", progress=False,
-                                                             **_stack_option(args)), model, data, args.device, 1)
+    peaks = [measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", progress=False, **_stack_option(args)),
+                     model, data, args.device, 1)[1] for _ in range(2)]
     _, estimate_peak = measure(lambda m, d: interp.ablate_bias(m, d, estimate="auto", top_k=0, sample_k=0,
                                                                progress=False), model, data, args.device, 1)
-    return dict(forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, estimate_peak_mb=estimate_peak)
+    return dict(forward_peak_mb=forward_peak, ablate_cold_peak_mb=peaks[0], ablate_peak_mb=peaks[1],
+                estimate_peak_mb=estimate_peak)
 
 
 def _stack_option(args) -> dict:
@@ -256,8 +261,8 @@ def ablation_run(size: str, tokens: int, args) -> dict:
 
     ablate_s, _ = measure(ablate, model, data, args.device, 1)
     peaks = _peaks_in_child(size, tokens, args)
-    forward_peak, ablate_peak, estimate_peak = (peaks[k] for k in ("forward_peak_mb", "ablate_peak_mb",
-                                                                   "estimate_peak_mb"))
+    forward_peak, ablate_peak, ablate_cold_peak, estimate_peak = (
+        peaks[k] for k in ("forward_peak_mb", "ablate_peak_mb", "ablate_cold_peak_mb", "estimate_peak_mb"))
     from interp.ablation.memory import auto_stack
     stack_used = (min(auto_stack(model, b.inputs, True, True, backward=True, tiled=True) for b in data)
                   if args.stack in (None, "auto") else int(args.stack))  # the sweep's rule (a linear unembedding)
@@ -268,7 +273,8 @@ def ablation_run(size: str, tokens: int, args) -> dict:
                tokens=tokens, n_batches=args.batches, forward_s=forward_s, fwd_bwd_s=fwd_bwd_s, blocks_s=blocks_s,
                head_s=head_s, ablate_s=ablate_s, floor_s=floor_s, n_patched=n_patched,
                ratio_forward=ablate_s / forward_s, floor_forwards=floor_s / forward_s, ratio_floor=ablate_s / floor_s,
-               forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, estimate_peak_mb=estimate_peak,
+               forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, ablate_cold_peak_mb=ablate_cold_peak,
+               estimate_peak_mb=estimate_peak,
                stack_used=stack_used, memory_ratio=ablate_peak / forward_peak if forward_peak else float("nan"))
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     if args.profile:

@@ -45,7 +45,7 @@ def test_ablation_mode_counts_the_patched_forwards_of_its_floor(tmp_path):
     row = pd.read_csv(out).iloc[0]
     for column in ("forward_s", "ablate_s", "floor_s", "ratio_forward", "ratio_floor", "floor_forwards"):
         assert math.isfinite(row[column]) and row[column] > 0, column
-    for column in ("forward_peak_mb", "ablate_peak_mb", "estimate_peak_mb"):  # from the child process
+    for column in ("forward_peak_mb", "ablate_peak_mb", "ablate_cold_peak_mb", "estimate_peak_mb"):  # the child
         assert math.isfinite(row[column]) and row[column] >= 0, column
     table = pd.DataFrame(dict(estimate=["exact", "exact", "exact", "atp"], identity=["", "b_k cancels", "", ""],
                               n_control=[19, 19, 0, 0], layer=[0, 1, 1, 0]))
