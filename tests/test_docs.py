@@ -536,12 +536,43 @@ def test_readme_ablation_scale_equals_its_csv():
         assert agrees(quoted, value), (quoted, value)
     now = table.iloc[-1]
     said = re.search(r'`stack="auto"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB \(([\d.]+)x a forward\); the '
-                     r"one-pass estimate alone peaks at ([\d.]+) MB", text)
+                     r"one-pass estimate alone peaks at ([\d.]+) MB; the first call in a process peaks at ([\d.]+) MB",
+                     text)
     assert said, "README quotes the last ablation row"
     assert int(said.group(1)) == int(now.stack_used)
     for quoted, value in zip(said.groups()[1:], (now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
-                                                 now.estimate_peak_mb)):
+                                                 now.estimate_peak_mb, now.ablate_cold_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
+    # the timing harness: the allocator's fixed mmap threshold against its defaults
+    said = re.search(r"aa9bc7d read ([\d.]+)x its floor so, and ea092fc \(the same exact stage\) ([\d.]+)x", text)
+    assert said, "README quotes the two timing regimes"
+    by_label = table.set_index("label")
+    for quoted, label in zip(said.groups(), ("after (aa9bc7d), idle", "times at allocator defaults (ea092fc), idle")):
+        assert agrees(quoted, by_label.loc[label, "ratio_floor"]), (quoted, label)
+
+
+def test_readme_checkpointed_estimate_equals_its_csvs():
+    """README's figures for the checkpointed one-pass estimate at 112m@512 are
+    ablation_phases_checkpoint_cpu.csv's (peaks) and estimate_time_cpu.csv's (time / HF forward and backward)."""
+    text = " ".join(README.split())
+    phases = pd.read_csv(RESULTS / "scale" / "ablation_phases_checkpoint_cpu.csv")
+    phases = phases[phases["size"] == "112m"].set_index(["code", "phase"])
+    said = re.search(r"the one-pass estimate ([\d.]+) -> ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x\), "
+                     r"the intact run ([\d.]+)x, the exact stage ([\d.]+)x", text)
+    assert said, "README quotes the checkpointed estimate's peaks"
+    want = [phases.loc[("before", "_run_estimate"), "peak_mb"], phases.loc[("after", "_run_estimate"), "peak_mb"],
+            phases.loc[("after", "_run_estimate"), "forward_mb"], phases.loc[("after", "_run_estimate"), "ratio"],
+            phases.loc[("after", "_run_intact"), "ratio"], phases.loc[("after", "_exact"), "ratio"]]
+    for quoted, value in zip(said.groups(), want):
+        assert agrees(quoted, value), (quoted, value)
+    assert agrees(re.search(r"one item's backward through 12 blocks would hold ([\d.]+)x", text).group(1),
+                  phases.loc[("before", "_run_estimate"), "ratio"])
+    times = pd.read_csv(RESULTS / "scale" / "estimate_time_cpu.csv")
+    times = times[times["size"] == "112m"].set_index("code")
+    said = re.search(r"estimate_time_cpu.csv`: ([\d.]+)x -> ([\d.]+)x an HF forward and backward", text)
+    assert said, "README quotes the checkpointed estimate's time"
+    for quoted, code in zip(said.groups(), ("before", "after")):
+        assert agrees(quoted, times.loc[code, "ratio_fwd_bwd"]), (quoted, code)
 
 
 def test_readme_ablation_phases_equal_their_csv():
