@@ -17,9 +17,12 @@ hooks, no gradients: the reference, ratio 1), two references a user would write 
 output and its square), and the analyses ``record_qkv``, ``sink_profile``, ``massive_activations``,
 ``implicit_value_bias``, ``score_decomposition``, ``ablate_bias(estimate="auto")``. Each pass is timed
 up to ``--repeats`` times (fewer once it has taken 20 s) and the fastest kept; ``ratio`` = seconds / plain
-forward's seconds (compare within one run: machines are noisy). ``peak_mb``: the pass's peak memory above what was held before it (CUDA:
-``torch.cuda.max_memory_allocated``; CPU: the process's peak resident set, VmHWM, reset through
-/proc/self/clear_refs before each pass). Written to ``docs/results/scale/<device>.csv``.
+forward's seconds (compare within one run: machines are noisy). ``peak_mb``: the pass's peak memory above what
+was held before it (CUDA: ``torch.cuda.max_memory_allocated``; CPU: the process's peak resident set, VmHWM, reset
+through /proc/self/clear_refs before each pass, read in a child process that runs each pass once with glibc's mmap
+threshold fixed, while the times come from a process with the allocator at its defaults: the fixed threshold
+slowed passes with many large temporaries, e.g. score_decomposition 1.92x a forward against 1.32x, and rows of
+cpu.csv before 2026-12-06 were timed so). Written to ``docs/results/scale/<device>.csv``.
 
 ``--ablation`` (issue 40 item 1): ``ablate_bias(estimate="auto")`` at its defaults against its floor, one row per
 run in ``docs/results/scale/ablation_<device>.csv`` (``--label`` names the code measured, e.g. before / after;
@@ -352,7 +355,10 @@ def measure(fn: Callable, model, data, device: str, repeats: int, budget: float 
     return best, max(peak, 0.0)
 
 
-def run_one(size: str, tokens: int, args) -> list[dict]:
+def run_one(size: str, tokens: int, args, peaks_only: bool = False) -> list[dict]:
+    """The table's rows at one size and length. On CPU the times come from this process (glibc's allocator at its
+    defaults, as a user's process has it) and the peaks from a child (``--table-peaks``: each pass once, the mmap
+    threshold fixed so that VmHWM sees each pass's own peak); on CUDA both from here."""
     dtype = DTYPES[args.dtype]
     model = build(size, args.device, dtype)
     params = sum(p.numel() for p in model.hf_model.parameters()) / 1e6
@@ -362,7 +368,7 @@ def run_one(size: str, tokens: int, args) -> list[dict]:
     for name, (kind, fn) in PASSES.items():
         if name in args.skip:
             continue
-        seconds, peak = measure(fn, model, data, args.device, args.repeats)
+        seconds, peak = measure(fn, model, data, args.device, 1 if peaks_only else args.repeats)
         rows.append(dict(device=args.device, size=size, params_m=round(params, 1), dtype=args.dtype,
                          batch_size=args.batch_size, tokens=tokens, n_batches=args.batches, kind=kind,
                          seconds=seconds, peak_mb=peak, **{"pass": name}))
@@ -371,7 +377,19 @@ def run_one(size: str, tokens: int, args) -> list[dict]:
     for r in rows:
         r["ratio"] = r["seconds"] / plain
     del model
+    if not peaks_only and not args.device.startswith("cuda"):
+        peaks = _table_peaks_in_child(size, tokens, args)
+        for r in rows:
+            r["peak_mb"] = peaks[r["pass"]]
     return rows
+
+
+def _table_peaks_in_child(size: str, tokens: int, args) -> dict:
+    command = [sys.executable, __file__, "--table-peaks", "--runs", f"{size}@{tokens}", "--device", args.device,
+               "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--dtype", args.dtype,
+               "--threads", str(args.threads)] + (["--skip", ",".join(sorted(args.skip))] if args.skip else [])
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def table(args) -> pd.DataFrame:
@@ -438,6 +456,7 @@ def parse(argv=None) -> argparse.Namespace:
                         "any PASS, the sweep's profile -> ablation_profile.txt)")
     p.add_argument("--ablation", action="store_true", help="ablate_bias against its floor -> ablation_<device>.csv")
     p.add_argument("--ablation-peaks", action="store_true", help=argparse.SUPPRESS)  # --ablation's child
+    p.add_argument("--table-peaks", action="store_true", help=argparse.SUPPRESS)  # the table's child
     p.add_argument("--label", default="", help="--ablation: the code measured (e.g. before, after)")
     p.add_argument("--stack", default=None, help="--ablation: ablate_bias's stack (default: its own default)")
     p.add_argument("--dry-run", action="store_true", help="tiny model, 16 tokens, CPU: seconds")
@@ -459,8 +478,12 @@ def main(argv=None) -> pd.DataFrame:
     args = parse(argv)
     if not args.device.startswith("cuda"):
         torch.set_num_threads(args.threads)
-        if not args.ablation:  # --ablation times with the allocator's defaults, its peaks come from a child
+        if args.ablation_peaks or args.table_peaks or args.fingerprint:  # times are taken at the defaults
             exact_cpu_peaks()
+    if args.table_peaks:  # the table's child: each pass's peak, one JSON line
+        size, tokens = args.runs.split(",")[0].split("@")
+        print(json.dumps({r["pass"]: r["peak_mb"] for r in run_one(size, int(tokens), args, peaks_only=True)}))
+        return pd.DataFrame()
     if args.ablation_peaks:  # that child: one JSON line
         size, tokens = args.runs.split(",")[0].split("@")
         print(json.dumps(ablation_peaks(size, int(tokens), args)))
