@@ -213,10 +213,27 @@ def _run_intact(run: _Run) -> None:
     run.weights = [float(v[1].sum()) for v in values]
     run.baseline = float(sums.sum() / counts.sum())
     if not math.isfinite(run.baseline):
-        raise InputError(f"the metric {run.metric_name!r} is {run.baseline} on the intact model, before any "
-                         "ablation, so every delta would be too: a callable metric must return finite values; "
-                         "a half-precision model may overflow (load it in float32)")
+        raise InputError(_non_finite_baseline(run, sums, counts))
     run.rounding = rounding_level(run.model, run.baseline)
+
+
+def _non_finite_baseline(run: _Run, sums: Tensor, counts: Tensor) -> str:
+    """Why the intact metric is not finite, said as its likely cause: no counted unit, a callable metric, or the
+    model's own output."""
+    said = (f"the metric {run.metric_name!r} is {run.baseline} on the intact model, before any ablation, so every "
+            "delta would be too")
+    if float(counts.sum()) == 0:
+        return (f"{said}: no unit is counted (next_token_ce counts a position whose token and next token are both "
+                "real; these attention masks leave none): pass items with at least two real tokens")
+    bad = [i for i, s in enumerate(sums.tolist()) if not math.isfinite(s)]
+    items = f"item{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''}"
+    if callable(run.metric) and not isinstance(run.metric, str):
+        return f"{said} (at {items} of the data, in order): a callable metric must return finite values"
+    return (f"{said}: the model's own output is not finite at {items} of the data (in order). A half-precision "
+            "model may overflow (load it in float32); with padding, HF's eager attention can leave NaN at a padded "
+            "query whose every key is masked (measured: a float64 Qwen2 whose sliding window is shorter than the "
+            "padding), and the next layer carries it to every position of the item: pad less than the window, "
+            "load the model in float32, or pass unpadded items")
 
 
 def _intact_outputs(run: _Run, batch: Batch, next_token: bool) -> tuple[Tensor, Tensor]:

@@ -445,3 +445,25 @@ def test_a_zero_displacement_needs_no_forward_and_a_real_one_runs(monkeypatch):
     assert (zero.displacement_norm == 0).all() and (zero.control_p == 1).all() and len(calls) == len(data)
     mean = ablate_bias(gpt2, data, kinds=("q", "v"), method="mean", progress=False, estimate="exact", n_control=2)
     assert (mean.identity == "").all() and (mean.displacement_norm > 0).all() and (mean.delta != 0).all()
+
+
+def test_a_non_finite_intact_metric_names_its_cause():
+    """The intact metric's NaN is refused with its likely cause: no counted position (every item a single real
+    token), or the model's own output at the items named (a float64 Qwen2 whose sliding window is shorter than the
+    padding: HF's eager attention leaves NaN at fully masked padded queries and the next layer spreads it)."""
+    ids = tiny_inputs("qwen2", batch=3, pos=10, seed=0)
+    plain = interp.load_model(tiny_hf_model("qwen2", n_layers=2), device="cpu")
+    one_token = torch.zeros_like(ids)
+    one_token[:, 0] = 1
+    keywords = dict(kinds=("q",), estimate="exact", n_control=1, progress=False)
+    with pytest.raises(InputError, match="no unit is counted.*at least two real tokens"):
+        interp.ablate_bias(plain, [interp.Batch(ids, one_token)], **keywords)
+    windowed = interp.load_model(tiny_hf_model("qwen2", n_layers=3, config={
+        "sliding_window": 3, "use_sliding_window": True, "max_window_layers": 0}), device="cpu").to(torch.float64)
+    padded = torch.ones_like(ids)
+    padded[0, 7:] = 0
+    padded[2, 4:] = 0
+    with pytest.raises(InputError, match=r"model's own output is not finite at items 0, 2 .*sliding window"):
+        interp.ablate_bias(windowed, [interp.Batch(ids, padded)], **keywords)
+    unpadded = interp.ablate_bias(windowed, [interp.Batch(ids)], **keywords)  # the same model without padding
+    assert np.isfinite(unpadded["baseline"]).all()
