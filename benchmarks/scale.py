@@ -237,8 +237,15 @@ def _peaks_in_child(size: str, tokens: int, args) -> dict:
                "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--dtype", args.dtype,
                "--repeats", str(args.repeats), "--threads", str(args.threads)] + (
         ["--stack", args.stack] if args.stack is not None else [])
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return _child_json(command)
+
+
+def _child_json(command: list[str]) -> dict:
+    """The last stdout line of a child ``scale.py`` as JSON; a failed child stops the run with its stderr's tail."""
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[1:4])} ... exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def ablation_run(size: str, tokens: int, args) -> dict:
@@ -372,7 +379,8 @@ def run_one(size: str, tokens: int, args, peaks_only: bool = False) -> list[dict
         rows.append(dict(device=args.device, size=size, params_m=round(params, 1), dtype=args.dtype,
                          batch_size=args.batch_size, tokens=tokens, n_batches=args.batches, kind=kind,
                          seconds=seconds, peak_mb=peak, **{"pass": name}))
-        print(f"{size}@{tokens} {name:22s} {seconds:8.3f} s  peak {peak:9.1f} MB", flush=True)
+        peak_said = f"peak {peak:9.1f} MB" if peaks_only or args.device.startswith("cuda") else "(peak: child)"
+        print(f"{size}@{tokens} {name:22s} {seconds:8.3f} s  {peak_said}", flush=True)
     plain = rows[0]["seconds"]
     for r in rows:
         r["ratio"] = r["seconds"] / plain
@@ -381,6 +389,7 @@ def run_one(size: str, tokens: int, args, peaks_only: bool = False) -> list[dict
         peaks = _table_peaks_in_child(size, tokens, args)
         for r in rows:
             r["peak_mb"] = peaks[r["pass"]]
+            print(f"{size}@{tokens} {r['pass']:22s} peak {r['peak_mb']:9.1f} MB (child)", flush=True)
     return rows
 
 
@@ -388,8 +397,7 @@ def _table_peaks_in_child(size: str, tokens: int, args) -> dict:
     command = [sys.executable, __file__, "--table-peaks", "--runs", f"{size}@{tokens}", "--device", args.device,
                "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--dtype", args.dtype,
                "--threads", str(args.threads)] + (["--skip", ",".join(sorted(args.skip))] if args.skip else [])
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return _child_json(command)
 
 
 def table(args) -> pd.DataFrame:

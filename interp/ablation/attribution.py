@@ -48,8 +48,11 @@ from interp.types import Method
 
 def _keep_node(acts: dict, site: Any) -> Callable[[Tensor, Any], Tensor]:
     def fn(t: Tensor, hook: Any) -> Tensor:
-        # a fresh node that the bridge computes *from*, so gradients with respect to it are the metric's
+        # a fresh node that the bridge computes *from*, so gradients with respect to it are the metric's; on a
+        # model whose weights are frozen (requires_grad False) nothing before it needs a gradient: it is a leaf
         t = t.clone()
+        if not t.requires_grad:
+            t.requires_grad_(True)
         acts[site] = t
         return t
     return fn
@@ -185,7 +188,7 @@ def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Any, p
     cache: dict[str, Tensor] = {}
     dz: dict[tuple[int, str], Tensor] = {}
     nodes: dict[Any, Tensor] = {}  # layer -> hook_z (AtP*), (layer, kind) -> hook_q|k|v (linear)
-    hooks = ([(hook_name(l, n), _store(cache, hook_name(l, n), dz, l)) for l in layers for n in read]
+    hooks = ([(hook_name(l, n), _store(cache, hook_name(l, n))) for l in layers for n in read]
              + [(hook_name(l, "z"), _pattern_dz_at_z(model, cache, dz, nodes, l, read, pattern_sites, shift)
                  if job.checkpoint else _keep_node(nodes, l)) for l in layers]
              + [(hook_name(l, k), _keep_node(nodes, site)) for site in linear_sites for l, k in [site]])
@@ -246,10 +249,9 @@ def atp_star_deltas(job: EstimateInputs, value: Callable) -> list[float]:
     return _weighted(job, value, pattern=True)
 
 
-def _store(cache: dict, name: str, dz: dict, layer: int) -> Callable[[Tensor, Any], None]:
+def _store(cache: dict, name: str) -> Callable[[Tensor, Any], None]:
     def fn(t: Tensor, hook: Any) -> None:
-        if not any(site[0] == layer for site in dz):  # a checkpointed block's recomputation: its dz is made
-            cache[name] = t.detach()
+        cache[name] = t.detach()
     return fn
 
 
@@ -263,7 +265,7 @@ def _pattern_dz_at_z(model: InterpBridge, cache: dict, dz: dict, nodes: dict, la
     sites = [s for s in pattern_sites if s[0] == layer]
 
     def fn(t: Tensor, hook: Any) -> Tensor:
-        if all(n in cache for n in names) and not any(s in dz for s in sites):
+        if all(n in cache for n in names):
             with torch.no_grad():
                 dz.update(_pattern_dz(model, cache, sites, shift))
             for n in names:
@@ -276,17 +278,24 @@ def _pattern_dz_at_z(model: InterpBridge, cache: dict, dz: dict, nodes: dict, la
 def _checkpointed_blocks(model: InterpBridge, on: bool) -> Iterator[None]:
     """With ``on``, every block but the last recomputes its activations in the backward instead of keeping them
     (``torch.utils.checkpoint``, non-reentrant): the backward holds the blocks' inputs and one block's activations
-    at a time, for one more forward of the blocks. The hooks fire again in the recomputation (the same values);
-    ``_store`` and ``_pattern_dz_at_z`` skip a layer already read. The last block is left whole: the forward stops
-    inside it. Caches are off (a recomputation would append its keys and values to them a second time)."""
+    at a time, for one more forward of the blocks. The recomputation runs in the backward, after
+    ``run_with_hooks`` has removed the estimate's hooks: they only read or clone (``_store``, ``_keep_node``), so
+    it saves the same tensors without them (measured: the estimates are bitwise equal), provided every block's
+    input needs a gradient in both: frozen weights (requires_grad False) are made to require one meanwhile (no
+    weight gradient is computed: ``torch.autograd.grad`` asks for the activations only). The last block is left
+    whole: the forward stops inside it. Caches are off (a recomputation would append its keys and values to them a
+    second time)."""
     if not on:
         yield
         return
     config = getattr(model.hf_model, "config", None)
     use_cache = getattr(config, "use_cache", None)
     blocks = list(model.blocks)[:-1]
+    frozen = [p for p in model.parameters() if not p.requires_grad]
     for block in blocks:  # on the instance itself: the bridge's own __setattr__ may pass it to the HF module
         object.__setattr__(block, "forward", functools.partial(_checkpoint, block.forward))
+    for weight in frozen:
+        weight.requires_grad_(True)
     if use_cache is not None:
         config.use_cache = False
     try:
@@ -294,6 +303,8 @@ def _checkpointed_blocks(model: InterpBridge, on: bool) -> Iterator[None]:
     finally:
         for block in blocks:
             object.__delattr__(block, "forward")
+        for weight in frozen:
+            weight.requires_grad_(False)
         if use_cache is not None:
             config.use_cache = use_cache
 

@@ -30,7 +30,7 @@ The same rule on every device (nothing is measured; ``benchmarks/scale.py --abla
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from interp.ablation import logits as split
 from interp.models.bridge import InterpBridge
@@ -85,18 +85,21 @@ def estimate_bytes(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix:
 def estimate_checkpoint(model: InterpBridge, inputs: Any) -> bool:
     """Whether the one-pass estimate with the tiled metric recomputes its blocks in the backward
     (``attribution._checkpointed_blocks``): where one item's backward through every block's kept activations
-    exceeds ``BUDGET`` plain forwards of the whole batch (module doc)."""
+    exceeds ``BUDGET`` plain forwards of the whole batch and recomputing would hold less (not with fewer than
+    four layers or so: it keeps three blocks, and the last block is never recomputed) (module doc)."""
     est = estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
-    return est["backward_tiled"] > BUDGET * est["forward"] * int(inputs.shape[0])
+    return (est["backward_tiled"] > BUDGET * est["forward"] * int(inputs.shape[0])
+            and est["backward_checkpointed"] < est["backward_tiled"] and model.interp.n_layers > 1)
 
 
-def estimate_items(model: InterpBridge, inputs: Any) -> int:
+def estimate_items(model: InterpBridge, inputs: Any, checkpoint: Optional[bool] = None) -> int:
     """Items per part of the one-pass estimate's forward and backward with the tiled metric (module doc): the
-    most (at most the batch) whose backward, checkpointed where ``estimate_checkpoint`` says so, stays within
-    ``BUDGET`` plain forwards of the whole batch, at least 1."""
+    most (at most the batch) whose backward, checkpointed as ``checkpoint`` says (None: as ``estimate_checkpoint``
+    says for this batch), stays within ``BUDGET`` plain forwards of the whole batch, at least 1."""
     est = estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
     batch = int(inputs.shape[0])
-    per_item = est["backward_checkpointed" if estimate_checkpoint(model, inputs) else "backward_tiled"]
+    checkpoint = estimate_checkpoint(model, inputs) if checkpoint is None else checkpoint
+    per_item = est["backward_checkpointed" if checkpoint else "backward_tiled"]
     return max(1, min(batch, int(BUDGET * est["forward"] * batch // per_item)))
 
 

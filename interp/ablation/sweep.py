@@ -578,9 +578,10 @@ def _tiled_metric(run: _Run) -> dict:
     if not _reads_tiles(run):
         return {}
     unembedding, model = run.unembedding, run.model
+    checkpoint = any(estimate_checkpoint(model, b.inputs) for b in run.batches)  # one rule for every batch
     return dict(item_sums=lambda hidden, batch: tiled_item_sums(model, unembedding, hidden, batch),
-                items_per_part=min(estimate_items(model, b.inputs) for b in run.batches),
-                checkpoint=any(estimate_checkpoint(model, b.inputs) for b in run.batches))
+                items_per_part=min(estimate_items(model, b.inputs, checkpoint) for b in run.batches),
+                checkpoint=checkpoint)
 
 
 def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:

@@ -90,7 +90,7 @@ def test_estimate_items_is_the_most_whose_backward_fits_two_forwards():
         assert est["backward_checkpointed"] == layers * pos * width * 4 + 3 * block + tiled_head + dz
         budget = memory.BUDGET * batch * est["forward"]
         checkpoint = memory.estimate_checkpoint(model, inputs)
-        assert checkpoint == (est["backward_tiled"] > budget)
+        assert checkpoint == (est["backward_tiled"] > budget and est["backward_checkpointed"] < est["backward_tiled"])
         per_item = est["backward_checkpointed" if checkpoint else "backward_tiled"]
         items = memory.estimate_items(model, inputs)
         assert 1 <= items <= batch
@@ -108,6 +108,13 @@ def test_a_long_sequence_checkpoints_the_estimate_and_fits_more_items():
     assert memory.estimate_checkpoint(model, long)
     est = memory.estimate_bytes(model, long, logits=True, reuse_prefix=False)
     assert est["backward_checkpointed"] < est["backward_tiled"]
+    assert memory.estimate_items(model, long, checkpoint=False) <= memory.estimate_items(model, long)
+    # a model too shallow for recomputing to hold less (it keeps three blocks; the last is never recomputed)
+    shallow = interp.load_model(tiny_hf_model("qwen2", n_layers=2, config={"vocab_size": 5000}), device="cpu")
+    one = tiny_inputs("qwen2", batch=1, pos=512, seed=0)
+    est = memory.estimate_bytes(shallow, one, logits=True, reuse_prefix=False)
+    assert est["backward_tiled"] > memory.BUDGET * est["forward"]  # over the budget, and yet
+    assert not memory.estimate_checkpoint(shallow, one)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "qwen2"])
@@ -116,7 +123,7 @@ def test_one_pass_estimate_in_parts_equals_the_whole_batch_and_the_full_head(mon
     """The one-pass estimate with the tiled metric, run a batch at a time, an item at a time, or an item at a time
     with its blocks recomputed in the backward (checkpointed), equals the one through the full head (the
     forward's logits and their log-softmax), float64, 1e-10: the parts add up, and a recomputation changes
-    nothing (its hooks fire again and are skipped)."""
+    nothing (it runs in the backward, without the estimate's hooks, which only read or clone)."""
     import interp.ablation.attribution as attribution
     import interp.ablation.sweep as sweep
 
@@ -151,3 +158,27 @@ def test_one_pass_estimate_in_parts_equals_the_whole_batch_and_the_full_head(mon
     for got in (by_item, whole, checkpointed):
         assert (got["delta"] - full_head["delta"]).abs().max() <= 1e-10
         assert (got["baseline"] - full_head["baseline"]).abs().max() <= 1e-10
+
+
+def test_the_estimate_runs_on_a_model_with_frozen_weights():
+    """A model whose weights do not require gradients (``requires_grad_(False)``) gets the same one-pass estimates,
+    checkpointed or not: the estimate differentiates activations, never weights (it raised an InternalError)."""
+    import interp.ablation.sweep as sweep
+
+    model = interp.load_model(tiny_hf_model("gpt2", n_layers=3), device="cpu").to(torch.float64)
+    data = [interp.Batch(tiny_inputs("gpt2", batch=2, pos=8, seed=0))]
+    keywords = dict(kinds=("q", "k", "v"), estimate="atp", n_boot=0, progress=False)
+    trainable = interp.ablate_bias(model, data, **keywords)
+    model.requires_grad_(False)
+    frozen = interp.ablate_bias(model, data, **keywords)
+    tiled = sweep._tiled_metric
+    sweep._tiled_metric = lambda run: {**tiled(run), "checkpoint": True, "items_per_part": 1}
+    try:
+        frozen_checkpointed = interp.ablate_bias(model, data, **keywords)
+    finally:
+        sweep._tiled_metric = tiled
+    assert trainable["delta"].abs().max() > 1e-8
+    for got in (frozen, frozen_checkpointed):
+        assert (got["delta"] - trainable["delta"]).abs().max() <= 1e-12
+    assert not any(p.requires_grad for p in model.parameters())  # left frozen
+    assert all(p.grad is None for p in model.parameters())  # and no weight gradient was formed
