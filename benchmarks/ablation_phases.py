@@ -64,14 +64,31 @@ def child(size: str, tokens: int) -> None:
     print(json.dumps(dict(interp=interp.__file__, forward_mb=forward, **peaks)))
 
 
-def run(code: str, path: Path, size: str, tokens: int) -> list[dict]:
+def codes(before: str | None) -> list[tuple[str, Path]]:
+    """("before", a git worktree of ``before`` under /tmp) when asked, then ("after", this checkout)."""
+    found = [("after", ROOT)]
+    if before:
+        path = Path(f"/tmp/interp-before-{before}")
+        if not path.exists():
+            subprocess.run(["git", "worktree", "add", "--detach", str(path), before], cwd=ROOT, check=True)
+        found.insert(0, ("before", path))
+    return found
+
+
+def child_json(script: str, path: Path, spec: str) -> tuple[dict, str]:
+    """(the last stdout line of ``script --child spec`` run on the code at ``path``, as JSON; that code's commit)."""
     env = dict(os.environ, PYTHONPATH=str(path))
-    out = subprocess.run([sys.executable, __file__, "--child", f"{size}@{tokens}"], env=env, cwd=path,
+    out = subprocess.run([sys.executable, script, "--child", spec], env=env, cwd=path,
                          capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     got = json.loads(out)
     assert got["interp"].startswith(str(path)), got["interp"]  # the code meant, not the installed one
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=path, capture_output=True,
                             text=True).stdout.strip()
+    return got, commit
+
+
+def run(code: str, path: Path, size: str, tokens: int) -> list[dict]:
+    got, commit = child_json(__file__, path, f"{size}@{tokens}")
     return [dict(code=code, commit=commit, size=size, tokens=tokens, batch="2 x 2", phase=phase,
                  peak_mb=round(got[phase], 1), forward_mb=round(got["forward_mb"], 1),
                  ratio=round(got[phase] / got["forward_mb"], 2), load=round(os.getloadavg()[0], 1))
@@ -90,14 +107,8 @@ def main() -> None:
         return child(size, int(tokens))
     import pandas as pd
 
-    codes = [("after", ROOT)]
-    if args.before:
-        before = Path(f"/tmp/interp-before-{args.before}")
-        if not before.exists():
-            subprocess.run(["git", "worktree", "add", "--detach", str(before), args.before], cwd=ROOT, check=True)
-        codes.insert(0, ("before", before))
     rows = [row for size, tokens in (r.split("@") for r in args.runs.split(","))
-            for code, path in codes for row in run(code, path, size, int(tokens))]
+            for code, path in codes(args.before) for row in run(code, path, size, int(tokens))]
     frame = pd.DataFrame(rows)
     print(frame.to_string(index=False))
     frame.to_csv(args.out, index=False)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from ablation_phases import child_json, codes  # noqa: E402  (the same before/after plumbing)
 
 
 def child(size: str, tokens: int) -> None:
@@ -46,13 +47,7 @@ def child(size: str, tokens: int) -> None:
 
 def run(code: str, path: Path, size: str, tokens: int) -> dict:
     load = os.getloadavg()[0]
-    env = dict(os.environ, PYTHONPATH=str(path))
-    out = subprocess.run([sys.executable, __file__, "--child", f"{size}@{tokens}"], env=env, cwd=path,
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    got = json.loads(out)
-    assert got["interp"].startswith(str(path)), got["interp"]  # the code meant, not the installed one
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=path, capture_output=True,
-                            text=True).stdout.strip()
+    got, commit = child_json(__file__, path, f"{size}@{tokens}")
     return dict(code=code, commit=commit, size=size, tokens=tokens, batch="2 x 2",
                 forward_s=round(got["forward_s"], 3), fwd_bwd_s=round(got["fwd_bwd_s"], 3),
                 estimate_s=round(got["estimate_s"], 3), ratio_fwd_bwd=round(got["estimate_s"] / got["fwd_bwd_s"], 3),
@@ -71,14 +66,8 @@ def main() -> None:
         return child(size, int(tokens))
     import pandas as pd
 
-    codes = [("after", ROOT)]
-    if args.before:
-        before = Path(f"/tmp/interp-before-{args.before}")
-        if not before.exists():
-            subprocess.run(["git", "worktree", "add", "--detach", str(before), args.before], cwd=ROOT, check=True)
-        codes.insert(0, ("before", before))
     rows = [run(code, path, size, int(tokens)) for size, tokens in (r.split("@") for r in args.runs.split(","))
-            for code, path in codes]
+            for code, path in codes(args.before)]
     frame = pd.DataFrame(rows)
     print(frame.to_string(index=False))
     frame.to_csv(args.out, index=False)

@@ -233,15 +233,16 @@ def _peaks_in_child(size: str, tokens: int, args) -> dict:
     here (allocator statistics need no such setting)."""
     if args.device.startswith("cuda"):
         return ablation_peaks(size, tokens, args)
-    command = [sys.executable, __file__, "--ablation-peaks", "--runs", f"{size}@{tokens}", "--device", args.device,
+    return _child_json("--ablation-peaks", size, tokens, args, ["--repeats", str(args.repeats)] + (
+        ["--stack", args.stack] if args.stack is not None else []))
+
+
+def _child_json(mode: str, size: str, tokens: int, args, extra: list[str]) -> dict:
+    """The last stdout line of a child ``scale.py <mode>`` at ``size@tokens`` with this run's batches, device,
+    dtype and threads (and ``extra`` flags), as JSON; a failed child stops the run with its stderr's tail."""
+    command = [sys.executable, __file__, mode, "--runs", f"{size}@{tokens}", "--device", args.device,
                "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--dtype", args.dtype,
-               "--repeats", str(args.repeats), "--threads", str(args.threads)] + (
-        ["--stack", args.stack] if args.stack is not None else [])
-    return _child_json(command)
-
-
-def _child_json(command: list[str]) -> dict:
-    """The last stdout line of a child ``scale.py`` as JSON; a failed child stops the run with its stderr's tail."""
+               "--threads", str(args.threads)] + extra
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[1:4])} ... exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -394,10 +395,7 @@ def run_one(size: str, tokens: int, args, peaks_only: bool = False) -> list[dict
 
 
 def _table_peaks_in_child(size: str, tokens: int, args) -> dict:
-    command = [sys.executable, __file__, "--table-peaks", "--runs", f"{size}@{tokens}", "--device", args.device,
-               "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--dtype", args.dtype,
-               "--threads", str(args.threads)] + (["--skip", ",".join(sorted(args.skip))] if args.skip else [])
-    return _child_json(command)
+    return _child_json("--table-peaks", size, tokens, args, ["--skip", ",".join(sorted(args.skip))] if args.skip else [])
 
 
 def table(args) -> pd.DataFrame:
