@@ -80,6 +80,8 @@ class IntactLogits:
     logits: Float[Tensor, "n vocab"]  # intact logits z_p (float32, float64 for a float64 model)
     n_items: int
     lse: Float[Tensor, " n"]  # their logsumexp: log p = z_p - lse
+    total_p: Float[Tensor, " n"]  # float64 sum_v p_v, p_v = exp(z_p,v - lse) in float64 (1 up to rounding)
+    p_dot_log_p: Float[Tensor, " n"]  # float64 sum_v p_v (z_p,v - lse) (``patched_stack``'s B is taken against it)
 
     @property
     def counts(self) -> Tensor:
@@ -115,14 +117,16 @@ def vocab_size(model: InterpBridge, hidden: Tensor) -> int:
 
 def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"], batch: Batch,
                   unembedding: Optional["Unembedding"] = None) -> IntactLogits:
-    """The intact logits at the batch's real positions and their logsumexp, computed a chunk at a time into one
-    preallocated tensor (no list of chunks concatenated: that would hold them twice); with ``unembedding`` (and
-    logits in the model's dtype) each chunk's product is written into it directly."""
+    """The intact logits at the batch's real positions, their logsumexp and (float64, per position) sum_v p_v and
+    sum_v p_v log p_v (``log_p64``), computed a chunk at a time into preallocated tensors (no list of chunks
+    concatenated: that would hold them twice); with ``unembedding`` (and logits in the model's dtype) each chunk's
+    product is written into it directly."""
     rows, item, target, counted = positions(batch, hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1])
     first = wide(head(model, flat[rows[:1]]))
     z = torch.empty((len(rows), first.shape[-1]), dtype=first.dtype, device=hidden.device)
     lse = torch.empty(len(rows), dtype=first.dtype, device=hidden.device)
+    total_p, p_dot_log_p = (torch.empty(len(rows), dtype=torch.float64, device=hidden.device) for _ in range(2))
     step = chunk_rows(first.shape[-1])
     direct = unembedding is not None and unembedding.weight.dtype == z.dtype
     for lo in range(0, len(rows), step):
@@ -137,7 +141,18 @@ def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
         else:
             z[lo:lo + step] = wide(head(model, part))
         lse[lo:lo + step] = z[lo:lo + step].logsumexp(-1)
-    return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse)
+        log_p = log_p64(z[lo:lo + step], lse[lo:lo + step])
+        p = log_p.exp()
+        total_p[lo:lo + step] = p.sum(-1)
+        p_dot_log_p[lo:lo + step] = (p * log_p).sum(-1)
+    return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse, total_p, p_dot_log_p)
+
+
+def log_p64(logits: Float[Tensor, "n tile"], lse: Float[Tensor, " n"]) -> Float[Tensor, "n tile"]:
+    """logits - lse in float64, each entry widened exactly before the subtraction: ``intact_logits``' sums and
+    ``patched_stack``'s tiles share this rounding, so that their B cancels exactly where the patched logits equal
+    the intact ones."""
+    return logits.double() - lse.double()[:, None]
 
 
 @dataclass
@@ -167,46 +182,51 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
     Every variant's final-normed rows go through the unembedding together, a vocabulary tile at a time
     (``TILE_VOCAB`` entries: a tile's weights stay in cache while every row streams past them, and a tile of every
     stacked row is small beside the intact logits), and nothing of a tile is kept but per-row sums. With z the
-    patched logits, z_p the intact ones, p = softmax(z_p), e = z - z_p (a difference of two close float32
-    numbers: exact where the patch changes little) and, per row,
+    patched logits, z_p the intact ones, lse_p their logsumexp, p = exp(z_p - lse_p) (float64) and, per row, in
+    float64 from the float32 logits,
 
-        P = sum_v p_v (1 up to rounding),  A = sum_v p_v expm1(e_v),  B = sum_v p_v e_v,
+        S = sum_v exp(z_v - lse_p),   P = sum_v p_v (1 up to rounding),
+        B = sum_v p_v (z_v - lse_p) - sum_v p_v (z_p,v - lse_p)   (the second sum: ``intact_logits``),
 
-    logsumexp(z) = lse_p + log P + log1p(A / P), so
+    logsumexp(z) = lse_p + log S, so
 
-        NLL(x) = lse_p + log P + log1p(A / P) - z_x,        KL(p || q) = log1p(A / P) - B / P.
+        NLL(x) = lse_p + log S - z_x,        KL(p || q) = log(S / P) - B / P.
 
-    A and B are small where the patch is (expm1 keeps A's precision near 0), so the KL is not the difference of
-    two large logsumexps: measured on SmolLM2 it is within 1e-3 relative of a float64 evaluation where the
-    float32 log-softmax path was off by 1.6e-5 nats (tests/ablation/test_logits.py). A patch that raises a logit
-    by more than float64's exp range (e > 709) falls back to ``patched_items`` for that stack."""
+    The float32 logits are widened exactly and every difference and sum is float64 (B's two sums share one
+    rounding, ``log_p64``, so B is exactly 0 where z = z_p); measured on SmolLM2 the KL is within 1e-3 relative
+    of a float64 evaluation where the float32 log-softmax path was off by 1.6e-5 nats (tests/ablation/
+    test_logits.py). A patch that raises a logit past float64's exp range (z - lse_p > 709) falls back to
+    ``patched_items`` for that stack."""
     rows, d = len(intact.rows), hidden.shape[-1]
     with torch.no_grad():
         x = model.ln_final(hidden.reshape(n, -1, d)[:, intact.rows]).reshape(n * rows, d)
         vocab, dtype, device = unembedding.weight.shape[0], intact.logits.dtype, x.device
-        tile = TILE_VOCAB
-        sum_expm1, sum_e = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
-        total_p = torch.zeros(rows, dtype=torch.float64, device=device)
+        tile = min(TILE_VOCAB, vocab)
+        # one set of tile buffers for the call: in a process whose glibc mmap threshold is still low, each
+        # multi-MB temporary is a fresh mapping, faulted in page by page (63 tiles of 3 x 256 x 512: 0.28-0.46 s
+        # with temporaries, 0.087 s with buffers; equal once the threshold has risen)
+        space = _TileBuffers(x.dtype, device)
+        sum_exp, sum_p_log_q = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
         picked = torch.zeros((n, rows), dtype=dtype, device=device)
+        lse = intact.lse.to(torch.float64)[:, None]
         for lo in range(0, vocab, tile):
             hi = min(lo + tile, vocab)
             bias = None if unembedding.bias is None else unembedding.bias[lo:hi]
-            z = wide(torch.nn.functional.linear(x, unembedding.weight[lo:hi], bias)).view(n, rows, hi - lo)
+            z = space.logits(x, unembedding.weight[lo:hi], bias).view(n, rows, hi - lo)
             inside = ((intact.target >= lo) & (intact.target < hi)).nonzero().squeeze(1)
             if len(inside):
                 picked[:, inside] = z[:, inside, intact.target[inside] - lo]
-            p = intact.log_p(vocab=slice(lo, hi)).exp_().double()
-            total_p += p.sum(-1)
-            # e and its sums in float64: torch's float32 expm1 is a scalar loop on CPU (2.4x the tile's product in
-            # time, measured), its float64 one is vectorised; a broadcast product and sum, not einsum's copies
-            e = z.sub_(intact.logits[:, lo:hi]).double()  # z - z_p
-            sum_e += (e * p).sum(-1)
-            sum_expm1 += e.expm1_().mul_(p).sum(-1)
-        if not bool(torch.isfinite(sum_expm1).all()):
+            # z_p - lse_p and z - lse_p widened in place (log_p64's rounding, no float64 temporary)
+            p = space.take("p", (rows, hi - lo)).copy_(intact.logits[:, lo:hi]).sub_(lse).exp_()
+            shifted = space.take("shifted", z.shape).copy_(z).sub_(lse)
+            sum_p_log_q += torch.mul(shifted, p, out=space.take("product", shifted.shape)).sum(-1)
+            sum_exp += shifted.exp_().sum(-1)
+        if not bool(torch.isfinite(sum_exp).all()):
             return [patched_items(model, h, intact, True) for h in hidden.chunk(n)]
-        log1p_a = torch.log1p(sum_expm1 / total_p)
-        nll = intact.lse.double() + total_p.log() + log1p_a - picked.double()
-        kl = (log1p_a - sum_e / total_p).sum(-1) / max(rows, 1)
+        log_s = sum_exp.log()
+        nll = intact.lse.double() + log_s - picked.double()
+        b = (sum_p_log_q - intact.p_dot_log_p) / intact.total_p  # sum_v p_v (z_v - z_p,v) / P
+        kl = (log_s - intact.total_p.log() - b).sum(-1) / max(rows, 1)
         weights = intact.counted.double()
         results = []
         for v in range(n):
@@ -214,6 +234,31 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
             sums.index_add_(0, intact.item, nll[v] * weights)
             results.append((sums, kl[v].to(dtype)))
     return results
+
+
+class _TileBuffers:
+    """Storage for one call's vocabulary tiles, allocated at the first tile and handed out as contiguous views of
+    the shape asked (the last tile is narrower); ``dtype``: the logits' (the model's)."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype, self.device = dtype, device
+        self.flat: dict[str, Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
+        """A buffer ``name`` viewed as ``shape`` (float64 unless told)."""
+        size = int(torch.Size(shape).numel())
+        if name not in self.flat or self.flat[name].numel() < size or self.flat[name].dtype != dtype:
+            self.flat[name] = torch.empty(size, dtype=dtype, device=self.device)
+        return self.flat[name][:size].view(shape)
+
+    def logits(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """x @ weight.T + bias into a buffer, widened to float32 where the model computes in half precision."""
+        if self.dtype not in (torch.float32, torch.float64):
+            return wide(torch.nn.functional.linear(x, weight, bias))
+        out = self.take("logits", (x.shape[0], weight.shape[0]), self.dtype)
+        if bias is None:
+            return torch.mm(x, weight.t(), out=out)
+        return torch.addmm(bias, x, weight.t(), out=out)
 
 
 class _TiledNextTokenNLL(torch.autograd.Function):

@@ -123,9 +123,9 @@ def test_tiled_metric_is_nearer_float64_than_the_float32_log_softmax_on_smollm2(
         assert float((sums - nll64).abs().max()) < float((old_sums - nll64).abs().max())
 
 
-def test_a_logit_raised_past_float32_exp_range_falls_back_to_the_log_softmax_path():
-    """expm1(e) overflows float64 past e = 709: the stack's numbers then come from ``patched_items`` (finite, equal
-    to the full-logits formulas), never inf or NaN."""
+def test_a_logit_raised_past_float64_exp_range_falls_back_to_the_log_softmax_path():
+    """exp(z - lse_p) overflows float64 past 709: the stack's numbers then come from ``patched_items`` (finite,
+    equal to the full-logits formulas), never inf or NaN."""
     model = interp.load_model(tiny_hf_model("qwen2", n_layers=2), device="cpu")
     batch = Batch(tiny_inputs("qwen2", batch=2, pos=6, seed=0))
     hidden, out = _hidden_and_out(model, batch)
@@ -135,8 +135,8 @@ def test_a_logit_raised_past_float32_exp_range_falls_back_to_the_log_softmax_pat
     with torch.no_grad():
         norm.mul_(1e5)  # the "patch": every logit scaled 1e5-fold after the intact run was taken
         wild = hidden
-        z = logits.head(model, wild.reshape(-1, wild.shape[-1])) - out.reshape(-1, out.shape[-1])
-    assert float(z.max()) > 710  # the premise: some logit rises past exp's float64 range
+        z = logits.head(model, wild.reshape(-1, wild.shape[-1]))[intact.rows] - intact.lse[:, None]
+    assert float(z.max()) > 710  # the premise: some logit rises past exp's float64 range above lse_p
     (sums, kl), = logits.patched_stack(model, unembedding, wild, intact, 1)
     want_sums, want_kl = logits.patched_items(model, wild, intact, kl=True)
     assert torch.isfinite(sums).all() and torch.isfinite(kl)
