@@ -225,7 +225,11 @@ def ablation_peaks(size: str, tokens: int, args) -> dict:
 
 
 def _stack_option(args) -> dict:
-    return {} if args.stack is None else {"stack": int(args.stack) if args.stack.isdigit() else args.stack}
+    """ablate_bias's options this run sets: ``--stack``, and ``--exact-heads`` K (top_k = sample_k = K)."""
+    options = {} if args.stack is None else {"stack": int(args.stack) if args.stack.isdigit() else args.stack}
+    if args.exact_heads is not None:
+        options.update(top_k=args.exact_heads, sample_k=args.exact_heads)
+    return options
 
 
 def _peaks_in_child(size: str, tokens: int, args) -> dict:
@@ -234,7 +238,8 @@ def _peaks_in_child(size: str, tokens: int, args) -> dict:
     if args.device.startswith("cuda"):
         return ablation_peaks(size, tokens, args)
     return _child_json("--ablation-peaks", size, tokens, args, ["--repeats", str(args.repeats)] + (
-        ["--stack", args.stack] if args.stack is not None else []))
+        ["--stack", args.stack] if args.stack is not None else []) + (
+        ["--exact-heads", str(args.exact_heads)] if args.exact_heads is not None else []))
 
 
 def _child_json(mode: str, size: str, tokens: int, args, extra: list[str]) -> dict:
@@ -280,8 +285,9 @@ def ablation_run(size: str, tokens: int, args) -> dict:
     n_patched, block_share = patched_forwards(result["table"], SIZES[size][1])
     floor_s = fwd_bwd_s + block_share * blocks_s + n_patched * head_s
     print("interp from", interp.__file__, flush=True)
-    row = dict(label=args.label, stack=args.stack or "default", device=args.device, size=size, dtype=args.dtype, batch_size=args.batch_size,
-               tokens=tokens, n_batches=args.batches, forward_s=forward_s, fwd_bwd_s=fwd_bwd_s, blocks_s=blocks_s,
+    row = dict(label=args.label, stack=args.stack or "default",
+               exact_heads="default" if args.exact_heads is None else args.exact_heads, device=args.device, size=size,
+               dtype=args.dtype, batch_size=args.batch_size, tokens=tokens, n_batches=args.batches, forward_s=forward_s, fwd_bwd_s=fwd_bwd_s, blocks_s=blocks_s,
                head_s=head_s, ablate_s=ablate_s, floor_s=floor_s, n_patched=n_patched,
                ratio_forward=ablate_s / forward_s, floor_forwards=floor_s / forward_s, ratio_floor=ablate_s / floor_s,
                forward_peak_mb=forward_peak, ablate_peak_mb=ablate_peak, ablate_cold_peak_mb=ablate_cold_peak,
@@ -465,6 +471,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--table-peaks", action="store_true", help=argparse.SUPPRESS)  # the table's child
     p.add_argument("--label", default="", help="--ablation: the code measured (e.g. before, after)")
     p.add_argument("--stack", default=None, help="--ablation: ablate_bias's stack (default: its own default)")
+    p.add_argument("--exact-heads", type=int, default=None, metavar="K",
+                   help="--ablation: top_k = sample_k = K heads per kind run exactly (default: ablate_bias's, 5 and 5; "
+                        "a smaller K makes a large size affordable: the floor counts the forwards the table ran)")
     p.add_argument("--dry-run", action="store_true", help="tiny model, 16 tokens, CPU: seconds")
     p.add_argument("--gpu-check", action="store_true", help="pytest -m cuda, then 0.5b and 1.5b at 4096 tokens in bf16")
     args = p.parse_args(argv)

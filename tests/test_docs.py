@@ -524,7 +524,7 @@ def test_readme_quickstart_time_equals_its_csv():
 
 def test_readme_ablation_scale_equals_its_csv():
     """README's ablate_bias figures at 25m@128 are docs/results/scale/ablation_cpu.csv's rows: the code before the
-    rework and the last row (now), floor ratio and peaks."""
+    rework and the last 25m row (now), floor ratio and peaks."""
     table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
     text = " ".join(README.split())
     before = table[table.label == "before (36909f6), idle"].iloc[-1]
@@ -534,7 +534,7 @@ def test_readme_ablation_scale_equals_its_csv():
     for quoted, value in zip(said.groups(), (before.ratio_floor, before.ablate_peak_mb, before.memory_ratio,
                                              before.forward_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
-    now = table.iloc[-1]
+    now = table[table["size"] == "25m"].iloc[-1]
     said = re.search(r'`stack="auto"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB \(([\d.]+)x a forward\); the '
                      r"one-pass estimate alone peaks at ([\d.]+) MB; the first call in a process peaks at ([\d.]+) MB",
                      text)
@@ -543,12 +543,38 @@ def test_readme_ablation_scale_equals_its_csv():
     for quoted, value in zip(said.groups()[1:], (now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
                                                  now.estimate_peak_mb, now.ablate_cold_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
+    said = re.search(r"The row before \(0a11b77, the metric with expm1\): ([\d.]+)x its floor, ([\d.]+) MB", text)
+    assert said, "README quotes the row before the metric without expm1"
+    before = table.set_index("label").loc["times at allocator defaults, warm peaks (0a11b77), idle"]
+    assert agrees(said.group(1), before.ratio_floor) and agrees(said.group(2), before.ablate_peak_mb)
     # the timing harness: the allocator's fixed mmap threshold against its defaults
     said = re.search(r"aa9bc7d read ([\d.]+)x its floor so, and ea092fc \(the same exact stage\) ([\d.]+)x", text)
     assert said, "README quotes the two timing regimes"
     by_label = table.set_index("label")
     for quoted, label in zip(said.groups(), ("after (aa9bc7d), idle", "times at allocator defaults (ea092fc), idle")):
         assert agrees(quoted, by_label.loc[label, "ratio_floor"]), (quoted, label)
+
+
+def test_readme_ablation_at_112m_equals_its_csv_and_profile():
+    """README's ablate_bias figures at 112m@512 are ablation_cpu.csv's last 112m row (floor ratio, peaks, patched
+    forwards, stack) and the tiled head's seconds are ablation_profile_112m.txt's patched_stack line, against the
+    row's floor for the head (n_patched x head_s)."""
+    table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
+    now = table[(table["size"] == "112m") & (table["tokens"] == 512)].iloc[-1]
+    text = " ".join(README.split())
+    said = re.search(r"(\d+) patched forwards; `stack=\"auto\"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB "
+                     r"\(([\d.]+)x a ([\d.]+) MB forward\), the one-pass estimate's ([\d.]+) MB", text)
+    assert said, "README quotes the 112m@512 ablation row"
+    assert int(said.group(1)) == int(now.n_patched) and int(said.group(2)) == int(now.stack_used)
+    for quoted, value in zip(said.groups()[2:], (now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
+                                                 now.forward_peak_mb, now.estimate_peak_mb)):
+        assert agrees(quoted, value), (quoted, value)
+    profile = (RESULTS / "scale" / "ablation_profile_112m.txt").read_text()
+    line = next(line for line in profile.splitlines() if line.rstrip().endswith("(patched_stack)"))
+    said = re.search(r"the tiled head ([\d.]+) s against the floor's ([\d.]+) s", text)
+    assert said, "README quotes the tiled head against its floor"
+    assert agrees(said.group(1), float(line.split()[3]))  # cumtime
+    assert agrees(said.group(2), now.n_patched * now.head_s)
 
 
 def test_readme_checkpointed_estimate_equals_its_csvs():

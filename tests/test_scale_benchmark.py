@@ -52,6 +52,17 @@ def test_ablation_mode_counts_the_patched_forwards_of_its_floor(tmp_path):
     assert scale.patched_forwards(table, n_layers=2) == (21, 20 * 2 / 2 + 1 * 1 / 2)
 
 
+def test_ablation_mode_passes_exact_heads_to_the_call_and_its_child(tmp_path):
+    """--exact-heads 0: no head runs exactly (top_k = sample_k = 0), so the floor counts no patched forward; the
+    peaks child accepts the flag too (it would exit with an error otherwise) and the row records it."""
+    out = tmp_path / "ablation_cpu.csv"
+    _scale().main(["--ablation", "--runs", "tiny@16", "--batches", "1", "--repeats", "1", "--label", "t",
+                   "--exact-heads", "0", "--out", str(out)])
+    row = pd.read_csv(out).iloc[0]
+    assert row["n_patched"] == 0 and row["exact_heads"] == 0
+    assert math.isfinite(row["ablate_peak_mb"]) and row["floor_s"] == pytest.approx(row["fwd_bwd_s"])
+
+
 def test_unknown_size_is_one_clear_line(tmp_path):
     with pytest.raises(SystemExit, match="unknown size 'huge'"):
         _scale().main(["--runs", "huge@16", "--out", str(tmp_path / "x.csv")])

@@ -141,10 +141,13 @@ def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
         else:
             z[lo:lo + step] = wide(head(model, part))
         lse[lo:lo + step] = z[lo:lo + step].logsumexp(-1)
-        log_p = log_p64(z[lo:lo + step], lse[lo:lo + step])
+    wide_step = max(1, step // 4)  # two float64 temporaries of a quarter chunk: half a chunk's bytes
+    for lo in range(0, len(rows), wide_step):
+        part = slice(lo, lo + wide_step)
+        log_p = log_p64(z[part], lse[part])
         p = log_p.exp()
-        total_p[lo:lo + step] = p.sum(-1)
-        p_dot_log_p[lo:lo + step] = (p * log_p).sum(-1)
+        total_p[part] = p.sum(-1)
+        p_dot_log_p[part] = p.mul_(log_p).sum(-1)
     return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse, total_p, p_dot_log_p)
 
 
