@@ -26,6 +26,15 @@ def agrees(quoted: str, value: float) -> bool:
     return abs(Decimal(repr(float(value))) - q) <= half_ulp * Decimal("1.000001")
 
 
+def assert_quoted(text: str, pattern: str, values: tuple, what: str) -> None:
+    """``pattern``'s groups in ``text`` agree one by one with ``values``: the figures a document quotes."""
+    said = re.search(pattern, text)
+    assert said, f"the text quotes {what}"
+    assert len(said.groups()) == len(values), what
+    for quoted, value in zip(said.groups(), values):
+        assert agrees(quoted, value), (what, quoted, value)
+
+
 def row(text: str, label: str) -> list[str]:
     """The cells of the markdown table row whose first cell is `label`."""
     lines = [line for line in text.splitlines() if line.startswith(f"| {label} |")]
@@ -543,10 +552,9 @@ def test_readme_ablation_scale_equals_its_csv():
     for quoted, value in zip(said.groups()[1:], (now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
                                                  now.estimate_peak_mb, now.ablate_cold_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
-    said = re.search(r"The row before \(0a11b77, the metric with expm1\): ([\d.]+)x its floor, ([\d.]+) MB", text)
-    assert said, "README quotes the row before the metric without expm1"
     before = table.set_index("label").loc["times at allocator defaults, warm peaks (0a11b77), idle"]
-    assert agrees(said.group(1), before.ratio_floor) and agrees(said.group(2), before.ablate_peak_mb)
+    assert_quoted(text, r"The row before \(0a11b77, the metric with expm1\): ([\d.]+)x its floor, ([\d.]+) MB",
+                  (before.ratio_floor, before.ablate_peak_mb), "the row before the metric without expm1")
     # the timing harness: the allocator's fixed mmap threshold against its defaults
     said = re.search(r"aa9bc7d read ([\d.]+)x its floor so, and ea092fc \(the same exact stage\) ([\d.]+)x", text)
     assert said, "README quotes the two timing regimes"
@@ -560,12 +568,10 @@ def test_changelog_peaks_after_the_intact_sums_fix_equal_their_csv():
     ablation_peaks_cpu.csv's."""
     row = pd.read_csv(RESULTS / "scale" / "ablation_peaks_cpu.csv").iloc[-1]
     text = " ".join((ROOT / "CHANGELOG.md").read_text().split())
-    said = re.search(r"are ([\d.]+) MB for the call \(([\d.]+)x a forward\), ([\d.]+) MB for the one-pass estimate, "
-                     r"([\d.]+) MB for the first call", text)
-    assert said, "CHANGELOG quotes the peaks after the fix"
-    for quoted, value in zip(said.groups(), (row.ablate_peak_mb, row.memory_ratio, row.estimate_peak_mb,
-                                             row.ablate_cold_peak_mb)):
-        assert agrees(quoted, value), (quoted, value)
+    assert_quoted(text, r"are ([\d.]+) MB for the call \(([\d.]+)x a forward\), ([\d.]+) MB for the one-pass "
+                  r"estimate, ([\d.]+) MB for the first call",
+                  (row.ablate_peak_mb, row.memory_ratio, row.estimate_peak_mb, row.ablate_cold_peak_mb),
+                  "the peaks after the fix")
 
 
 def test_readme_ablation_at_112m_equals_its_csv_and_profile():
@@ -575,13 +581,10 @@ def test_readme_ablation_at_112m_equals_its_csv_and_profile():
     table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
     now = table[(table["size"] == "112m") & (table["tokens"] == 512)].iloc[-1]
     text = " ".join(README.split())
-    said = re.search(r"(\d+) patched forwards; `stack=\"auto\"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB "
-                     r"\(([\d.]+)x a ([\d.]+) MB forward\), the one-pass estimate's ([\d.]+) MB", text)
-    assert said, "README quotes the 112m@512 ablation row"
-    assert int(said.group(1)) == int(now.n_patched) and int(said.group(2)) == int(now.stack_used)
-    for quoted, value in zip(said.groups()[2:], (now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
-                                                 now.forward_peak_mb, now.estimate_peak_mb)):
-        assert agrees(quoted, value), (quoted, value)
+    assert_quoted(text, r"(\d+) patched forwards; `stack=\"auto\"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB "
+                  r"\(([\d.]+)x a ([\d.]+) MB forward\), the one-pass estimate's ([\d.]+) MB",
+                  (now.n_patched, now.stack_used, now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
+                   now.forward_peak_mb, now.estimate_peak_mb), "the 112m@512 ablation row")
     profile = (RESULTS / "scale" / "ablation_profile_112m.txt").read_text()
     line = next(line for line in profile.splitlines() if line.rstrip().endswith("(patched_stack)"))
     said = re.search(r"the tiled head ([\d.]+) s against the floor's ([\d.]+) s", text)
