@@ -198,8 +198,8 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
     The float32 logits are widened exactly and every difference and sum is float64 (B's two sums share one
     rounding, ``log_p64``, so B is exactly 0 where z = z_p); measured on SmolLM2 the KL is within 1e-3 relative
     of a float64 evaluation where the float32 log-softmax path was off by 1.6e-5 nats (tests/ablation/
-    test_logits.py). A patch that raises a logit past float64's exp range (z - lse_p > 709) falls back to
-    ``patched_items`` for that stack."""
+    test_logits.py). A patch that raises a logit past float64's exp range (z - lse_p > 709), or an infinite logit
+    (0 x inf in a sum), falls back to ``patched_items`` for that stack."""
     rows, d = len(intact.rows), hidden.shape[-1]
     with torch.no_grad():
         x = model.ln_final(hidden.reshape(n, -1, d)[:, intact.rows]).reshape(n * rows, d)
@@ -224,7 +224,9 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
             shifted = space.take("shifted", z.shape).copy_(z).sub_(lse)
             sum_p_log_q += torch.mul(shifted, p, out=space.take("product", shifted.shape)).sum(-1)
             sum_exp += shifted.exp_().sum(-1)
-        if not bool(torch.isfinite(sum_exp).all()):
+        # past exp's range, or an infinite logit (0 x inf in a sum): the log-softmax path, as before
+        if not bool((torch.isfinite(sum_exp) & torch.isfinite(sum_p_log_q)).all()
+                    and torch.isfinite(intact.p_dot_log_p).all()):
             return [patched_items(model, h, intact, True) for h in hidden.chunk(n)]
         log_s = sum_exp.log()
         nll = intact.lse.double() + log_s - picked.double()
