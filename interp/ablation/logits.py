@@ -232,12 +232,18 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
         nll = intact.lse.double() + log_s - picked.double()
         b = (sum_p_log_q - intact.p_dot_log_p) / intact.total_p  # sum_v p_v (z_v - z_p,v) / P
         kl = (log_s - intact.total_p.log() - b).sum(-1) / max(rows, 1)
-        weights = intact.counted.double()
-        results = []
-        for v in range(n):
-            sums = torch.zeros(intact.n_items, dtype=torch.float64, device=device)
-            sums.index_add_(0, intact.item, nll[v] * weights)
-            results.append((sums, kl[v].to(dtype)))
+        return _item_sums(nll, kl.to(dtype), intact)
+
+
+def _item_sums(nll: Float[Tensor, "n rows"], kl: Float[Tensor, " n"], intact: IntactLogits
+               ) -> list[tuple[Tensor, Tensor]]:
+    """Per variant: (its counted NLLs summed per item in float64, its KL)."""
+    weights = intact.counted.double()
+    results = []
+    for v in range(nll.shape[0]):
+        sums = torch.zeros(intact.n_items, dtype=torch.float64, device=nll.device)
+        sums.index_add_(0, intact.item, nll[v] * weights)
+        results.append((sums, kl[v]))
     return results
 
 
