@@ -151,11 +151,14 @@ def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
     return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse, total_p, p_dot_log_p)
 
 
-def log_p64(logits: Float[Tensor, "n tile"], lse: Float[Tensor, " n"]) -> Float[Tensor, "n tile"]:
+def log_p64(logits: Float[Tensor, "*stack n tile"], lse: Float[Tensor, " n"], out: Optional[Tensor] = None
+            ) -> Float[Tensor, "*stack n tile"]:
     """logits - lse in float64, each entry widened exactly before the subtraction: ``intact_logits``' sums and
     ``patched_stack``'s tiles share this rounding, so that their B cancels exactly where the patched logits equal
-    the intact ones."""
-    return logits.double() - lse.double()[:, None]
+    the intact ones. ``out``: a float64 buffer of the logits' shape (written in place, no temporary)."""
+    if out is None:
+        out = torch.empty(logits.shape, dtype=torch.float64, device=logits.device)
+    return out.copy_(logits).sub_(lse.to(torch.float64)[:, None])
 
 
 @dataclass
@@ -211,7 +214,6 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
         space = _TileBuffers(x.dtype, device)
         sum_exp, sum_p_log_q = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
         picked = torch.zeros((n, rows), dtype=dtype, device=device)
-        lse = intact.lse.to(torch.float64)[:, None]
         for lo in range(0, vocab, tile):
             hi = min(lo + tile, vocab)
             bias = None if unembedding.bias is None else unembedding.bias[lo:hi]
@@ -219,9 +221,8 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
             inside = ((intact.target >= lo) & (intact.target < hi)).nonzero().squeeze(1)
             if len(inside):
                 picked[:, inside] = z[:, inside, intact.target[inside] - lo]
-            # z_p - lse_p and z - lse_p widened in place (log_p64's rounding, no float64 temporary)
-            p = space.take("p", (rows, hi - lo)).copy_(intact.logits[:, lo:hi]).sub_(lse).exp_()
-            shifted = space.take("shifted", z.shape).copy_(z).sub_(lse)
+            p = log_p64(intact.logits[:, lo:hi], intact.lse, out=space.take("p", (rows, hi - lo))).exp_()
+            shifted = log_p64(z, intact.lse, out=space.take("shifted", z.shape))  # z - lse_p
             sum_p_log_q += torch.mul(shifted, p, out=space.take("product", shifted.shape)).sum(-1)
             sum_exp += shifted.exp_().sum(-1)
         # past exp's range, or an infinite logit (0 x inf in a sum): the log-softmax path, as before
