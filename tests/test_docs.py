@@ -553,8 +553,11 @@ def test_readme_ablation_scale_equals_its_csv():
                                                  now.estimate_peak_mb, now.ablate_cold_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
     before = table.set_index("label").loc["times at allocator defaults, warm peaks (0a11b77), idle"]
-    assert_quoted(text, r"The row before \(0a11b77, the metric with expm1\): ([\d.]+)x its floor, ([\d.]+) MB",
+    assert_quoted(text, r"the row before that \(0a11b77, the metric with expm1\): ([\d.]+)x its floor, ([\d.]+) MB",
                   (before.ratio_floor, before.ablate_peak_mb), "the row before the metric without expm1")
+    before = table.set_index("label").loc["exp(z - lse) in float64, tile buffers (b042a19), idle"]
+    assert_quoted(text, r"b042a19 \(torch's eight passes over each tile, in float64\) ([\d.]+)x its floor, ([\d.]+) MB",
+                  (before.ratio_floor, before.ablate_peak_mb), "the row before the fused tile sums")
     # the timing harness: the allocator's fixed mmap threshold against its defaults
     said = re.search(r"aa9bc7d read ([\d.]+)x its floor so, and ea092fc \(the same exact stage\) ([\d.]+)x", text)
     assert said, "README quotes the two timing regimes"
@@ -597,8 +600,8 @@ def test_changelog_fused_tile_sums_rows_equal_their_csv():
 
 def test_readme_ablation_at_112m_equals_its_csv_and_profile():
     """README's ablate_bias figures at 112m@512 are ablation_cpu.csv's last 112m row (floor ratio, peaks, patched
-    forwards, stack) and the tiled head's seconds are ablation_profile_112m.txt's patched_stack line, against the
-    row's floor for the head (n_patched x head_s)."""
+    forwards, stack) and the tiled head's seconds are ablation_profile_fused_112m.txt's patched_stack line (its fused
+    sums the tile_sums line), against the row's floor for the head (n_patched x head_s)."""
     table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
     now = table[(table["size"] == "112m") & (table["tokens"] == 512)].iloc[-1]
     text = " ".join(README.split())
@@ -606,12 +609,18 @@ def test_readme_ablation_at_112m_equals_its_csv_and_profile():
                   r"\(([\d.]+)x a ([\d.]+) MB forward\), the one-pass estimate's ([\d.]+) MB",
                   (now.n_patched, now.stack_used, now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
                    now.forward_peak_mb, now.estimate_peak_mb), "the 112m@512 ablation row")
-    profile = (RESULTS / "scale" / "ablation_profile_112m.txt").read_text()
-    line = next(line for line in profile.splitlines() if line.rstrip().endswith("(patched_stack)"))
-    said = re.search(r"the tiled head ([\d.]+) s against the floor's ([\d.]+) s", text)
+    profile = (RESULTS / "scale" / "ablation_profile_fused_112m.txt").read_text().splitlines()
+    line = next(line for line in profile if line.rstrip().endswith("(patched_stack)"))
+    sums = next(line for line in profile if line.rstrip().endswith("(tile_sums)"))
+    said = re.search(r"the tiled head ([\d.]+) s against the floor's ([\d.]+) s, of which the fused sums ([\d.]+) s",
+                     text)
     assert said, "README quotes the tiled head against its floor"
     assert agrees(said.group(1), float(line.split()[3]))  # cumtime
     assert agrees(said.group(2), now.n_patched * now.head_s)
+    assert agrees(said.group(3), float(sums.split()[1]))  # tottime
+    before = table.set_index("label").loc["112m, 1+1 exact heads (b042a19), idle"]
+    assert_quoted(text, r"\(b042a19, before the fused tile sums: ([\d.]+)x\)", (before.ratio_floor,),
+                  "the 112m row before the fused sums")
 
 
 def test_readme_checkpointed_estimate_equals_its_csvs():

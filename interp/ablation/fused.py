@@ -140,7 +140,9 @@ def available(intact_logits: Tensor) -> bool:
 
 
 @functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
+def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
+    """Worker threads for ``tile_sums``, per process (``pid``: a forked child inherits the parent's pool object
+    but none of its threads, and would wait on them forever)."""
     return ThreadPoolExecutor(threads, thread_name_prefix="interp-tile-sums")
 
 
@@ -151,11 +153,9 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
     n stacked variants' logits of the tile (variant-major rows, float32, rows contiguous), ``intact`` the intact
     logits (their columns ``lo`` onwards are the tile's), ``lse`` their logsumexp in float64 (contiguous). Rows
     are split across torch's CPU threads."""
+    _check(z, intact, lo, lse, sum_exp, sum_ps)
     n, rows = sum_exp.shape
     w = z.shape[1]
-    if w > MAX_TILE or z.shape[0] != n * rows or z.stride(1) != 1 or z.dtype != torch.float32:
-        raise ValueError(f"tile_sums takes float32 tiles of at most {MAX_TILE} contiguous entries a row, "
-                         f"{n} x {rows} rows; got {tuple(z.shape)} {z.dtype} with strides {z.stride()}")
     function = kernel()
     arguments = (z.data_ptr(), z.stride(0), intact.data_ptr() + 4 * lo, intact.stride(0), lse.data_ptr(), n, rows)
     outputs = (w, sum_exp.data_ptr(), sum_ps.data_ptr())
@@ -164,6 +164,32 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
         function(*arguments, 0, rows, *outputs)
         return
     bounds = [rows * t // threads for t in range(threads + 1)]
-    jobs = [_pool(threads).submit(function, *arguments, a, b, *outputs) for a, b in zip(bounds, bounds[1:])]
+    pool = _pool(threads, os.getpid())
+    jobs = [pool.submit(function, *arguments, a, b, *outputs) for a, b in zip(bounds, bounds[1:])]
     for job in jobs:
         job.result()
+
+
+def _check(z: Tensor, intact: Tensor, lo: int, lse: Tensor, sum_exp: Tensor, sum_ps: Tensor) -> None:
+    """Every buffer the kernel reads or writes is what it assumes (dtype, shape, layout, device): it indexes raw
+    pointers, so a wrong one would read or write outside a tensor instead of failing."""
+    n, rows = sum_exp.shape if sum_exp.ndim == 2 else (0, -1)
+    w = z.shape[-1]
+    problems = [
+        f"z must be float32 [{n} x {rows}, <= {MAX_TILE}] with contiguous rows, got {z.dtype} {tuple(z.shape)} "
+        f"strides {z.stride()}" if z.dtype != torch.float32 or z.ndim != 2 or z.shape[0] != n * rows
+        or w > MAX_TILE or z.stride(1) != 1 else "",
+        f"intact must be float32 [{rows}, >= {lo + w}] with contiguous rows, got {intact.dtype} "
+        f"{tuple(intact.shape)}" if intact.dtype != torch.float32 or intact.ndim != 2 or intact.shape[0] != rows
+        or intact.shape[1] < lo + w or lo < 0 or intact.stride(1) != 1 else "",
+        f"lse must be float64 [{rows}] contiguous, got {lse.dtype} {tuple(lse.shape)}"
+        if lse.dtype != torch.float64 or lse.shape != (rows,) or not lse.is_contiguous() else "",
+        "sum_exp and sum_ps must be contiguous float64 [n, rows] of one shape"
+        if any(t.dtype != torch.float64 or not t.is_contiguous() or t.shape != sum_exp.shape or t.ndim != 2
+               for t in (sum_exp, sum_ps)) else "",
+        "every tensor must be on the CPU" if any(t.device.type != "cpu" for t in (z, intact, lse, sum_exp, sum_ps))
+        else "",
+    ]
+    said = [p for p in problems if p]
+    if said:
+        raise ValueError("tile_sums: " + "; ".join(said))

@@ -85,10 +85,16 @@ def test_threads_split_rows_without_changing_a_bit(monkeypatch):
 def test_wrong_tiles_are_refused_with_what_is_taken():
     lse = torch.zeros(2, dtype=torch.float64)
     sums = (torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64))
-    with pytest.raises(ValueError, match="at most 1024"):
+    with pytest.raises(ValueError, match=r"<= 1024\]"):
         fused.tile_sums(torch.zeros(2, 1025), torch.zeros(2, 1025), 0, lse, *sums)
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="z must be float32"):
         fused.tile_sums(torch.zeros(2, 8, dtype=torch.float64), torch.zeros(2, 8), 0, lse, *sums)
+    with pytest.raises(ValueError, match="intact must be"):  # the tile would run past the intact logits
+        fused.tile_sums(torch.zeros(2, 8), torch.zeros(2, 8), 4, lse, *sums)
+    with pytest.raises(ValueError, match="lse must be float64"):
+        fused.tile_sums(torch.zeros(2, 8), torch.zeros(2, 8), 0, lse.float(), *sums)
+    with pytest.raises(ValueError, match="sum_exp and sum_ps"):
+        fused.tile_sums(torch.zeros(2, 8), torch.zeros(2, 8), 0, lse, sums[0], sums[1].float())
 
 
 def test_available_only_for_float32_rows_on_the_cpu(monkeypatch):
