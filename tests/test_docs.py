@@ -595,6 +595,16 @@ def test_changelog_fused_tile_sums_rows_equal_their_csv():
                   (large.ratio_floor, large.ablate_s, large.floor_s, large_before.ratio_floor, large.ablate_peak_mb,
                    large.memory_ratio), "the 112m@512 row")
     assert small.ratio_floor <= 1.1 and large.ratio_floor <= 1.1  # the goal CHANGELOG says is met
+    after, before = ((RESULTS / "scale" / name).read_text().splitlines()
+                     for name in ("ablation_profile_fused_112m.txt", "ablation_profile_112m.txt"))
+
+    def seconds(profile, function, column):
+        return float(next(line for line in profile if line.rstrip().endswith(f"({function})")).split()[column])
+    assert_quoted(text, r"the tiled head takes ([\d.]+) s \(([\d.]+) s at b042a19\) against the floor's ([\d.]+) s, the "
+                  r"fused sums ([\d.]+) s of it .* the 124 forwards through the bridge ([\d.]+) s",
+                  (seconds(after, "patched_stack", 3), seconds(before, "patched_stack", 3),
+                   large.n_patched * large.head_s, seconds(after, "tile_sums", 1), seconds(after, "run_forward", 3)),
+                  "the profile after the fused sums")
     assert small.memory_ratio <= 2 and large.memory_ratio <= 2
 
 
