@@ -195,3 +195,59 @@ def test_score_before_after_dry_run_measures_both_versions_on_the_same_batches(t
         no_peak = column.endswith("memory_ratio") and row["forward_peak_mb"] == 0  # a tiny forward may read 0 MB
         assert no_peak or (math.isfinite(row[column]) and row[column] > 0), column
     assert row["load_1min_before"] >= 0 and row["forward_wall_s"] > 0
+
+
+def test_ablation_extrapolation_csv_is_the_script_on_the_measured_rows():
+    ex = _extrapolation()
+    frame = ex.extrapolate_ablation(pd.read_csv(SCALE / "ablation_cpu.csv"), "112m@512")
+    committed = pd.read_csv(SCALE / "extrapolation_7b_ablation.csv")
+    assert list(committed["pass"]) == list(frame["pass"]) == ["ablate_bias (uniform)", "ablate_bias (first layer)"]
+    for column in ("floor_forwards_7b", "ratio_7b", "seconds_7b", "peak_gb_7b"):
+        assert ((committed[column] - frame[column]).abs() <= 1e-5 * frame[column].abs()).all(), column
+
+
+def test_ablation_extrapolation_rule_on_a_planted_table():
+    """The floor at 7B, recomputed by hand: forward and backward (3 forwards here) plus, per patched forward, the
+    share of the blocks after its layer and the head; times the measured ratio to the floor; the row at the
+    defaults gives the patched forwards, the row at the measured shape the ratios."""
+    ex = _extrapolation()
+    common = dict(tokens=512, forward_s=2.0, fwd_bwd_s=6.0)
+    table = pd.DataFrame([dict(size="25m", exact_heads="default", n_patched=600, ratio_floor=9.0, memory_ratio=9.0,
+                               label="defaults", **common),
+                          dict(size="112m", exact_heads="1", n_patched=120, ratio_floor=1.5, memory_ratio=2.0,
+                               label="measured", **common)])
+    out = ex.extrapolate_ablation(table, "112m@512").set_index("pass")
+    head = 2 * 3584 * 152064 / (2 * 7.62e9 + 4 * 28 * 3584 * 512 / 2)
+    uniform = 3 + 600 * ((29 / 56) * (1 - head) + head)
+    assert out.loc["ablate_bias (uniform)", "floor_forwards_7b"] == pytest.approx(uniform, rel=1e-12)
+    assert out.loc["ablate_bias (first layer)", "floor_forwards_7b"] == pytest.approx(603, rel=1e-12)
+    assert out.loc["ablate_bias (uniform)", "ratio_7b"] == pytest.approx(1.5 * uniform, rel=1e-12)
+    forward = 512_000 * (2 * 7.62e9 + 4 * 28 * 3584 * 512 / 2) / (989e12 * 0.4)
+    assert out.loc["ablate_bias (first layer)", "seconds_7b"] == pytest.approx(1.5 * 603 * forward, rel=1e-12)
+    weights = 7.62e9 * 2 / 2**30
+    assert out.loc["ablate_bias (uniform)", "peak_gb_7b"] == pytest.approx(
+        weights + 2 * out.loc["ablate_bias (uniform)", "forward_activation_gb_7b"], rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["ablate_bias (uniform)", "ablate_bias (first layer)"])
+def test_readme_7b_ablation_rows_are_their_csv(name):
+    README, agrees, numbers, row = _readme_helpers()
+    cells = row(README, f"7B {name}")
+    hit = pd.read_csv(SCALE / "extrapolation_7b_ablation.csv").set_index("pass").loc[name]
+    quoted = [n for c in cells[1:] for n in numbers(c)]
+    expected = [hit["ratio_7b"], hit["seconds_7b"], hit["peak_gb_7b"]]
+    assert len(quoted) == 3 and all(agrees(q, e) for q, e in zip(quoted, expected)), (quoted, expected)
+
+
+def test_readme_7b_ablation_prose_is_its_csv():
+    """The hours and the ratio to the floor README's prose quotes beside the 7B ablation rows."""
+    README, agrees, numbers, row = _readme_helpers()
+    import re
+    text = " ".join(README.split())
+    hit = pd.read_csv(SCALE / "extrapolation_7b_ablation.csv").set_index("pass")
+    said = re.search(r"at 112m@512 \(([\d.]+)x\)\..*\"uniform\", about ([\d.]+) hours on one H200\).*the most it can "
+                     r"cost, ([\d.]+) hours\)", text)
+    assert said, "README quotes the 7B ablation's hours"
+    assert agrees(said.group(1), hit.loc["ablate_bias (uniform)", "ratio_floor"])
+    assert agrees(said.group(2), hit.loc["ablate_bias (uniform)", "seconds_7b"] / 3600)
+    assert agrees(said.group(3), hit.loc["ablate_bias (first layer)", "seconds_7b"] / 3600)
