@@ -170,11 +170,12 @@ def test_extrapolation_rule_on_a_planted_table():
         out.loc["same", "forward_activation_gb_7b"])
 
 
-@pytest.mark.parametrize("name", ("plain_forward",) + REWORKED)
-def test_readme_7b_rows_are_the_extrapolation_csv(name):
+@pytest.mark.parametrize("csv, name", [("extrapolation_7b.csv", n) for n in ("plain_forward",) + REWORKED] + [
+    ("extrapolation_7b_ablation.csv", n) for n in ("ablate_bias (uniform)", "ablate_bias (first layer)")])
+def test_readme_7b_rows_are_the_extrapolation_csv(csv, name):
     README, agrees, numbers, row = _readme_helpers()
     cells = row(README, f"7B {name}")
-    hit = pd.read_csv(SCALE / "extrapolation_7b.csv").set_index("pass").loc[name]
+    hit = pd.read_csv(SCALE / csv).set_index("pass").loc[name]
     quoted = [n for c in cells[1:] for n in numbers(c)]
     expected = [hit["ratio_7b"], hit["seconds_7b"], hit["peak_gb_7b"]]
     assert len(quoted) == 3 and all(agrees(q, e) for q, e in zip(quoted, expected)), (quoted, expected)
@@ -227,16 +228,6 @@ def test_ablation_extrapolation_rule_on_a_planted_table():
     weights = 7.62e9 * 2 / 2**30
     assert out.loc["ablate_bias (uniform)", "peak_gb_7b"] == pytest.approx(
         weights + 2 * out.loc["ablate_bias (uniform)", "forward_activation_gb_7b"], rel=1e-12)
-
-
-@pytest.mark.parametrize("name", ["ablate_bias (uniform)", "ablate_bias (first layer)"])
-def test_readme_7b_ablation_rows_are_their_csv(name):
-    README, agrees, numbers, row = _readme_helpers()
-    cells = row(README, f"7B {name}")
-    hit = pd.read_csv(SCALE / "extrapolation_7b_ablation.csv").set_index("pass").loc[name]
-    quoted = [n for c in cells[1:] for n in numbers(c)]
-    expected = [hit["ratio_7b"], hit["seconds_7b"], hit["peak_gb_7b"]]
-    assert len(quoted) == 3 and all(agrees(q, e) for q, e in zip(quoted, expected)), (quoted, expected)
 
 
 def test_readme_7b_ablation_prose_is_its_csv():
