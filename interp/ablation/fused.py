@@ -164,8 +164,9 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
         function(*arguments, 0, rows, *outputs)
         return
     bounds = [rows * t // threads for t in range(threads + 1)]
-    pool = _pool(threads, os.getpid())
-    jobs = [pool.submit(function, *arguments, a, b, *outputs) for a, b in zip(bounds, bounds[1:])]
+    pool = _pool(threads - 1, os.getpid())
+    jobs = [pool.submit(function, *arguments, a, b, *outputs) for a, b in zip(bounds[:-2], bounds[1:-1])]
+    function(*arguments, bounds[-2], bounds[-1], *outputs)  # the last share on this thread
     for job in jobs:
         job.result()
 
