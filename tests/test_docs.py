@@ -608,6 +608,21 @@ def test_changelog_fused_tile_sums_rows_equal_their_csv():
     assert small.memory_ratio <= 2 and large.memory_ratio <= 2
 
 
+def test_changelog_tile_sums_microbenchmark_equals_its_csv():
+    """CHANGELOG's torch-against-fused seconds per call are tile_sums_cpu.csv's, and the fused path is the faster
+    in every row (the claim the bullet makes)."""
+    table = pd.read_csv(RESULTS / "scale" / "tile_sums_cpu.csv").set_index(["shape", "threads"])
+    text = " ".join((ROOT / "CHANGELOG.md").read_text().split())
+    for shape, lead in (("112m@512, stack 1", r"at 112m@512, stack 1 \(1,024 rows\), torch"),
+                        ("25m@128, stack 3", r"at 25m@128, stack 3 \(256 rows x 3 variants\),")):
+        one, two = table.loc[(shape, 1)], table.loc[(shape, 2)]
+        assert_quoted(text, lead + r" ([\d.]+) s against (?:fused )?([\d.]+) s at one thread, ([\d.]+) s against "
+                      r"([\d.]+) s at two", (one.torch_s, one.fused_s, two.torch_s, two.fused_s), shape)
+    assert_quoted(text, r"The two paths' sums differ by at most ([\d.e-]+) relative", (table.max_rel_diff.max(),),
+                  "the paths' difference")
+    assert (table.ratio > 1).all()
+
+
 def test_readme_ablation_at_112m_equals_its_csv_and_profile():
     """README's ablate_bias figures at 112m@512 are ablation_cpu.csv's last 112m row (floor ratio, peaks, patched
     forwards, stack) and the tiled head's seconds are ablation_profile_fused_112m.txt's patched_stack line (its fused

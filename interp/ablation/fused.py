@@ -9,8 +9,8 @@ exactly widened float32 logits (the same roundings as ``logits.log_p64``):
 
 torch forms the same sums in eight passes over the tile (widen, subtract and exponentiate p; widen and subtract z;
 multiply; two sums; exponentiate), each a trip through memory; here each entry is read once and its two
-exponentials are vectorised (glibc's libmvec). Measured at 112m@512 (1,024 rows, 32,000 entries, stack 1): the
-sums' cost beyond the tile products 0.23 -> 0.11 s a call; at 25m@128 (256 rows, stack 3) 0.10 -> 0.037 s.
+exponentials are vectorised (glibc's libmvec): about half the time of torch's path at one thread
+(``benchmarks/tile_sums.py`` -> ``docs/results/scale/tile_sums_cpu.csv``).
 
 The intact run's own sums (``IntactLogits.total_p`` and ``p_dot_log_p``) come from the same kernel over the same
 tiles (``n = 1``, z = z_p): where a variant's logits equal the intact ones bit for bit, its S equals P and its B
