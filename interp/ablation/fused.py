@@ -32,6 +32,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
@@ -172,10 +173,16 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
 
 
 def _check(z: Tensor, intact: Tensor, lo: int, lse: Tensor, sum_exp: Tensor, sum_ps: Tensor) -> None:
-    """Every buffer the kernel reads or writes is what it assumes (dtype, shape, layout, device): it indexes raw
-    pointers, so a wrong one would read or write outside a tensor instead of failing."""
+    """Every buffer the kernel reads or writes is what it assumes (dtype, shape, layout, device, memory of its
+    own): it indexes raw pointers, so a wrong one would read or write outside a tensor instead of failing."""
+    tensors = {"z": z, "intact": intact, "lse": lse, "sum_exp": sum_exp, "sum_ps": sum_ps}
+    said = [f"{name} must be a plain strided tensor (no negated or conjugated view), got {t.layout}"
+            f"{' negated' if t.is_neg() else ''}{' conjugated' if t.is_conj() else ''}"
+            for name, t in tensors.items() if t.layout != torch.strided or t.is_neg() or t.is_conj()]
+    if said:  # strides and pointers mean nothing else
+        raise ValueError("tile_sums: " + "; ".join(said))
     n, rows = sum_exp.shape if sum_exp.ndim == 2 else (0, -1)
-    w = z.shape[-1]
+    w = z.shape[-1] if z.ndim else 0
     problems = [
         f"z must be float32 [{n} x {rows}, <= {MAX_TILE}] with contiguous rows, got {z.dtype} {tuple(z.shape)} "
         f"strides {z.stride()}" if z.dtype != torch.float32 or z.ndim != 2 or z.shape[0] != n * rows
@@ -188,9 +195,51 @@ def _check(z: Tensor, intact: Tensor, lo: int, lse: Tensor, sum_exp: Tensor, sum
         "sum_exp and sum_ps must be contiguous float64 [n, rows] of one shape"
         if any(t.dtype != torch.float64 or not t.is_contiguous() or t.shape != sum_exp.shape or t.ndim != 2
                for t in (sum_exp, sum_ps)) else "",
-        "every tensor must be on the CPU" if any(t.device.type != "cpu" for t in (z, intact, lse, sum_exp, sum_ps))
+        "every tensor must be on the CPU" if not all(t.is_cpu for t in (z, intact, lse, sum_exp, sum_ps))
         else "",
     ]
     said = [p for p in problems if p]
+    if not said:  # shapes and strides as assumed: now what the pointers hold
+        said = _memory_problems(tensors)
     if said:
         raise ValueError("tile_sums: " + "; ".join(said))
+
+
+def _address(t: Tensor) -> int:
+    """``t.data_ptr()``; 0 where ``t`` has no storage of its own (a fake or wrapper-subclass tensor, whose
+    data_ptr warns, raises or says 0)."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return t.data_ptr()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return t.data_ptr()
+    except RuntimeError:
+        return 0
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    """The bytes [first, last + 1) that a contiguous tensor, or a matrix of contiguous rows, spans (empty: 0, 0)."""
+    count = t.numel()
+    if count == 0:
+        return 0, 0
+    start = _address(t)
+    if t.is_contiguous():
+        return start, start + count * t.element_size()
+    rows, width = t.shape
+    return start, start + ((rows - 1) * t.stride(0) + width) * t.element_size()
+
+
+def _memory_problems(tensors: dict[str, Tensor]) -> list[str]:
+    """Whether each (strided) tensor has storage of its own behind its pointer and no output shares memory with
+    another buffer (its sums would be added into another's, or into what a thread still reads)."""
+    spans = {name: _span(t) for name, t in tensors.items()}
+    said = [f"{name} has no storage (a fake or meta tensor)" for name, (start, _) in spans.items()
+            if start == 0 and tensors[name].numel()]
+    if said:
+        return said
+    for out in ("sum_exp", "sum_ps"):
+        a, b = spans[out]
+        said += [f"{out} and {name} share memory" for name, (c, d) in spans.items()
+                 if name != out and a < d and c < b and not (name == "sum_exp" and out == "sum_ps")]
+    return said

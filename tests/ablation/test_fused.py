@@ -161,3 +161,40 @@ def test_patched_stack_gives_the_torch_paths_numbers(monkeypatch, tile_vocab, fa
         torch.testing.assert_close(sums, want_sums, rtol=1e-12, atol=0)
         assert abs(float(kl) - float(want_kl)) <= 1e-9 * abs(float(want_kl)) + 1e-12
     assert abs(float(got[1][1])) < 1e-12 and float(got[0][1]) > 0 and float(got[2][1]) > 0
+
+
+def test_tensors_whose_pointer_is_not_their_values_are_refused():
+    """A fake tensor (no storage: its data_ptr is 0, which the kernel would dereference), a negated view (its
+    pointer holds the values before the negation: the sums would silently be of -z) and a sparse tensor."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    lse, zp = torch.zeros(4, dtype=torch.float64), torch.randn(4, 16)
+
+    def sums():
+        return torch.zeros(1, 4, dtype=torch.float64), torch.zeros(1, 4, dtype=torch.float64)
+    with FakeTensorMode():
+        fake = torch.empty(4, 16)
+        with pytest.raises(ValueError, match="intact has no storage"):
+            fused.tile_sums(zp, fake, 0, lse, *sums())
+    with pytest.raises(ValueError, match="z must be a plain strided tensor"):
+        fused.tile_sums(torch._neg_view(zp), zp, 0, lse, *sums())
+    with pytest.raises(ValueError, match="z must be a plain strided tensor"):
+        fused.tile_sums(zp.to_sparse(), zp, 0, lse, *sums())
+
+
+def test_outputs_sharing_memory_with_another_buffer_are_refused():
+    """sum_exp and sum_ps as one tensor (each row's sums would be added into the other's), or an output over lse
+    (rows read after other threads wrote them); two halves of one buffer are fine and give the brute-force sums."""
+    g = torch.Generator().manual_seed(3)
+    zp = torch.randn(4, 16, generator=g)
+    lse = zp.double().logsumexp(-1)
+    one = torch.zeros(1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="share memory"):
+        fused.tile_sums(zp, zp, 0, lse, one, one)
+    buffer = torch.zeros(2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="share memory"):
+        fused.tile_sums(zp, zp, 0, buffer[0], buffer[:1], torch.zeros(1, 4, dtype=torch.float64))
+    halves = torch.zeros(2, 1, 4, dtype=torch.float64)
+    fused.tile_sums(zp, zp, 0, lse, halves[0], halves[1])
+    want_exp, want_ps = _brute(zp[None], zp, lse)
+    torch.testing.assert_close(halves[0], want_exp, rtol=1e-13, atol=0)
+    torch.testing.assert_close(halves[1], want_ps, rtol=1e-13, atol=1e-13)
