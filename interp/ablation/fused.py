@@ -96,22 +96,35 @@ def _cpu_flags() -> str:
 
 
 def _compile(compiler: str) -> Optional[Path]:
-    """The kernel's shared library in the cache (compiled into a temporary file and renamed: never half-written);
-    None where the compiler fails."""
+    """The kernel's shared library in the cache, ``tile_sums-<key>-<digest>.so``: ``key`` hashes what it is built
+    from, ``digest`` its own bytes, checked before it is used (a library cut short, by a crash before the file
+    system wrote it out or an interrupted copy, would kill the process with SIGBUS in dlopen: it is compiled
+    again instead). Compiled into a temporary file and renamed: never half-written. None where the compiler
+    fails."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([SOURCE, *FLAGS, *LIBS, version, _cpu_flags()]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"tile_sums-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+    folder = cache_dir() / "kernels"
+    for cached in sorted(folder.glob(f"tile_sums-{key}-*.so")):
+        if _digest(cached) == cached.stem.rsplit("-", 1)[-1]:
+            return cached
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as work:
         source, library = Path(work) / "tile_sums.c", Path(work) / "tile_sums.so"
         source.write_text(SOURCE)
         done = subprocess.run([compiler, *FLAGS, str(source), "-o", str(library), *LIBS], capture_output=True)
         if done.returncode != 0:
             return None
+        target = folder / f"tile_sums-{key}-{_digest(library)}.so"
         os.replace(library, target)
     return target
+
+
+def _digest(path: Path) -> str:
+    """The first 16 hex digits of the SHA-256 of a file's bytes ("" where it cannot be read)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
 
 
 @functools.cache

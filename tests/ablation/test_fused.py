@@ -198,3 +198,16 @@ def test_outputs_sharing_memory_with_another_buffer_are_refused():
     want_exp, want_ps = _brute(zp[None], zp, lse)
     torch.testing.assert_close(halves[0], want_exp, rtol=1e-13, atol=0)
     torch.testing.assert_close(halves[1], want_ps, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("keep", [3000, 0])
+def test_a_damaged_cached_library_is_compiled_again(monkeypatch, tmp_path, keep):
+    """A cached library cut short (a crash before the file system wrote it out, a copy interrupted) is never
+    handed to dlopen, which maps the missing pages and dies of SIGBUS, nor kept as a reason to fall back: its
+    bytes no longer hash to its name, and a fresh compilation takes its place."""
+    monkeypatch.setenv("INTERP_CACHE", str(tmp_path))
+    first = fused._compile(shutil.which("gcc"))
+    whole = first.read_bytes()
+    first.write_bytes(whole[:keep])
+    again = fused._compile(shutil.which("gcc"))
+    assert again is not None and again.read_bytes() == whole
