@@ -154,10 +154,12 @@ def available(intact_logits: Tensor) -> bool:
 
 
 @functools.cache
-def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
-    """Worker threads for ``tile_sums``, per process (``pid``: a forked child inherits the parent's pool object
-    but none of its threads, and would wait on them forever)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="interp-tile-sums")
+def _pool(pid: int) -> ThreadPoolExecutor:
+    """Worker threads for ``tile_sums``, one pool per process (``pid``: a forked child inherits the parent's pool
+    object but none of its threads, and would wait on them forever). A thread starts only when a call finds none
+    idle, so the pool holds as many as the most that one call used (a pool per thread count would keep
+    n (n - 1) / 2 on n cores); at most the CPU count: shares beyond it wait for a worker."""
+    return ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="interp-tile-sums")
 
 
 def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows vocab"], lo: int,
@@ -178,7 +180,7 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
         function(*arguments, 0, rows, *outputs)
         return
     bounds = [rows * t // threads for t in range(threads + 1)]
-    pool = _pool(threads - 1, os.getpid())
+    pool = _pool(os.getpid())
     jobs = [pool.submit(function, *arguments, a, b, *outputs) for a, b in zip(bounds[:-2], bounds[1:-1])]
     function(*arguments, bounds[-2], bounds[-1], *outputs)  # the last share on this thread
     for job in jobs:

@@ -211,3 +211,27 @@ def test_a_damaged_cached_library_is_compiled_again(monkeypatch, tmp_path, keep)
     first.write_bytes(whole[:keep])
     again = fused._compile(shutil.which("gcc"))
     assert again is not None and again.read_bytes() == whole
+
+
+def test_worker_threads_do_not_pile_up_as_the_row_count_changes(monkeypatch):
+    """Batches of different real lengths ask for different thread counts: one pool per process serves them all,
+    so the workers alive never exceed the most any call used (a pool per count kept 1 + 2 + ... + 7 = 28 here,
+    n (n - 1) / 2 on an n-core machine), and every split gives the one-thread sums."""
+    import threading
+    monkeypatch.setattr(fused, "ROWS_PER_THREAD", 1)
+    g = torch.Generator().manual_seed(2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(8)
+    try:
+        for rows in range(2, 9):
+            zp = torch.randn(rows, 32, generator=g)
+            lse = zp.double().logsumexp(-1)
+            sums = torch.zeros(1, rows, dtype=torch.float64), torch.zeros(1, rows, dtype=torch.float64)
+            fused.tile_sums(zp, zp, 0, lse, *sums)
+            want_exp, want_ps = _brute(zp[None], zp, lse)
+            torch.testing.assert_close(sums[0], want_exp, rtol=1e-13, atol=0)
+            torch.testing.assert_close(sums[1], want_ps, rtol=1e-13, atol=1e-13)
+    finally:
+        torch.set_num_threads(threads)
+    workers = [t for t in threading.enumerate() if t.name.startswith("interp-tile-sums")]
+    assert len(workers) <= 7
