@@ -129,10 +129,11 @@ def _digest(path: Path) -> str:
 
 @functools.cache
 def kernel() -> Optional[Callable]:
-    """The compiled ``tile_sums`` (ctypes, releases the GIL while it runs), or None where it cannot be had here."""
+    """The compiled ``tile_sums`` (ctypes, releases the GIL while it runs), or None where it cannot be had here or
+    ``INTERP_FUSED`` is 0, false, no or off (read once, at the first call)."""
     compiler = shutil.which(os.environ.get("CC", "gcc"))
-    if os.environ.get("INTERP_FUSED", "1") == "0" or compiler is None or platform.system() != "Linux" \
-            or platform.machine() != "x86_64":
+    off = os.environ.get("INTERP_FUSED", "1").strip().lower() in ("0", "false", "no", "off")
+    if off or compiler is None or platform.system() != "Linux" or platform.machine() != "x86_64":
         return None
     try:
         library = _compile(compiler)

@@ -97,6 +97,18 @@ def test_wrong_tiles_are_refused_with_what_is_taken():
         fused.tile_sums(torch.zeros(2, 8), torch.zeros(2, 8), 0, lse, sums[0], sums[1].float())
 
 
+@pytest.mark.parametrize("value", ["0", "false", "Off", " no "])
+def test_interp_fused_switched_off_in_words(monkeypatch, value):
+    """INTERP_FUSED=false (off, no) turns the kernel off as 0 does; it used to leave it on."""
+    monkeypatch.setenv("INTERP_FUSED", value)
+    fused.kernel.cache_clear()
+    try:
+        assert fused.kernel() is None
+    finally:
+        monkeypatch.delenv("INTERP_FUSED")
+        fused.kernel.cache_clear()
+
+
 def test_available_only_for_float32_rows_on_the_cpu(monkeypatch):
     assert fused.available(torch.zeros(3, 8))
     assert not fused.available(torch.zeros(3, 8, dtype=torch.float64))
