@@ -143,7 +143,7 @@ def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
         else:
             z[lo:lo + step] = wide(head(model, part))
         lse[lo:lo + step] = z[lo:lo + step].logsumexp(-1)
-    fused_sums = fused.available(z)
+    fused_sums = fused.available(z) and min(TILE_VOCAB, z.shape[1]) <= fused.MAX_TILE  # tiles fit its scratch
     if fused_sums:  # the kernel patched_stack's tiles will use, over the same tiles (fused's module doc)
         _fused_intact_sums(z, lse, total_p, p_dot_log_p)
     else:

@@ -286,3 +286,28 @@ def test_ablate_bias_gives_the_same_table_with_the_kernel_and_with_interp_fused_
         assert np.all((np.abs(got - want) <= 1e-9 * np.abs(want) + 1e-14) | np.isnan(want)), column
     rest = [c for c in fused_table.columns if c not in floats]
     assert fused_table[rest].astype(str).equals(torch_table[rest].astype(str))
+
+
+def test_a_tile_wider_than_the_kernels_scratch_keeps_torchs_arithmetic(monkeypatch):
+    """TILE_VOCAB raised past MAX_TILE (1,024 entries of scratch a row) over a vocabulary of 1,100: the tiles
+    are 1,100 wide, so the sums take torch's path (they raised ValueError), with the numbers of 512-wide fused
+    tiles (NLL sums 1e-12, KL 1e-9 relative)."""
+    model = interp.load_model(tiny_hf_model("qwen2", n_layers=2, config={"vocab_size": 1100}), device="cpu")
+    ids = torch.randint(0, 1100, (2, 9), generator=torch.Generator().manual_seed(0))
+    batch = Batch(ids, torch.ones_like(ids))
+    kept = {}
+    with torch.no_grad():
+        out, _ = metrics.run_forward(model, batch, [(block_hook(1, "hook_out"), lambda t, hook: kept.update(h=t))],
+                                     False)
+    hidden = kept["h"]
+    unembedding = logits.linear_unembedding(model, hidden, out)
+    stacked = torch.cat([hidden, hidden + 1e-2 * torch.randn(hidden.shape, generator=torch.Generator().manual_seed(1))])
+    results = []
+    for tile_vocab in (2048, 512):
+        monkeypatch.setattr(logits, "TILE_VOCAB", tile_vocab)
+        intact = logits.intact_logits(model, hidden, batch, unembedding)
+        assert intact.fused == (tile_vocab == 512)
+        results.append(logits.patched_stack(model, unembedding, stacked, intact, 2))
+    for (sums, kl), (want_sums, want_kl) in zip(*results):
+        torch.testing.assert_close(sums, want_sums, rtol=1e-12, atol=0)
+        assert abs(float(kl) - float(want_kl)) <= 1e-9 * abs(float(want_kl)) + 1e-12
