@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -183,7 +183,23 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
     bounds = [rows * t // threads for t in range(threads + 1)]
     pool = _pool(os.getpid())
     jobs = [pool.submit(function, *arguments, a, b, *outputs) for a, b in zip(bounds[:-2], bounds[1:-1])]
-    function(*arguments, bounds[-2], bounds[-1], *outputs)  # the last share on this thread
+    try:
+        function(*arguments, bounds[-2], bounds[-1], *outputs)  # the last share on this thread
+    finally:  # even on an interrupt: the workers write into the caller's tensors, which must outlive them
+        _join(jobs)
+
+
+def _join(jobs: list[Future]) -> None:
+    """Wait for every job, a KeyboardInterrupt (or other exception) meanwhile raised only once all are done."""
+    interrupted: Optional[BaseException] = None
+    pending = set(jobs)
+    while pending:
+        try:
+            pending = wait(pending).not_done
+        except BaseException as error:  # noqa: BLE001 (re-raised below, after the workers)
+            interrupted = error
+    if interrupted is not None:
+        raise interrupted
     for job in jobs:
         job.result()
 

@@ -311,3 +311,30 @@ def test_a_tile_wider_than_the_kernels_scratch_keeps_torchs_arithmetic(monkeypat
     for (sums, kl), (want_sums, want_kl) in zip(*results):
         torch.testing.assert_close(sums, want_sums, rtol=1e-12, atol=0)
         assert abs(float(kl) - float(want_kl)) <= 1e-9 * abs(float(want_kl)) + 1e-12
+
+
+def test_an_interrupt_waits_for_the_workers_before_the_tensors_can_be_freed(monkeypatch):
+    """The worker threads write through raw pointers into the caller's tensors: a KeyboardInterrupt (Ctrl-C in a
+    notebook) on the calling thread must not leave tile_sums, and let those tensors be freed, while a worker
+    still runs. A stand-in kernel: the calling thread's share is interrupted, the workers' take 0.2 s."""
+    import time
+    finished = []
+
+    def stand_in(*arguments):
+        row_lo, row_hi = arguments[7], arguments[8]
+        if row_hi == arguments[6]:  # the last share: the calling thread's
+            raise KeyboardInterrupt
+        time.sleep(0.2)
+        finished.append(row_lo)
+    monkeypatch.setattr(fused, "kernel", lambda: stand_in)
+    monkeypatch.setattr(fused, "ROWS_PER_THREAD", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        zp = torch.zeros(6, 8)
+        with pytest.raises(KeyboardInterrupt):
+            fused.tile_sums(zp, zp, 0, torch.zeros(6, dtype=torch.float64), torch.zeros(1, 6, dtype=torch.float64),
+                            torch.zeros(1, 6, dtype=torch.float64))
+        assert sorted(finished) == [0, 2]  # both workers done before the interrupt left tile_sums
+    finally:
+        torch.set_num_threads(threads)
