@@ -174,6 +174,9 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
     n, rows = sum_exp.shape
     w = z.shape[1]
     function = kernel()
+    if function is None:
+        raise RuntimeError("tile_sums: the compiled kernel is not available here (``available`` says so: no gcc, "
+                           "not x86-64 Linux, or INTERP_FUSED=0)")
     arguments = (z.data_ptr(), z.stride(0), intact.data_ptr() + 4 * lo, intact.stride(0), lse.data_ptr(), n, rows)
     outputs = (w, sum_exp.data_ptr(), sum_ps.data_ptr())
     threads = min(torch.get_num_threads(), rows // ROWS_PER_THREAD)

@@ -338,3 +338,13 @@ def test_an_interrupt_waits_for_the_workers_before_the_tensors_can_be_freed(monk
         assert sorted(finished) == [0, 2]  # both workers done before the interrupt left tile_sums
     finally:
         torch.set_num_threads(threads)
+
+
+def test_tile_sums_without_the_kernel_says_so(monkeypatch):
+    """Called where ``kernel()`` is None (INTERP_FUSED=0, no gcc): an error that names the cause, not
+    "'NoneType' object is not callable"."""
+    monkeypatch.setattr(fused, "kernel", lambda: None)
+    zp = torch.zeros(2, 8)
+    with pytest.raises(RuntimeError, match="kernel is not available"):
+        fused.tile_sums(zp, zp, 0, torch.zeros(2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64),
+                        torch.zeros(1, 2, dtype=torch.float64))
