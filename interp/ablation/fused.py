@@ -32,7 +32,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -95,30 +96,44 @@ def _cpu_flags() -> str:
 
 
 def _compile(compiler: str) -> Optional[Path]:
-    """The kernel's shared library in the cache (compiled into a temporary file and renamed: never half-written);
-    None where the compiler fails."""
+    """The kernel's shared library in the cache, ``tile_sums-<key>-<digest>.so``: ``key`` hashes what it is built
+    from, ``digest`` its own bytes, checked before it is used (a library cut short, by a crash before the file
+    system wrote it out or an interrupted copy, would kill the process with SIGBUS in dlopen: it is compiled
+    again instead). Compiled into a temporary file and renamed: never half-written. None where the compiler
+    fails."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([SOURCE, *FLAGS, *LIBS, version, _cpu_flags()]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"tile_sums-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+    folder = cache_dir() / "kernels"
+    for cached in sorted(folder.glob(f"tile_sums-{key}-*.so")):
+        if _digest(cached) == cached.stem.rsplit("-", 1)[-1]:
+            return cached
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as work:
         source, library = Path(work) / "tile_sums.c", Path(work) / "tile_sums.so"
         source.write_text(SOURCE)
         done = subprocess.run([compiler, *FLAGS, str(source), "-o", str(library), *LIBS], capture_output=True)
         if done.returncode != 0:
             return None
+        target = folder / f"tile_sums-{key}-{_digest(library)}.so"
         os.replace(library, target)
     return target
 
 
+def _digest(path: Path) -> str:
+    """The first 16 hex digits of the SHA-256 of a file's bytes ("" where it cannot be read)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
 @functools.cache
 def kernel() -> Optional[Callable]:
-    """The compiled ``tile_sums`` (ctypes, releases the GIL while it runs), or None where it cannot be had here."""
+    """The compiled ``tile_sums`` (ctypes, releases the GIL while it runs), or None where it cannot be had here or
+    ``INTERP_FUSED`` is 0, false, no or off (read once, at the first call)."""
     compiler = shutil.which(os.environ.get("CC", "gcc"))
-    if os.environ.get("INTERP_FUSED", "1") == "0" or compiler is None or platform.system() != "Linux" \
-            or platform.machine() != "x86_64":
+    off = os.environ.get("INTERP_FUSED", "1").strip().lower() in ("0", "false", "no", "off")
+    if off or compiler is None or platform.system() != "Linux" or platform.machine() != "x86_64":
         return None
     try:
         library = _compile(compiler)
@@ -140,10 +155,12 @@ def available(intact_logits: Tensor) -> bool:
 
 
 @functools.cache
-def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
-    """Worker threads for ``tile_sums``, per process (``pid``: a forked child inherits the parent's pool object
-    but none of its threads, and would wait on them forever)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="interp-tile-sums")
+def _pool(pid: int) -> ThreadPoolExecutor:
+    """Worker threads for ``tile_sums``, one pool per process (``pid``: a forked child inherits the parent's pool
+    object but none of its threads, and would wait on them forever). A thread starts only when a call finds none
+    idle, so the pool holds as many as the most that one call used (a pool per thread count would keep
+    n (n - 1) / 2 on n cores); at most the CPU count: shares beyond it wait for a worker."""
+    return ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="interp-tile-sums")
 
 
 def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows vocab"], lo: int,
@@ -157,6 +174,9 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
     n, rows = sum_exp.shape
     w = z.shape[1]
     function = kernel()
+    if function is None:
+        raise RuntimeError("tile_sums: the compiled kernel is not available here (``available`` says so: no gcc, "
+                           "not x86-64 Linux, or INTERP_FUSED=0)")
     arguments = (z.data_ptr(), z.stride(0), intact.data_ptr() + 4 * lo, intact.stride(0), lse.data_ptr(), n, rows)
     outputs = (w, sum_exp.data_ptr(), sum_ps.data_ptr())
     threads = min(torch.get_num_threads(), rows // ROWS_PER_THREAD)
@@ -164,18 +184,40 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
         function(*arguments, 0, rows, *outputs)
         return
     bounds = [rows * t // threads for t in range(threads + 1)]
-    pool = _pool(threads - 1, os.getpid())
+    pool = _pool(os.getpid())
     jobs = [pool.submit(function, *arguments, a, b, *outputs) for a, b in zip(bounds[:-2], bounds[1:-1])]
-    function(*arguments, bounds[-2], bounds[-1], *outputs)  # the last share on this thread
+    try:
+        function(*arguments, bounds[-2], bounds[-1], *outputs)  # the last share on this thread
+    finally:  # even on an interrupt: the workers write into the caller's tensors, which must outlive them
+        _join(jobs)
+
+
+def _join(jobs: list[Future]) -> None:
+    """Wait for every job, a KeyboardInterrupt (or other exception) meanwhile raised only once all are done."""
+    interrupted: Optional[BaseException] = None
+    pending = set(jobs)
+    while pending:
+        try:
+            pending = wait(pending).not_done
+        except BaseException as error:  # noqa: BLE001 (re-raised below, after the workers)
+            interrupted = error
+    if interrupted is not None:
+        raise interrupted
     for job in jobs:
         job.result()
 
 
 def _check(z: Tensor, intact: Tensor, lo: int, lse: Tensor, sum_exp: Tensor, sum_ps: Tensor) -> None:
-    """Every buffer the kernel reads or writes is what it assumes (dtype, shape, layout, device): it indexes raw
-    pointers, so a wrong one would read or write outside a tensor instead of failing."""
+    """Every buffer the kernel reads or writes is what it assumes (dtype, shape, layout, device, memory of its
+    own): it indexes raw pointers, so a wrong one would read or write outside a tensor instead of failing."""
+    tensors = {"z": z, "intact": intact, "lse": lse, "sum_exp": sum_exp, "sum_ps": sum_ps}
+    said = [f"{name} must be a plain strided tensor (no negated or conjugated view), got {t.layout}"
+            f"{' negated' if t.is_neg() else ''}{' conjugated' if t.is_conj() else ''}"
+            for name, t in tensors.items() if t.layout != torch.strided or t.is_neg() or t.is_conj()]
+    if said:  # strides and pointers mean nothing else
+        raise ValueError("tile_sums: " + "; ".join(said))
     n, rows = sum_exp.shape if sum_exp.ndim == 2 else (0, -1)
-    w = z.shape[-1]
+    w = z.shape[-1] if z.ndim else 0
     problems = [
         f"z must be float32 [{n} x {rows}, <= {MAX_TILE}] with contiguous rows, got {z.dtype} {tuple(z.shape)} "
         f"strides {z.stride()}" if z.dtype != torch.float32 or z.ndim != 2 or z.shape[0] != n * rows
@@ -188,9 +230,51 @@ def _check(z: Tensor, intact: Tensor, lo: int, lse: Tensor, sum_exp: Tensor, sum
         "sum_exp and sum_ps must be contiguous float64 [n, rows] of one shape"
         if any(t.dtype != torch.float64 or not t.is_contiguous() or t.shape != sum_exp.shape or t.ndim != 2
                for t in (sum_exp, sum_ps)) else "",
-        "every tensor must be on the CPU" if any(t.device.type != "cpu" for t in (z, intact, lse, sum_exp, sum_ps))
+        "every tensor must be on the CPU" if not all(t.is_cpu for t in (z, intact, lse, sum_exp, sum_ps))
         else "",
     ]
     said = [p for p in problems if p]
+    if not said:  # shapes and strides as assumed: now what the pointers hold
+        said = _memory_problems(tensors)
     if said:
         raise ValueError("tile_sums: " + "; ".join(said))
+
+
+def _address(t: Tensor) -> int:
+    """``t.data_ptr()``; 0 where ``t`` has no storage of its own (a fake or wrapper-subclass tensor, whose
+    data_ptr warns, raises or says 0)."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return t.data_ptr()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return t.data_ptr()
+    except RuntimeError:
+        return 0
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    """The bytes [first, last + 1) that a contiguous tensor, or a matrix of contiguous rows, spans (empty: 0, 0)."""
+    count = t.numel()
+    if count == 0:
+        return 0, 0
+    start = _address(t)
+    if t.is_contiguous():
+        return start, start + count * t.element_size()
+    rows, width = t.shape
+    return start, start + ((rows - 1) * t.stride(0) + width) * t.element_size()
+
+
+def _memory_problems(tensors: dict[str, Tensor]) -> list[str]:
+    """Whether each (strided) tensor has storage of its own behind its pointer and no output shares memory with
+    another buffer (its sums would be added into another's, or into what a thread still reads)."""
+    spans = {name: _span(t) for name, t in tensors.items()}
+    said = [f"{name} has no storage (a fake or meta tensor)" for name, (start, _) in spans.items()
+            if start == 0 and tensors[name].numel()]
+    if said:
+        return said
+    for out in ("sum_exp", "sum_ps"):
+        a, b = spans[out]
+        said += [f"{out} and {name} share memory" for name, (c, d) in spans.items()
+                 if name != out and a < d and c < b and not (name == "sum_exp" and out == "sum_ps")]
+    return said

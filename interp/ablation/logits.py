@@ -143,7 +143,7 @@ def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
         else:
             z[lo:lo + step] = wide(head(model, part))
         lse[lo:lo + step] = z[lo:lo + step].logsumexp(-1)
-    fused_sums = fused.available(z)
+    fused_sums = fused.available(z) and min(TILE_VOCAB, z.shape[1]) <= fused.MAX_TILE  # tiles fit its scratch
     if fused_sums:  # the kernel patched_stack's tiles will use, over the same tiles (fused's module doc)
         _fused_intact_sums(z, lse, total_p, p_dot_log_p)
     else:
@@ -220,8 +220,9 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
     test_logits.py). Where the intact logits are float32 on the CPU and gcc is at hand, each tile's S and B sums
     come from one fused pass (``fused.tile_sums``; ``intact_logits`` then forms P and its sum with the same
     kernel): the same formulas, half the time of torch's eight passes. A patch that raises a logit past float64's
-    exp range (z - lse_p > 709), or an infinite logit (0 x inf in a sum), falls back to ``patched_items`` for that
-    stack."""
+    exp range (z - lse_p > 709) or lowers every logit of a row below it (S < 2.2e-308, the smallest normal
+    float64: log S -inf or coarse), or an infinite logit (0 x inf in a sum), falls back to ``patched_items``
+    for that stack."""
     rows, d = len(intact.rows), hidden.shape[-1]
     with torch.no_grad():
         x = model.ln_final(hidden.reshape(n, -1, d)[:, intact.rows]).reshape(n * rows, d)
@@ -245,9 +246,10 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
                 fused.tile_sums(z.view(n * rows, hi - lo), intact.logits, lo, lse64, sum_exp, sum_p_log_q)
             else:
                 _torch_tile_sums(space, z, intact, lo, hi, sum_exp, sum_p_log_q)
-        # past exp's range, or an infinite logit (0 x inf in a sum): the log-softmax path, as before
-        if not bool((torch.isfinite(sum_exp) & torch.isfinite(sum_p_log_q)).all()
-                    and torch.isfinite(intact.p_dot_log_p).all()):
+        # past exp's range above (S inf) or below (S 0 or subnormal: log S -inf or coarse), or an infinite
+        # logit (0 x inf in a sum): the log-softmax path, as before
+        if not bool((torch.isfinite(sum_exp) & (sum_exp >= torch.finfo(torch.float64).tiny)
+                     & torch.isfinite(sum_p_log_q)).all() and torch.isfinite(intact.p_dot_log_p).all()):
             return [patched_items(model, h, intact, True) for h in hidden.chunk(n)]
         log_s = sum_exp.log()
         nll = intact.lse.double() + log_s - picked.double()

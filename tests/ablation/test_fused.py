@@ -97,6 +97,18 @@ def test_wrong_tiles_are_refused_with_what_is_taken():
         fused.tile_sums(torch.zeros(2, 8), torch.zeros(2, 8), 0, lse, sums[0], sums[1].float())
 
 
+@pytest.mark.parametrize("value", ["0", "false", "Off", " no "])
+def test_interp_fused_switched_off_in_words(monkeypatch, value):
+    """INTERP_FUSED=false (off, no) turns the kernel off as 0 does; it used to leave it on."""
+    monkeypatch.setenv("INTERP_FUSED", value)
+    fused.kernel.cache_clear()
+    try:
+        assert fused.kernel() is None
+    finally:
+        monkeypatch.delenv("INTERP_FUSED")
+        fused.kernel.cache_clear()
+
+
 def test_available_only_for_float32_rows_on_the_cpu(monkeypatch):
     assert fused.available(torch.zeros(3, 8))
     assert not fused.available(torch.zeros(3, 8, dtype=torch.float64))
@@ -161,3 +173,178 @@ def test_patched_stack_gives_the_torch_paths_numbers(monkeypatch, tile_vocab, fa
         torch.testing.assert_close(sums, want_sums, rtol=1e-12, atol=0)
         assert abs(float(kl) - float(want_kl)) <= 1e-9 * abs(float(want_kl)) + 1e-12
     assert abs(float(got[1][1])) < 1e-12 and float(got[0][1]) > 0 and float(got[2][1]) > 0
+
+
+def test_tensors_whose_pointer_is_not_their_values_are_refused():
+    """A fake tensor (no storage: its data_ptr is 0, which the kernel would dereference), a negated view (its
+    pointer holds the values before the negation: the sums would silently be of -z) and a sparse tensor."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    lse, zp = torch.zeros(4, dtype=torch.float64), torch.randn(4, 16)
+
+    def sums():
+        return torch.zeros(1, 4, dtype=torch.float64), torch.zeros(1, 4, dtype=torch.float64)
+    with FakeTensorMode():
+        fake = torch.empty(4, 16)
+        with pytest.raises(ValueError, match="intact has no storage"):
+            fused.tile_sums(zp, fake, 0, lse, *sums())
+    with pytest.raises(ValueError, match="z must be a plain strided tensor"):
+        fused.tile_sums(torch._neg_view(zp), zp, 0, lse, *sums())
+    with pytest.raises(ValueError, match="z must be a plain strided tensor"):
+        fused.tile_sums(zp.to_sparse(), zp, 0, lse, *sums())
+
+
+def test_outputs_sharing_memory_with_another_buffer_are_refused():
+    """sum_exp and sum_ps as one tensor (each row's sums would be added into the other's), or an output over lse
+    (rows read after other threads wrote them); two halves of one buffer are fine and give the brute-force sums."""
+    g = torch.Generator().manual_seed(3)
+    zp = torch.randn(4, 16, generator=g)
+    lse = zp.double().logsumexp(-1)
+    one = torch.zeros(1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="share memory"):
+        fused.tile_sums(zp, zp, 0, lse, one, one)
+    buffer = torch.zeros(2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="share memory"):
+        fused.tile_sums(zp, zp, 0, buffer[0], buffer[:1], torch.zeros(1, 4, dtype=torch.float64))
+    halves = torch.zeros(2, 1, 4, dtype=torch.float64)
+    fused.tile_sums(zp, zp, 0, lse, halves[0], halves[1])
+    want_exp, want_ps = _brute(zp[None], zp, lse)
+    torch.testing.assert_close(halves[0], want_exp, rtol=1e-13, atol=0)
+    torch.testing.assert_close(halves[1], want_ps, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("keep", [3000, 0])
+def test_a_damaged_cached_library_is_compiled_again(monkeypatch, tmp_path, keep):
+    """A cached library cut short (a crash before the file system wrote it out, a copy interrupted) is never
+    handed to dlopen, which maps the missing pages and dies of SIGBUS, nor kept as a reason to fall back: its
+    bytes no longer hash to its name, and a fresh compilation takes its place."""
+    monkeypatch.setenv("INTERP_CACHE", str(tmp_path))
+    first = fused._compile(shutil.which("gcc"))
+    whole = first.read_bytes()
+    first.write_bytes(whole[:keep])
+    again = fused._compile(shutil.which("gcc"))
+    assert again is not None and again.read_bytes() == whole
+
+
+def test_worker_threads_do_not_pile_up_as_the_row_count_changes(monkeypatch):
+    """Batches of different real lengths ask for different thread counts: one pool per process serves them all,
+    so the workers alive never exceed the most any call used (a pool per count kept 1 + 2 + ... + 7 = 28 here,
+    n (n - 1) / 2 on an n-core machine), and every split gives the one-thread sums."""
+    import threading
+    monkeypatch.setattr(fused, "ROWS_PER_THREAD", 1)
+    g = torch.Generator().manual_seed(2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(8)
+    try:
+        for rows in range(2, 9):
+            zp = torch.randn(rows, 32, generator=g)
+            lse = zp.double().logsumexp(-1)
+            sums = torch.zeros(1, rows, dtype=torch.float64), torch.zeros(1, rows, dtype=torch.float64)
+            fused.tile_sums(zp, zp, 0, lse, *sums)
+            want_exp, want_ps = _brute(zp[None], zp, lse)
+            torch.testing.assert_close(sums[0], want_exp, rtol=1e-13, atol=0)
+            torch.testing.assert_close(sums[1], want_ps, rtol=1e-13, atol=1e-13)
+    finally:
+        torch.set_num_threads(threads)
+    workers = [t for t in threading.enumerate() if t.name.startswith("interp-tile-sums")]
+    assert len(workers) <= 7
+
+
+def test_ablate_bias_gives_the_same_table_with_the_kernel_and_with_interp_fused_0(monkeypatch):
+    """The sweep end to end on a float32 tiny model (vocabulary 1,100: two full tiles and a narrower one; padded
+    batches; q, k and v; random-direction controls): every float column (delta, kl, the control's statistics...)
+    within 1e-9 relative (1e-14 absolute: sums of rounding near 0) of the run with INTERP_FUSED=0, and the rest
+    equal. The first run is checked to have used the kernel, the second not to."""
+    import numpy as np
+    model = interp.load_model(tiny_hf_model("qwen2", n_layers=2, config={"vocab_size": 1100}), device="cpu")
+    data = []
+    for seed in range(2):
+        ids = torch.randint(0, 1100, (3, 12), generator=torch.Generator().manual_seed(seed))
+        mask = torch.ones_like(ids)
+        mask[0, 8:] = 0
+        mask[2, 10:] = 0
+        data.append(Batch(ids, mask))
+    calls = []
+    plain_tile_sums = fused.tile_sums
+    monkeypatch.setattr(fused, "tile_sums", lambda *a: calls.append(1) or plain_tile_sums(*a))
+    tables = []
+    for switch in ("1", "0"):
+        monkeypatch.setenv("INTERP_FUSED", switch)
+        fused.kernel.cache_clear()
+        calls.clear()
+        tables.append(interp.ablate_bias(model, data, kinds=("q", "k", "v"), estimate="exact", n_boot=20,
+                                         n_control=4, progress=False))
+        assert bool(calls) == (switch == "1")
+    monkeypatch.delenv("INTERP_FUSED")
+    fused.kernel.cache_clear()
+    fused_table, torch_table = tables
+    assert list(fused_table.columns) == list(torch_table.columns) and len(fused_table) == len(torch_table) > 0
+    floats = [c for c in fused_table.columns if fused_table[c].dtype.kind == "f"]
+    assert {"delta", "kl", "control_lo", "control_hi", "control_p"} <= set(floats)
+    for column in floats:
+        got, want = fused_table[column].to_numpy(float), torch_table[column].to_numpy(float)
+        assert np.array_equal(np.isnan(got), np.isnan(want)), column
+        assert np.all((np.abs(got - want) <= 1e-9 * np.abs(want) + 1e-14) | np.isnan(want)), column
+    rest = [c for c in fused_table.columns if c not in floats]
+    assert fused_table[rest].astype(str).equals(torch_table[rest].astype(str))
+
+
+def test_a_tile_wider_than_the_kernels_scratch_keeps_torchs_arithmetic(monkeypatch):
+    """TILE_VOCAB raised past MAX_TILE (1,024 entries of scratch a row) over a vocabulary of 1,100: the tiles
+    are 1,100 wide, so the sums take torch's path (they raised ValueError), with the numbers of 512-wide fused
+    tiles (NLL sums 1e-12, KL 1e-9 relative)."""
+    model = interp.load_model(tiny_hf_model("qwen2", n_layers=2, config={"vocab_size": 1100}), device="cpu")
+    ids = torch.randint(0, 1100, (2, 9), generator=torch.Generator().manual_seed(0))
+    batch = Batch(ids, torch.ones_like(ids))
+    kept = {}
+    with torch.no_grad():
+        out, _ = metrics.run_forward(model, batch, [(block_hook(1, "hook_out"), lambda t, hook: kept.update(h=t))],
+                                     False)
+    hidden = kept["h"]
+    unembedding = logits.linear_unembedding(model, hidden, out)
+    stacked = torch.cat([hidden, hidden + 1e-2 * torch.randn(hidden.shape, generator=torch.Generator().manual_seed(1))])
+    results = []
+    for tile_vocab in (2048, 512):
+        monkeypatch.setattr(logits, "TILE_VOCAB", tile_vocab)
+        intact = logits.intact_logits(model, hidden, batch, unembedding)
+        assert intact.fused == (tile_vocab == 512)
+        results.append(logits.patched_stack(model, unembedding, stacked, intact, 2))
+    for (sums, kl), (want_sums, want_kl) in zip(*results):
+        torch.testing.assert_close(sums, want_sums, rtol=1e-12, atol=0)
+        assert abs(float(kl) - float(want_kl)) <= 1e-9 * abs(float(want_kl)) + 1e-12
+
+
+def test_an_interrupt_waits_for_the_workers_before_the_tensors_can_be_freed(monkeypatch):
+    """The worker threads write through raw pointers into the caller's tensors: a KeyboardInterrupt (Ctrl-C in a
+    notebook) on the calling thread must not leave tile_sums, and let those tensors be freed, while a worker
+    still runs. A stand-in kernel: the calling thread's share is interrupted, the workers' take 0.2 s."""
+    import time
+    finished = []
+
+    def stand_in(*arguments):
+        row_lo, row_hi = arguments[7], arguments[8]
+        if row_hi == arguments[6]:  # the last share: the calling thread's
+            raise KeyboardInterrupt
+        time.sleep(0.2)
+        finished.append(row_lo)
+    monkeypatch.setattr(fused, "kernel", lambda: stand_in)
+    monkeypatch.setattr(fused, "ROWS_PER_THREAD", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        zp = torch.zeros(6, 8)
+        with pytest.raises(KeyboardInterrupt):
+            fused.tile_sums(zp, zp, 0, torch.zeros(6, dtype=torch.float64), torch.zeros(1, 6, dtype=torch.float64),
+                            torch.zeros(1, 6, dtype=torch.float64))
+        assert sorted(finished) == [0, 2]  # both workers done before the interrupt left tile_sums
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_tile_sums_without_the_kernel_says_so(monkeypatch):
+    """Called where ``kernel()`` is None (INTERP_FUSED=0, no gcc): an error that names the cause, not
+    "'NoneType' object is not callable"."""
+    monkeypatch.setattr(fused, "kernel", lambda: None)
+    zp = torch.zeros(2, 8)
+    with pytest.raises(RuntimeError, match="kernel is not available"):
+        fused.tile_sums(zp, zp, 0, torch.zeros(2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64),
+                        torch.zeros(1, 2, dtype=torch.float64))
