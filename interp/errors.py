@@ -53,8 +53,9 @@ class StepFailedError(InterpError, RuntimeError):
 
 
 class InternalError(InterpError, RuntimeError):
-    """An unexpected failure inside interp: a bug to report (raised only by ``public``, the last line of
-    defence, when no specific check caught the problem first)."""
+    """An unexpected failure inside interp: a bug to report (raised by ``public``, the last line of defence, when
+    no specific check caught the problem first, and by an internal function called where its precondition does
+    not hold, e.g. ``fused.tile_sums`` without its compiled kernel)."""
 
 
 _PASS_THROUGH = ("MemoryError", "OutOfMemoryError")  # resources, not bugs: they leave unchanged

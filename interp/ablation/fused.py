@@ -41,6 +41,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.errors import InputError, InternalError
 from interp.models.zoo import cache_dir
 
 MAX_TILE = 1024  # the kernel's scratch arrays (entries of one row of a tile)
@@ -175,7 +176,7 @@ def tile_sums(z: Float[Tensor, "stack_rows tile"], intact: Float[Tensor, "rows v
     w = z.shape[1]
     function = kernel()
     if function is None:
-        raise RuntimeError("tile_sums: the compiled kernel is not available here (``available`` says so: no gcc, "
+        raise InternalError("tile_sums: the compiled kernel is not available here (``available`` says so: no gcc, "
                            "not x86-64 Linux, or INTERP_FUSED=0)")
     arguments = (z.data_ptr(), z.stride(0), intact.data_ptr() + 4 * lo, intact.stride(0), lse.data_ptr(), n, rows)
     outputs = (w, sum_exp.data_ptr(), sum_ps.data_ptr())
@@ -215,7 +216,7 @@ def _check(z: Tensor, intact: Tensor, lo: int, lse: Tensor, sum_exp: Tensor, sum
             f"{' negated' if t.is_neg() else ''}{' conjugated' if t.is_conj() else ''}"
             for name, t in tensors.items() if t.layout != torch.strided or t.is_neg() or t.is_conj()]
     if said:  # strides and pointers mean nothing else
-        raise ValueError("tile_sums: " + "; ".join(said))
+        raise InputError("tile_sums: " + "; ".join(said))
     n, rows = sum_exp.shape if sum_exp.ndim == 2 else (0, -1)
     w = z.shape[-1] if z.ndim else 0
     problems = [
@@ -237,7 +238,7 @@ def _check(z: Tensor, intact: Tensor, lo: int, lse: Tensor, sum_exp: Tensor, sum
     if not said:  # shapes and strides as assumed: now what the pointers hold
         said = _memory_problems(tensors)
     if said:
-        raise ValueError("tile_sums: " + "; ".join(said))
+        raise InputError("tile_sums: " + "; ".join(said))
 
 
 def _address(t: Tensor) -> int:
