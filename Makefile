@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.interp-installed
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_VERBOSITY = error
 export TOKENIZERS_PARALLELISM = false
-# playwright drives Debian's chromium (tests/test_report_browser.py): it never downloads a browser of its own
+# playwright drives Debian's chromium (tests/report/test_report_browser.py): it never downloads a browser of its own
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD = 1
 CHROMIUM := /usr/bin/chromium
 # gcc compiles the ablation sweep's fused tile sums (interp/ablation/fused.py) on first use, linking glibc's libmvec
@@ -44,12 +44,12 @@ notebooks: models
 	$(VENV)/bin/jupyter lab notebooks/
 
 # Run every tutorial and render it, outputs included, into docs/notebooks/*.md (tests/test_notebook_docs.py
-# fails when a notebook's code changed since). One notebook: $(PY) benchmarks/render_notebooks.py 01
+# fails when a notebook's code changed since). One notebook: $(PY) tools/render_notebooks.py 01
 notebooks-docs: models
-	$(PY) benchmarks/render_notebooks.py
+	$(PY) tools/render_notebooks.py
 
 lint: setup
-	$(VENV)/bin/ruff check interp tests benchmarks
+	$(VENV)/bin/ruff check interp tests benchmarks experiments tools conftest.py
 
 # pip install . (not editable) outside the checkout: the package must carry its own data.
 install-check: setup
@@ -57,14 +57,14 @@ install-check: setup
 
 # Every tier (unit, integration, slow; tests/conftest.py) and every notebook, on two workers.
 test: models lint install-check
-	$(PY) -m pytest -q -ra -n 2 --dist worksteal --tier all --nbmake notebooks tests
+	$(PY) -m pytest -q -ra -n 2 --dist worksteal --tier all --nbmake notebooks tests experiments
 
 # The unit tier alone (a bare `pytest` runs the same); test-integration adds processes, notebooks, training.
 test-fast: setup
 	$(PY) -m pytest -q -n 2 --dist worksteal --tier unit
 
 test-integration: setup
-	$(PY) -m pytest -q -n 2 --dist worksteal --tier integration --nbmake notebooks tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --tier integration --nbmake notebooks tests experiments
 
 clean-cache:
 	rm -rf .cache/interp

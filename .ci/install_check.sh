@@ -9,6 +9,19 @@ PY="$ROOT/.venv/bin/python"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/wheel" "$ROOT"
+# the wheel ships the library alone: no experiment, training recipe, benchmark, tool or test module
+"$PY" - "$WORK"/wheel/interp-*.whl <<'PYCODE'
+import sys
+import zipfile
+
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+modules = [n for n in names if n.endswith(".py")]
+stray = [n for n in names if n.split("/")[0] in ("experiments", "tools", "benchmarks", "tests")
+         or "/training/" in n or n.endswith(("sink_arms.py", ".c"))]
+assert modules and all(n.startswith("interp/") for n in modules), f"modules outside interp/: {modules}"
+assert not stray, f"the wheel carries experiment or build files: {stray}"
+print(f"wheel: {len(modules)} modules, all under interp/, no experiments")
+PYCODE
 "$PY" -m venv --without-pip "$WORK/venv"
 DEPS="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 SITE="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

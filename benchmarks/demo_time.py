@@ -21,7 +21,7 @@ from scipy.stats import spearmanr
 
 import interp
 from interp.ablation import ablate_bias
-from interp.pipeline import DEMO_BATCHES, make_context
+from interp.report.pipeline import DEMO_BATCHES, make_context
 
 
 def main() -> None:

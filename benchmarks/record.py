@@ -16,7 +16,7 @@ import torch
 import transformers as tf
 
 import interp
-from interp.record import record_qkv
+from interp.record.recording import record_qkv
 
 
 def main() -> None:

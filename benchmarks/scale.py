@@ -3,7 +3,7 @@
     nice python benchmarks/scale.py [--device cpu] [--runs 25m@128,112m@512] [--batch-size 2] [--batches 2]
     python benchmarks/scale.py --device cuda --runs 0.5b@4096,1.5b@4096 --dtype bfloat16 --batch-size 1
     python benchmarks/scale.py --gpu-check      # `pytest -m cuda`, 0.5B and 1.5B (bf16, 4096 tokens), then the
-                                                # sink arms of benchmarks/gpu_sinks.py (on the GPU machine: first
+                                                # sink arms of experiments/gpu_sinks.py (on the GPU machine: first
                                                 # pip install --no-deps .whl/*.whl -e ., carrying .whl and the corpus)
     python benchmarks/scale.py --dry-run        # everything at a tiny size on CPU in seconds (tests run it)
     python benchmarks/scale.py --fingerprint 0.4b   # model_fingerprint / load_model cost -> fingerprint_<device>.csv
@@ -61,7 +61,7 @@ import transformers
 
 import interp
 from interp.data import Batch
-from interp.fingerprint import CHUNK_BYTES, model_fingerprint
+from interp.record.fingerprint import CHUNK_BYTES, model_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["device", "size", "params_m", "dtype", "batch_size", "tokens", "n_batches", "pass", "kind",
@@ -519,9 +519,9 @@ def main(argv=None) -> pd.DataFrame:
         print(frame.T.to_string())
         return frame
     frame = table(args)
-    if args.gpu_check:  # then findings 4c's sink arms at the size benchmarks/gpu_sinks.py plans (about 4 minutes)
+    if args.gpu_check:  # then findings 4c's sink arms at the size experiments/gpu_sinks.py plans (about 4 minutes)
         pack = Path(os.environ.get("OUT") or ROOT / "out") / "sinks_text_gpu.tar.gz"
-        code = subprocess.call([sys.executable, str(ROOT / "benchmarks" / "gpu_sinks.py"), "--run", "--pack", str(pack)],
+        code = subprocess.call([sys.executable, "-m", "experiments.gpu_sinks", "--run", "--pack", str(pack)],
                                cwd=ROOT)
         print(f"gpu_sinks --run: exit {code}", flush=True)
     return frame

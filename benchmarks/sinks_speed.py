@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 import interp
-from interp.capture import run_until_kept
+from interp.record.capture import run_until_kept
 from interp.data import check_batch
-from interp.hooks import block_hook
+from interp.record.hooks import block_hook
 
 
 def batches_of(model, n: int, size: int = 8) -> list:

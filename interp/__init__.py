@@ -8,6 +8,11 @@ makes for itself without a bias: ``sink_profile``, ``implicit_value_bias``, ``ma
 Analyzers return tidy long-form DataFrames; ``interp.plots`` draws them; ``interp.pipeline``
 runs them all and ``interp.report`` writes ``report.html`` and ``summary.json``.
 
+The package, bottom up: ``errors``/``types``; ``models`` (registry, loading); ``data`` (built-ins,
+sources, batches); ``record`` (hooks, patching, streaming Q/K/V statistics); ``analysis``;
+``ablation``; ``figures`` (static and interactive plots); ``report`` (the main job, report.html, the
+demo); ``cli``.
+
 Shape glossary (TransformerLens' axis names, used in the jaxtyping annotations):
 
     batch        sequences or images in a batch
@@ -49,19 +54,23 @@ _PUBLIC = {
     "sink_pass": "interp.analysis.sinks", "sink_counts": "interp.analysis.sinks",
     "SingleInput": "interp.analysis.one_input", "single_input": "interp.analysis.one_input",
     "Batch": "interp.data", "builtin_batches": "interp.data", "iter_batches": "interp.data",
-    "attention_weights": "interp.heads", "bias_spec": "interp.heads",
+    "attention_weights": "interp.record.heads", "bias_spec": "interp.record.heads",
     "Family": "interp.models", "InterpBridge": "interp.models", "ModelInfo": "interp.models",
     "clone_model": "interp.models", "list_families": "interp.models", "list_models": "interp.models",
     "load_model": "interp.models", "register_family": "interp.models.families", "get_family": "interp.models.families",
-    "bias_patch_hooks": "interp.patching", "record_qkv": "interp.record",
+    "bias_patch_hooks": "interp.record.patching", "record_qkv": "interp.record.recording",
     "compare_models": "interp.compare", "combine_comparisons": "interp.compare",
-    "DataSource": "interp.data", "resolve_data": "interp.data", "open_data": "interp.data", "QKVStats": "interp.stats",
+    "DataSource": "interp.data", "resolve_data": "interp.data", "open_data": "interp.data",
+    "QKVStats": "interp.record.stats",
 }
 # reachable as interp.<name> for tests and notebooks, but not the public face (not in __all__)
 _EXTRAS = {"tiny_hf_model": "interp.testing", "tiny_inputs": "interp.testing", "require_bridge": "interp.models",
-           "kv_group": "interp.heads"}
-_SUBMODULES = ("errors", "plots", "pipeline", "report", "fingerprint", "models", "data", "analysis", "ablation",
-               "testing", "compare")
+           "kv_group": "interp.record.heads"}
+# submodules reachable as interp.<name>; the short names are the ones users know
+_SUBMODULES = {name: f"interp.{name}" for name in ("errors", "models", "data", "analysis", "ablation", "testing",
+                                                   "compare", "record", "figures", "report")}
+_SUBMODULES.update({"plots": "interp.figures.plots", "interactive": "interp.figures.interactive",
+                    "pipeline": "interp.report.pipeline", "fingerprint": "interp.record.fingerprint"})
 
 __all__ = ["__version__", "errors", "plots", "InterpError", *sorted(_PUBLIC, key=str.lower)]
 
@@ -76,7 +85,7 @@ def __getattr__(name: str) -> _Any:
         # public functions carry the guard where they are defined (@public); the extras get it here
         value = _public(value) if _inspect.isfunction(value) else value
     elif name in _SUBMODULES:
-        value = _importlib.import_module(f"interp.{name}")
+        value = _importlib.import_module(_SUBMODULES[name])
     else:
         raise AttributeError(f"module 'interp' has no attribute {name!r}")
     globals()[name] = value

@@ -7,7 +7,7 @@ names them too). No switch turns the checks off."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
@@ -15,8 +15,10 @@ from jaxtyping import Int
 from torch import Tensor
 
 from interp.errors import InputError
-from interp.models.info import ModelInfo
 from interp.types import KINDS, QKV
+
+if TYPE_CHECKING:  # annotations only: the checks sit below the models that they check inputs for
+    from interp.models.info import ModelInfo
 
 
 def check_pixel_values(x: Any, info: ModelInfo) -> None:

@@ -100,8 +100,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_inventory(args: argparse.Namespace) -> int:
-    from interp.fingerprint import model_fingerprint
-    from interp.heads import bias_spec
+    from interp.record.fingerprint import model_fingerprint
+    from interp.record.heads import bias_spec
     from interp.io import begin_outputs, write_manifest, write_table
 
     model = _load(args)
@@ -182,9 +182,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
     """Record Q/K/V statistics, streaming; under torchrun every rank reads its own share, rank 0 writes."""
     import torch.distributed as dist
 
-    from interp.pipeline import summarise_recording
-    from interp.record import record_qkv
-    from interp.report import begin_outputs, write_manifest, write_section
+    from interp.report.pipeline import summarise_recording
+    from interp.record.recording import record_qkv
+    from interp.report.html import begin_outputs, write_manifest, write_section
 
     rank, world, device = _distributed(args.device)
     out = Path(args.out)
@@ -245,7 +245,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     from interp.ablation.sweep import ablate_bias, merge_shards
     from interp.data import iter_batches
     from interp.io import record_output, write_table
-    from interp.report import begin_outputs
+    from interp.report.html import begin_outputs
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     rank, world, device = _distributed(args.device)
@@ -287,8 +287,8 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: int, data: list) -> None:
     """The section (its table is ``ablation.csv``, the one table of the folder: the sweep's own, with every
     estimate's rows and, under torchrun, every rank's) and the manifest."""
-    from interp.pipeline import summarise_ablation
-    from interp.report import write_manifest, write_section
+    from interp.report.pipeline import summarise_ablation
+    from interp.report.html import write_manifest, write_section
 
     section = summarise_ablation(results, args.model)
     write_section(section, out)
@@ -326,8 +326,8 @@ def _cmd_analysis(args: argparse.Namespace) -> int:
     ``--stats`` (origin, scores): the statistics a previous ``interp record`` wrote, checked against this model
     and data by fingerprint; ``origin`` reads them instead of recording again, ``scores`` runs on the data they
     were recorded on; both reference them (not copied) in the manifest."""
-    from interp.pipeline import make_context, referenced_recording, run_steps
-    from interp.report import begin_outputs, write_manifest, write_section
+    from interp.report.pipeline import make_context, referenced_recording, run_steps
+    from interp.report.html import begin_outputs, write_manifest, write_section
 
     model = _load(args, args.device)
     out = Path(args.out or f"out/{args.command}")
@@ -381,8 +381,8 @@ def _recorded_stats(args: argparse.Namespace, model: Any) -> tuple[Any, Path, An
     import json
 
     from interp.errors import InputError
-    from interp.report import manifest_entry
-    from interp.stats import QKVStats
+    from interp.report.html import manifest_entry
+    from interp.record.stats import QKVStats
 
     path = Path(args.stats)
     file = path / "qkv_stats.safetensors" if path.is_dir() else path
@@ -410,7 +410,7 @@ def _recorded_stats(args: argparse.Namespace, model: Any) -> tuple[Any, Path, An
 def _check_same_data(stats: Any, file: Path, ctx: Any) -> None:
     """Refuse statistics of other data than the batches this command read (by fingerprint)."""
     from interp.errors import InputError
-    from interp.fingerprint import data_fingerprint
+    from interp.record.fingerprint import data_fingerprint
 
     mine = data_fingerprint(ctx.batches)
     if stats.data_fingerprint != mine:
@@ -435,8 +435,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_one_input(args: argparse.Namespace) -> int:
     """``single_input`` on one image or prompt: its tables, figures and manifest in ``--out``."""
-    from interp.one_input_run import one_input_section
-    from interp.report import begin_outputs, write_manifest, write_section
+    from interp.report.single_input_run import one_input_section
+    from interp.report.html import begin_outputs, write_manifest, write_section
 
     model = _load(args, args.device)
     out = Path(args.out)
@@ -478,7 +478,7 @@ def _add_compare_parser(sub: Any) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from interp.demo import run_demo
+    from interp.report.demo import run_demo
 
     run_demo(model=args.model, data=args.data, out=Path(args.out), quick=args.quick,
              ablation_estimate=args.ablation_estimate, top_k=args.top_k, data_options=_data_options(args),

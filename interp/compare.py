@@ -57,21 +57,21 @@ from interp.analysis.sink_intervals import sink_profiles_by_item, sink_share_int
 from interp.analysis.sink_parts import SINK_THRESHOLD, class_masks
 from interp.analysis.sinks import resid_hook
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
-from interp.capture import stream_batches
-from interp.colours import drawn_values, limits, rule_for, tag
+from interp.record.capture import stream_batches
+from interp.figures.colours import drawn_values, limits, rule_for, tag
 from interp.data import Batch, iter_batches, open_data
 from interp.data.builtin import python_docs_text
 from interp.data.sources import BUILTIN
 from interp.errors import InputError, public
-from interp.fingerprint import data_fingerprint, model_fingerprint
-from interp.heads import bias_spec
+from interp.record.fingerprint import data_fingerprint, model_fingerprint
+from interp.record.heads import bias_spec
 from interp.io import write_table
 from interp.models.bridge import InterpBridge
 from interp.models.loading import load_model
-from interp.plots import save_figure
-from interp.record import record_qkv
+from interp.figures.plots import save_figure
+from interp.record.recording import record_qkv
 from interp.io import atomic_path
-from interp.report import begin_outputs, write_manifest
+from interp.report.html import begin_outputs, write_manifest
 from interp.types import COMPARE_ANALYSES, COMPARE_MAX_CHARS
 
 ANALYSES = COMPARE_ANALYSES
@@ -434,13 +434,13 @@ def _headline_part(table: pd.DataFrame, quantity: str, preferred: Sequence[str])
     return next((p for p in preferred if p in common), sorted(common)[0] if common else None)
 
 
-# the colour language's name (interp.colours.RULES) of each quantity drawn as a heatmap
+# the colour language's name (interp.figures.colours.RULES) of each quantity drawn as a heatmap
 COLOUR_QUANTITY = {"score_share": "share"}
 
 
 def _heatmap_row(fig: plt.Figure, axes: Sequence[plt.Axes], rows: pd.DataFrame, models: list[str], title: str) -> None:
     rule = rule_for(COLOUR_QUANTITY.get(rows.quantity.iloc[0], rows.quantity.iloc[0]), rows.value.to_numpy(float))
-    vmin, vmax = limits(rule, rows.value.to_numpy(float))  # one range for every model's panel (interp.colours)
+    vmin, vmax = limits(rule, rows.value.to_numpy(float))  # one range for every model's panel (interp.figures.colours)
     image = None
     for ax, label in zip(axes, models):
         mine = rows[rows.model == label]
@@ -488,9 +488,9 @@ def _line_row(axes: Sequence[plt.Axes], rows: pd.DataFrame, models: list[str], t
 
 def comparison_figure(table: pd.DataFrame) -> plt.Figure:
     """Side-by-side panels, one column per model, one row per headline quantity (``HEADLINES``), each row on one
-    colour (or y) scale, coloured by the library's colour language (``interp.colours``: bright = large, a quantity
-    of both signs diverging around 0); heatmaps are layer x head with the layers placed at their relative depth.
-    Draws only."""
+    colour (or y) scale, coloured by the library's colour language (``interp.figures.colours``: bright = large, a
+    quantity of both signs diverging around 0); heatmaps are layer x head with the layers placed at their relative
+    depth. Draws only."""
     models = list(dict.fromkeys(table.model))
     rows = [(q, _headline_part(table, q, parts)) for _, q, parts in HEADLINES if (table.quantity == q).any()]
     fig, grid = plt.subplots(len(rows), len(models), figsize=(3.2 * len(models) + 1, 2.6 * len(rows)),

@@ -29,8 +29,8 @@ from interp.errors import (
 )
 from interp.io import OutputError
 from interp.models import tiny_hf_model, tiny_inputs
-from interp.patching import bias_patch_hooks
-from interp.stats import QKVStats
+from interp.record.patching import bias_patch_hooks
+from interp.record.stats import QKVStats
 
 
 class Ctx:
@@ -146,7 +146,7 @@ CASES = [
      "interp.load_model"),
     ("AttentionWeights unknown kind", lambda c: interp.attention_weights(c.vit, 0).bias("x"), InputError,
      "kind must be one of"),
-    ("v_fold_vector raw", lambda c: interp.heads.v_fold_vector(tiny_hf_model("vit"), 0), InputError,
+    ("v_fold_vector raw", lambda c: interp.record.heads.v_fold_vector(tiny_hf_model("vit"), 0), InputError,
      "interp.load_model"),
     # ---- data -------------------------------------------------------------------------------------
     ("record empty list", lambda c: interp.record_qkv(c.vit, [], progress=False), InputError, "data is empty"),

@@ -14,7 +14,7 @@ import interp
 import interp.ablation
 from interp import checks
 from interp.ablation import metrics
-from interp.capture import run_until_kept
+from interp.record.capture import run_until_kept
 from interp.checks import Batch, CheckedBatch, check_batch, check_count, check_heads, check_key, check_kinds, \
     check_layers
 from interp.data import batch_to_device
@@ -22,7 +22,7 @@ from interp.errors import InputError, InternalError
 from interp.models import tiny_hf_model
 from interp.models.loading import load_model
 from interp.models.tiny import VOCAB
-from interp.patching import repeat_batch
+from interp.record.patching import repeat_batch
 
 
 @pytest.fixture(scope="module")

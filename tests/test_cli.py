@@ -366,7 +366,7 @@ CHEAP_RUNS = {
                "--n-boot", "0"],
     **{c: "test_analysis_subcommands_list_their_options_and_write_their_tables"
        for c in ("origin", "scores", "frequency", "sinks")},
-    "demo": "tests/test_pipeline.py::test_manifest_is_written_last_and_lists_every_file",
+    "demo": "tests/report/test_pipeline.py::test_manifest_is_written_last_and_lists_every_file",
     "compare": "tests/test_compare.py::test_cli_equals_api_on_the_shipped_digits_vits",
     "one-input": "test_one_input_command_writes_single_inputs_tables",
 }
@@ -440,7 +440,7 @@ def test_a_timm_model_with_weights_from_the_command_line(digit_folder, tmp_path)
 
     import interp
     from interp.cli import main as cli_main
-    from interp.training.digits import digits_vit_as_timm
+    from interp.models.digits import digits_vit_as_timm
 
     trained = digits_vit_as_timm("digits-vit")
     torch.save(trained.state_dict(), tmp_path / "digits.pth")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import interp
-from interp.colours import check_colours
+from interp.figures.colours import check_colours
 from interp.compare import combine_comparisons, compare_models, comparison_figure, pooled_sink_masses
 from interp.data import Batch
 from interp.errors import InputError
@@ -140,7 +140,7 @@ def test_figure_draws_the_table_on_one_scale_per_quantity(planted):
         rows = table[(table.model == model) & (table.quantity == "resid_max_to_rms")].sort_values("depth")
         np.testing.assert_array_equal(ax.lines[0].get_ydata(), rows.value.to_numpy())
     assert grid[3][0].get_ylim() == grid[3][1].get_ylim()
-    assert check_colours(fig) == []  # the library's colour language (interp.colours)
+    assert check_colours(fig) == []  # the library's colour language (interp.figures.colours)
     assert grid[0][0].images[0].cmap.name == "viridis" and grid[2][0].images[0].get_clim()[0] < 0  # mass - floor
     plt.close(fig)
 

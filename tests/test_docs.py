@@ -261,7 +261,7 @@ SINK_MODELS = ("minilm-l6", "smollm2-135m", "dinov2-s14", "mnist-vit", "mnist-vi
 @pytest.mark.parametrize("model", [m for m in SINK_MODELS if f"| `{m}` |" in FINDINGS])
 def test_findings_sinks_table_equals_its_csvs(model):
     """Claim 4 revisited: every number in a row of the implicit-biases table is read from the model's CSVs
-    (benchmarks/sinks_real.py)."""
+    (experiments/sinks_real.py)."""
     folder = RESULTS / model
     shares = pd.read_csv(folder / "sinks_shares.csv").set_index("position")
     implicit = pd.read_csv(folder / "sinks_implicit.csv")
@@ -295,8 +295,8 @@ def _largest(part: pd.DataFrame) -> pd.Series:
 @pytest.mark.parametrize("model", [m for m in IMPLICIT_MODELS if f"| `{m}`, implicit |" in FINDINGS])
 def test_findings_implicit_table_equals_its_csvs(model):
     """Claim 4 revisited, high-norm tokens and the implicit biases ablated: every number of the row is read
-    from sinks_high_norm.csv (benchmarks/sink_figures.py) and ablation_implicit.csv
-    (benchmarks/ablate_implicit_real.py)."""
+    from sinks_high_norm.csv (tools/sink_figures.py) and ablation_implicit.csv
+    (experiments/ablate_implicit_real.py)."""
     hn = pd.read_csv(RESULTS / model / "sinks_high_norm.csv")
     per = hn.drop_duplicates("layer").assign(r=lambda f: f.norm_max / f.norm_median)
     cells = row(FINDINGS, f"`{model}`, implicit")
@@ -477,7 +477,7 @@ def test_readme_matched_control_figures_equal_ablation_control_csv():
 def test_findings_spread_differences_equal_hf_spread_csv():
     """Findings 3's paired spread differences (with intervals) are read from hf_spread_differences.csv."""
     d = pd.read_csv(RESULTS / "families" / "hf_spread_differences.csv").set_index(["first", "second"])
-    sentence = FINDINGS[FINDINGS.index("With intervals (`benchmarks/hf_spread.py`"):FINDINGS.index("These intervals cover")]
+    sentence = FINDINGS[FINDINGS.index("With intervals (`experiments/hf_spread.py`"):FINDINGS.index("These intervals cover")]
     quoted = [q for q in numbers(sentence.split("paired between models):")[1])]
     pairs = [("mnist-vit", "mnist-vit-nobias"), ("mnist-vit", "mnist-vit-qv"), ("digits-vit", "digits-vit-nobias")]
     assert len(quoted) == 9, quoted

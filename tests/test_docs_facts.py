@@ -1,6 +1,6 @@
-"""benchmarks/readme_facts.py: every fact README and docs quote between ``<!-- fact:NAME -->`` markers equals its
+"""tools/readme_facts.py: every fact README and docs quote between ``<!-- fact:NAME -->`` markers equals its
 regeneration from the source (the family registry, findings 4c / 4d); a README edited by hand, or a source that
-moved on, fails here until ``python benchmarks/readme_facts.py`` is run."""
+moved on, fails here until ``python tools/readme_facts.py`` is run."""
 
 import importlib.util
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 import interp
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("readme_facts", ROOT / "benchmarks" / "readme_facts.py")
+spec = importlib.util.spec_from_file_location("readme_facts", ROOT / "tools" / "readme_facts.py")
 facts = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(facts)
 README = (ROOT / "README.md").read_text()
@@ -20,7 +20,7 @@ def test_every_marked_file_equals_its_regeneration():
     assert ROOT / "README.md" in files
     for path in files:
         text = path.read_text()
-        assert facts.render(text) == text, f"{path}: run `python benchmarks/readme_facts.py`"
+        assert facts.render(text) == text, f"{path}: run `python tools/readme_facts.py`"
 
 
 def test_readme_quotes_each_fact():
@@ -43,7 +43,7 @@ def test_the_verdicts_are_quoted_from_the_findings_and_the_withdrawn_one_is_not_
     flat = " ".join(README.split())
     withdrawn = [m.start() for m in re.finditer("no first-token sink emerges at this scale", flat)]
     assert len(withdrawn) == 1 and flat[withdrawn[0] - 40: withdrawn[0]].endswith('their verdict, "')
-    assert "Bigram-Backcopy" in README and "benchmarks/train_backcopy.py" in README
+    assert "Bigram-Backcopy" in README and "experiments/train_backcopy.py" in README
 
 
 def test_an_unknown_fact_is_named():

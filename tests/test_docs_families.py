@@ -1,5 +1,5 @@
 """Findings section 3's family table and sentences are read from docs/results/families/family_tests.csv
-(benchmarks/families.py); a regenerated CSV that disagrees fails here."""
+(experiments/families.py); a regenerated CSV that disagrees fails here."""
 
 import re
 

@@ -23,15 +23,15 @@ from safetensors.torch import load_file, save_file
 
 import interp
 import interp.io
-import interp.pipeline
-import interp.stats
+import interp.report.pipeline
+import interp.record.stats
 from interp.ablation.log import ResultLog
 from interp.cli import build_parser
 from interp.cli import main as cli_main
 from interp.errors import InputError, InternalError, InterpError
 from interp.models import tiny_hf_model, tiny_inputs
 from interp.models.zoo import ZOO
-from interp.stats import QKVStats
+from interp.record.stats import QKVStats
 
 
 class Ctx:
@@ -170,7 +170,7 @@ CASES = [
      "no such file"),
     ("path to bias_invariances", lambda c: interp.bias_invariances(c.lm, "/data/a b.txt", progress=False),
      "no such file"),
-    ("path to make_context", lambda c: interp.pipeline.make_context(c.lm, "/data/my corpus.txt"), "no such file"),
+    ("path to make_context", lambda c: interp.report.pipeline.make_context(c.lm, "/data/my corpus.txt"), "no such file"),
     ("path to resolve_data", lambda c: interp.resolve_data(c.lm, "/data/my corpus.txt"), "no such file"),
     ("path to iter_batches", lambda c: list(interp.iter_batches(c.lm, "/data/my corpus.txt")), "no such file"),
     ("empty string as data", lambda c: interp.record_qkv(c.lm, "", progress=False), "empty string"),
@@ -332,7 +332,7 @@ CASES = [
     ("metric takes one argument", lambda c: lm_sweep(c, metric=lambda out: out.mean()),
      "called as metric\\(output, batch\\)"),
     # ---- a full disk is an OutputError naming the folder and the fix --------------------------------------
-    ("disk full in safetensors", lambda c: _failing(importlib.import_module("interp.stats_format"), "save_file", SAFETENSORS_FULL)(
+    ("disk full in safetensors", lambda c: _failing(importlib.import_module("interp.record.stats_format"), "save_file", SAFETENSORS_FULL)(
         lambda: c.stats.save(c.tmp / "full.st")), "disk holding .* is full"),
     ("disk full at rename", lambda c: _failing(interp.io.os, "replace", NO_SPACE)(
         lambda: interp.io.write_table(pd.DataFrame({"a": [1]}), c.tmp / "t")), "nothing was written.*full"),

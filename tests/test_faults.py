@@ -12,8 +12,8 @@ import pytest
 import interp
 from interp.io import FAULT_ENV, OutputError, write_table
 from interp.models import tiny_hf_model, tiny_inputs
-from interp.record import record_qkv
-from interp.stats import QKVStats
+from interp.record.recording import record_qkv
+from interp.record.stats import QKVStats
 
 CMD = [sys.executable, "-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits",
        "--kinds", "q,k,v", "--max-batches", "2", "--n-control", "2"]  # rows with their control draws resume too

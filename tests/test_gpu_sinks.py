@@ -1,4 +1,4 @@
-"""benchmarks/gpu_sinks.py: the committed plan is the extrapolation recomputed from the pilot's CSV, and the
+"""experiments/gpu_sinks.py: the committed plan is the extrapolation recomputed from the pilot's CSV, and the
 GPU command runs end to end at a tiny size on the CPU (its dry run), writing the stopping rule's table."""
 
 import importlib.util
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_sinks", ROOT / "benchmarks" / "gpu_sinks.py")
+    spec = importlib.util.spec_from_file_location("gpu_sinks", ROOT / "experiments" / "gpu_sinks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

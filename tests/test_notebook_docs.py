@@ -2,7 +2,7 @@
 
 Cheap: nothing is executed. Each notebook must have its rendered Markdown, whose code blocks are
 exactly the notebook's code cells, in order (a notebook edited without rerunning
-benchmarks/render_notebooks.py fails here), with the outputs a reader came for (text or figures)
+tools/render_notebooks.py fails here), with the outputs a reader came for (text or figures)
 and every figure it links present beside it; no code cell shows one figure twice (a cell whose value is a
 matplotlib Figure that the inline backend also draws shows it twice, byte for byte).
 """
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 DOCS = ROOT / "docs" / "notebooks"
 IMAGE = r"!\[[^\]]*\]\(([^)]+\.(?:png|jpg|svg))\)"
-FIX = "rerun `make notebooks-docs` (or python benchmarks/render_notebooks.py NN) and commit docs/notebooks"
+FIX = "rerun `make notebooks-docs` (or python tools/render_notebooks.py NN) and commit docs/notebooks"
 
 
 def _code_cells(path: Path) -> list[str]:

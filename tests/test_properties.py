@@ -6,12 +6,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import interp
-from interp.patching import bias_patch_hooks
+from interp.record.patching import bias_patch_hooks
 from interp.analysis.scores import _key_mask, score_terms
 from interp.data import Batch
 from interp.models import TINY_FAMILIES, tiny_hf_model
 from interp.models.loading import clone_model
-from interp.record import record_qkv
+from interp.record.recording import record_qkv
 
 VISION = {f.name for f in interp.list_families(modality="vision")}
 CAUSAL = {f.name for f in interp.list_families(attention="causal")}

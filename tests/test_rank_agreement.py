@@ -11,7 +11,7 @@ from scipy.stats import spearmanr  # noqa: E402
 
 from interp import plots  # noqa: E402
 from interp.bootstrap import PERCENTILES, resample_indices  # noqa: E402
-from interp.pipeline import estimate_vs_exact  # noqa: E402
+from interp.report.pipeline import estimate_vs_exact  # noqa: E402
 
 
 def _rows(seed=0, n=12):

@@ -10,39 +10,36 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 
 # Lowest layer first. A module may import only from layers strictly below its own.
 LAYERS = [
-    ["interp._version", "interp.errors", "interp.types", "interp.hooks"],
-    ["interp.moments", "interp.plot_checks", "interp.colours"],
-    ["interp.io", "interp.bootstrap", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
-     "interp.single_input_plots", "interp.models.external"],
+    ["interp._version", "interp.errors", "interp.types", "interp.record.hooks"],
+    ["interp.record.moments", "interp.figures.plot_checks", "interp.figures.colours"],
+    ["interp.checks", "interp.io", "interp.bootstrap", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
+     "interp.figures.single_input_plots", "interp.models.external"],
     ["interp.ablation.options"],
     ["interp.models.adapters.dinov2", "interp.models.adapters.beit", "interp.models.adapters.clip",
-     "interp.models.adapters.timm_vit", "interp.plots", "interp.interactive", "interp.models.audit"],
+     "interp.models.adapters.timm_vit", "interp.figures.plots", "interp.figures.interactive", "interp.models.audit"],
     ["interp.models.adapters.open_clip_vit"],
     ["interp.models.adapters"],
     ["interp.models.families"],
-    ["interp.models.info", "interp.models.zoo", "interp.models.sink_arms"],
-    ["interp.checks"],
+    ["interp.models.info", "interp.models.zoo"],
+    ["interp.models.digits"],
     ["interp.models.bridge"],
     ["interp.models.tiny", "interp.models.loading"],
-    ["interp.heads", "interp.data.batch", "interp.fingerprint"],
+    ["interp.record.heads", "interp.data.batch", "interp.record.fingerprint"],
     ["interp.data.sources"], ["interp.data.builtin"], ["interp.data.iterate"],
     ["interp.data", "interp.fetch"],
-    ["interp.stats_format"], ["interp.stats_dist"], ["interp.stats"],
-    ["interp.patching", "interp.prefix"], ["interp.capture"], ["interp.record", "interp.analysis.origin_intervals"],
+    ["interp.record.stats_format"], ["interp.record.stats_dist"], ["interp.record.stats"],
+    ["interp.record.patching", "interp.record.prefix"], ["interp.record.capture"], ["interp.record.recording", "interp.analysis.origin_intervals"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log"],
     ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"], ["interp.analysis.high_norm", "interp.analysis.sink_intervals"],
     ["interp.analysis", "interp.ablation.attribution", "interp.ablation.implicit"],
     ["interp.ablation.fused"], ["interp.ablation.distance", "interp.ablation.logits"], ["interp.ablation.memory"],
     ["interp.ablation.sweep"],
-    ["interp.ablation"], ["interp.sections"],
-    ["interp.pipeline", "interp.training.digits", "interp.training.mnist_vit", "interp.one_input_run"],
-    ["interp.training.corpus", "interp.training.ngram", "interp.training.sink_metrics", "interp.training.results"],
-    ["interp.training.sinks"], ["interp.training.sink_results", "interp.training.backcopy"],
-    ["interp.training.backcopy_results", "interp.training.sink_report"], ["interp.training.backcopy_report"], ["interp.training"],
-    ["interp.report"],
-    ["interp.demo", "interp.compare"],
-    ["interp.cli", "interp.models", "interp.testing", "interp"],
+    ["interp.ablation"], ["interp.report.sections"],
+    ["interp.report.pipeline", "interp.report.single_input_run"],
+    ["interp.report.html"],
+    ["interp.report.demo", "interp.compare"],
+    ["interp.cli", "interp.models", "interp.testing", "interp.record", "interp.figures", "interp.report", "interp"],
 ]
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}
 
@@ -64,6 +61,8 @@ def interp_imports(tree: ast.AST, name: str):
 
     def visit(node, in_function):
         for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                continue  # annotations only: nothing is imported at run time
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.Import):
                 found.extend((a.name, child.lineno, in_function) for a in child.names if a.name.startswith("interp"))
@@ -105,8 +104,24 @@ def test_models_import_no_data_and_no_training():
     for name, path in MODULES.items():
         if name.startswith("interp.models"):
             for target, line, _ in interp_imports(ast.parse(path.read_text()), name):
-                assert not target.startswith(("interp.data", "interp.training", "interp.fetch")), \
+                assert not target.startswith(("interp.data", "experiments.training", "interp.fetch")), \
                     f"{name}:{line} imports {target}: models sit below data and training"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_the_library_never_imports_experiments_tools_or_benchmarks(name):
+    """experiments/, tools/ and benchmarks/ use the library; they are not installed, so it cannot use them."""
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            assert not any(t.split(".")[0] in ("experiments", "tools", "benchmarks") for t in targets), \
+                f"{name}:{node.lineno} imports {targets}"
+
+
+def test_the_package_root_is_a_handful_of_modules():
+    """The root holds packages that name their concern and a few modules (the cap is the one we keep)."""
+    root_modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root_modules) <= 12, f"interp/ has {len(root_modules)} modules: {root_modules}"
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -131,26 +146,22 @@ TESTED_IN = {
     "interp.bootstrap": "tests/ablation/test_uncertainty.py",
     "interp.data.batch": "tests/data/test_sources.py",  # the image preprocessing, read through resolve_data
     "interp.data.builtin": "tests/models/test_zoo.py",
-    "interp.demo": "tests/test_pipeline.py",
+    "interp.report.demo": "tests/report/test_pipeline.py",
     "interp.errors": "tests/test_every_exception_ours.py",
-    "interp.interactive": "tests/test_interactive_figures.py",
+    "interp.figures.interactive": "tests/figures/test_interactive_figures.py",
     "interp.io": "tests/test_faults.py",
     "interp.models.bridge": ("tests/models/test_loading.py", "load_model"),
     "interp.models.folder": ("tests/models/test_loading.py", "save_pretrained"),
     "interp.models.info": ("tests/models/test_families.py", "model.interp"),
     "interp.models.tiny": "tests/models/test_families.py",
-    "interp.one_input_run": ("tests/test_cli.py", "one-input"),
+    "interp.report.single_input_run": ("tests/test_cli.py", "one-input"),
     "interp.models.builders": "tests/models/test_families.py",
-    "interp.patching": "tests/test_properties.py",
-    "interp.plot_checks": "tests/test_plots.py",
-    "interp.single_input_plots": "tests/analysis/test_single_input.py",
-    "interp.stats_dist": ("tests/test_record.py", "all_reduce"),
-    "interp.stats_format": "tests/test_stats.py",
-    "interp.training.corpus": "tests/training/test_sink_training.py",
-    "interp.training.sink_report": "tests/training/test_sink_results.py",
-    "interp.training.backcopy_results": "tests/training/test_backcopy.py",
-    "interp.training.backcopy_report": "tests/training/test_backcopy.py",
-    "interp.training.sinks": "tests/training/test_sink_training.py",
+    "interp.record.patching": "tests/test_properties.py",
+    "interp.models.digits": "tests/models/test_timm_port.py",
+    "interp.figures.plot_checks": "tests/figures/test_plots.py",
+    "interp.figures.single_input_plots": "tests/analysis/test_single_input.py",
+    "interp.record.stats_dist": ("tests/record/test_recording.py", "all_reduce"),
+    "interp.record.stats_format": "tests/record/test_stats.py",
 }
 # the adapters are tested through the family registry (tests parametrised over list_families())
 REGISTRY_TESTS = "tests/models/test_families.py"

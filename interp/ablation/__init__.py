@@ -4,7 +4,7 @@ By job: ``variants`` (what one ablation patches), ``metrics`` (what it is measur
 ``options`` (``SweepOptions``: every option, declared once), ``log`` (the resumable sweep log), ``prefix``
 (replaying the intact layers below a patch), ``logits`` (next-token metrics a chunk of positions at a time),
 ``attribution`` (first-order and AtP* estimates), ``sweep`` (``ablate_bias`` itself). The hooks are in
-``interp.patching``. Names are imported on first use (PEP 562), so the command line reads ``options`` without
+``interp.record.patching``. Names are imported on first use (PEP 562), so the command line reads ``options`` without
 loading torch.
 """
 

@@ -38,11 +38,11 @@ from interp.ablation.variants import Variant
 from interp.analysis.scores import apply_rotary
 from interp.data import Batch
 from interp.errors import InputError
-from interp.heads import kv_group
-from interp.hooks import hook_name
+from interp.record.heads import kv_group
+from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge
-from interp.patching import bias_shift, slice_batch
-from interp.stats import QKVStats
+from interp.record.patching import bias_shift, slice_batch
+from interp.record.stats import QKVStats
 from interp.types import Method
 
 

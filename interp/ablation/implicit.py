@@ -36,9 +36,9 @@ from interp.analysis.sink_parts import AbsHistogram, check_positions, class_mask
     evaluating, keeper
 from interp.data import Batch
 from interp.errors import InputError
-from interp.hooks import block_hook, hook_name
+from interp.record.hooks import block_hook, hook_name
 from interp.models.bridge import InterpBridge
-from interp.patching import Hook, Target, stack_hooks
+from interp.record.patching import Hook, Target, stack_hooks
 
 IMPLICIT_METHODS = ("zero", "mean")
 

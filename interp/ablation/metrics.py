@@ -17,9 +17,9 @@ from torch import Tensor
 
 from interp.data import Batch
 from interp.errors import InputError
-from interp.hooks import block_hook
+from interp.record.hooks import block_hook
 from interp.models.bridge import InterpBridge
-from interp.patching import StopForward
+from interp.record.patching import StopForward
 
 DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
 TASK_METRICS = ("next_token_ce", "cross_entropy")

@@ -101,7 +101,7 @@ class SweepOptions:
     the selection of variants (kinds, scope, layers, heads): typed, checked once here, read by every step
     (each field's declaration: ``option``; the module doc says what ``bind`` means)."""
 
-    method: Method = option("zero", "key", "zero | mean | layer_mean | fold | random (interp.patching)",
+    method: Method = option("zero", "key", "zero | mean | layer_mean | fold | random (interp.record.patching)",
                             _member(METHODS))
     estimate: Estimate = option("auto", "key", "exact | attribution | atp | atp_distance | auto",
                                 _member(ESTIMATES))

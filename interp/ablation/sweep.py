@@ -4,7 +4,7 @@ Estimates (the ``estimate`` column):
 
 * ``exact``: one patched forward per variant, ``stack`` variants at a time on the batch
   axis; a variant patched from layer l replays the intact layers 0..l-1
-  (``interp.prefix``) instead of recomputing them. Streamed: per round of variants and per batch, the intact
+  (``interp.record.prefix``) instead of recomputing them. Streamed: per round of variants and per batch, the intact
   forward is rerun for that batch's block outputs and intact log-probabilities, which every patched forward of
   the round reads and which are dropped before the next batch; a causal LM's next-token metric and KL are taken
   from the final hidden states a chunk of real positions at a time (``interp.ablation.logits``), never from every
@@ -22,7 +22,7 @@ Estimates (the ``estimate`` column):
 
 Matched control (exact rows; ``n_control`` draws, default 19): every exact bias variant is run again
 ``n_control`` times with each targeted head's displacement s_h = a' - a replaced by a random direction of the
-same norm ||s_h|| (``interp.patching.control_patch_hooks``; draws fixed by ``seed``). With c_1..c_n the control
+same norm ||s_h|| (``interp.record.patching.control_patch_hooks``; draws fixed by ``seed``). With c_1..c_n the control
 deltas: ``control_lo`` / ``control_hi`` = min / max c_d, ``control_p`` = (1 + #{d: |c_d| >= |delta|}) / (n + 1)
 (the Monte Carlo p-value of "a random direction of the same displacement moves the metric as much"),
 ``outside_control`` = delta outside [control_lo, control_hi], and ``bias_dependent`` = control_p <= 0.05: the
@@ -80,22 +80,22 @@ from interp.ablation.memory import auto_stack, estimate_checkpoint, estimate_ite
 from interp.ablation.options import SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
                                    patched_items, patched_stack, tiled_item_sums)
-from interp.hooks import block_hook
-from interp.prefix import first_layer, record_block_outputs, replay_blocks
+from interp.record.hooks import block_hook
+from interp.record.prefix import first_layer, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
 from interp.bootstrap import Resampler, item_keys
 from interp.checks import check_frames, check_not_blank
 from interp.data import Batch, batch_to_device, iter_batches
 from interp.errors import InputError, public
-from interp.fingerprint import callable_identity, data_fingerprint, hooks_identity, model_fingerprint
-from interp.heads import bias_present
+from interp.record.fingerprint import callable_identity, data_fingerprint, hooks_identity, model_fingerprint
+from interp.record.heads import bias_present
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.patching import (Target, bias_patch_hooks, check_method, control_patch_hooks, displacement_norm,
+from interp.record.patching import (Target, bias_patch_hooks, check_method, control_patch_hooks, displacement_norm,
                              needs_means, repeat_batch, stack_hooks)
-from interp.record import record_qkv
-from interp.stats import QKVStats
+from interp.record.recording import record_qkv
+from interp.record.stats import QKVStats
 from interp.types import Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
@@ -326,7 +326,7 @@ def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
     """Why ``var`` provably changes nothing, so that no forward is needed; "" when it must run.
 
     * every target's bias is absent (the architecture has none), whatever the method: nothing to remove or
-      replace, so every method's shift a' - a is 0 (``interp.patching.bias_shift``; "mean" does not add E[XW]);
+      replace, so every method's shift a' - a is 0 (``interp.record.patching.bias_shift``; "mean" does not add E[XW]);
     * only b_k, and the registry says b_k cancels in the softmax (learned, ALiBi, relative or no
       positions; not rotary or qk-norm): every method shifts k by a per-head constant,
       which adds the same amount to every score of a query row;

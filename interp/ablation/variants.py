@@ -9,7 +9,7 @@ from typing import Iterable, Optional, Sequence, Union
 from interp.checks import as_index, check_heads, check_kinds, check_layers
 from interp.errors import InputError
 from interp.models.info import ModelInfo
-from interp.patching import Target
+from interp.record.patching import Target
 from interp.types import IMPLICIT_KINDS, QKV, SCOPES, Scope  # IMPLICIT_KINDS: exact-only
 
 NO_HEAD = -1  # a massive target's head: the residual stream is not per head

@@ -40,13 +40,13 @@ from tqdm.auto import tqdm
 
 from interp.bootstrap import PERCENTILES, check_bootstrap, resample_indices
 from interp.checks import as_index, check_count, check_fraction, check_heads, check_kinds, check_layers
-from interp.capture import stream_batches
+from interp.record.capture import stream_batches
 from interp.data import Batch, iter_batches
 from interp.errors import InputError, public
-from interp.hooks import hook_name
+from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.info import ModelInfo
-from interp.patching import bias_patch_hooks, check_method
+from interp.record.patching import bias_patch_hooks, check_method
 
 N_BINS = 8
 

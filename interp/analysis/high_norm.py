@@ -42,7 +42,7 @@ from interp.analysis.sinks import _token_label, check_resid_point, resid_hook
 from interp.checks import check_layers
 from interp.data import Batch, to_device
 from interp.errors import public
-from interp.hooks import hook_name
+from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 
 QUANTILES = {"norm_q05": 0.05, "norm_q25": 0.25, "norm_median": 0.5, "norm_q75": 0.75, "norm_q95": 0.95}

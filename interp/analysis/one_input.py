@@ -45,19 +45,19 @@ from torch import Tensor
 
 from interp.analysis.scores import _key_mask, score_terms
 from interp.analysis.sink_parts import evaluating, patterns_of, prefix_names
-from interp.capture import check_fits_dtype, run_until_kept
+from interp.record.capture import check_fits_dtype, run_until_kept
 from interp.data.batch import Batch, image_norm, normalise, pil_pixels, square_resize
 from interp.checks import check_count, check_heads, check_layers
 from interp.data import CheckedBatch, check_batch
 from interp.data.iterate import to_batch, unchecked_batches
 from interp.data.sources import data_kind
 from interp.errors import InputError, public
-from interp.fingerprint import data_fingerprint, model_fingerprint
-from interp.heads import attention_weights, kv_group
-from interp.hooks import hook_name
+from interp.record.fingerprint import data_fingerprint, model_fingerprint
+from interp.record.heads import attention_weights, kv_group
+from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
-from interp.patching import stacked_patch_hooks
+from interp.record.patching import stacked_patch_hooks
 
 CONDITIONS = ("intact", "no_b_q", "no_b_k", "no_b_v", "no_key_prior")
 QUERIES = ("cls", "first", "last", "mean", "all")

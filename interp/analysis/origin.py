@@ -30,9 +30,9 @@ from interp.analysis.origin_intervals import origin_intervals
 from interp.bootstrap import check_bootstrap
 from interp.checks import check_heads, check_layers
 from interp.errors import InputError, public
-from interp.heads import attention_weights, kv_group
+from interp.record.heads import attention_weights, kv_group
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.stats import QKVStats, require_stats
+from interp.record.stats import QKVStats, require_stats
 
 
 def _cos(a: Tensor, b: Tensor) -> float:

@@ -6,7 +6,7 @@ image), per layer, kind and head: the sum of the content vectors XW over its rea
 sum of their squared norms, and the token count. A resample's shift ratio is ||b|| / sqrt(sum ||XW||^2
 / sum n) and its bias share ||b|| / (||b|| + ||sum XW / sum n||) over the resampled items: the same
 token-weighted statistics as the point estimate, resampled over items (``interp.bootstrap``). Memory:
-items x layers x kinds x (d_model + heads) float64 numbers. The pass (``interp.capture.stream_batches``)
+items x layers x kinds x (d_model + heads) float64 numbers. The pass (``interp.record.capture.stream_batches``)
 hashes the batches it reads; data whose fingerprint is not the statistics' ``data_fingerprint`` is
 refused, never mixed.
 """
@@ -20,13 +20,13 @@ import torch
 from torch import Tensor
 
 from interp.bootstrap import Resampler, item_keys
-from interp.capture import stream_batches
+from interp.record.capture import stream_batches
 from interp.data import Batch
 from interp.errors import InputError
-from interp.heads import attention_weights
-from interp.hooks import hook_name
+from interp.record.heads import attention_weights
+from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge
-from interp.stats import QKVStats
+from interp.record.stats import QKVStats
 
 Sums = dict[tuple[int, str], dict[str, list[Tensor]]]
 
@@ -68,7 +68,7 @@ def item_sums(model: InterpBridge, data: Any, layers: Sequence[int], kinds: Sequ
 
 def _check_same_data(stats: QKVStats, data_fp: str) -> None:
     """The intervals' pass must read the batches the statistics were recorded on: decided by the data
-    fingerprint (a hash of the exact batches, ``interp.fingerprint.DataHasher``), never by summaries."""
+    fingerprint (a hash of the exact batches, ``interp.record.fingerprint.DataHasher``), never by summaries."""
     if stats.data_fingerprint is None or data_fp != stats.data_fingerprint:
         recorded = "no data fingerprint" if stats.data_fingerprint is None else \
             f"data fingerprint {stats.data_fingerprint}"

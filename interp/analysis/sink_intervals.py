@@ -33,7 +33,7 @@ from interp.analysis.sinks import _profile_part
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.data import Batch
 from interp.errors import InputError, public
-from interp.fingerprint import DataHasher
+from interp.record.fingerprint import DataHasher
 from interp.models.bridge import InterpBridge, require_bridge
 
 KEYS = ["layer", "head", "position"]

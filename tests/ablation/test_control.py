@@ -15,7 +15,7 @@ import interp
 from interp.ablation import ablate_bias
 from interp.ablation.sweep import CONTROL_ALPHA, control_columns
 from interp.models import tiny_hf_model, tiny_inputs
-from interp.patching import bias_shift, matched_shift
+from interp.record.patching import bias_shift, matched_shift
 
 D_HEAD = 32  # wide heads: a random unit direction has |cos| to a fixed one of about 1/sqrt(32)
 

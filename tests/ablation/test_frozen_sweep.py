@@ -1,6 +1,6 @@
 """The exact sweep's numbers on the shipped models equal the ones frozen before its rewrite (issue 40).
 
-``docs/results/sweep_frozen/*.csv`` were written by ``benchmarks/freeze_sweep.py`` with the code of the commit
+``docs/results/sweep_frozen/*.csv`` were written by ``tests/ablation/freeze_sweep.py`` with the code of the commit
 named in ``commit.txt`` (the sweep that held every variant's full logits and recomputed the intact
 log-softmax per variant); the same cases run now must give the same rows to 1e-6 (relative; a metric value's
 absolute tolerance is 1e-6 of the baseline's magnitude).
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-_spec = importlib.util.spec_from_file_location("freeze_sweep", Path(__file__).parents[2] / "benchmarks" / "freeze_sweep.py")
+_spec = importlib.util.spec_from_file_location("freeze_sweep", Path(__file__).parent / "freeze_sweep.py")
 freeze = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(freeze)
 CASES, KEY, NUMBERS, OUT, sweep = freeze.CASES, freeze.KEY, freeze.NUMBERS, freeze.OUT, freeze.sweep

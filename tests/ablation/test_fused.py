@@ -11,7 +11,7 @@ import interp
 import interp.ablation.logits as logits
 from interp.ablation import fused
 from interp.data import Batch
-from interp.hooks import block_hook
+from interp.record.hooks import block_hook
 from interp.ablation import metrics
 from interp.models import tiny_hf_model, tiny_inputs
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import interp
-import interp.fingerprint
+import interp.record.fingerprint
 from interp.ablation import ablate_bias
 from interp.errors import StaleResultsError
 from interp.models import tiny_hf_model, tiny_inputs
@@ -59,7 +59,7 @@ def test_overwrite_starts_afresh_and_equals_a_clean_run(models, tmp_path):
     clean = ablate_bias(b, data(), kinds=("q",), progress=False, estimate="exact")
     assert fresh.delta.tolist() == pytest.approx(clean.delta.tolist(), abs=1e-12)
     header = json.loads((tmp_path / "ablation.jsonl").read_text().splitlines()[0])["_fingerprint"]
-    assert header["model"] == fresh.model_fingerprint.iloc[0] == interp.fingerprint.model_fingerprint(b)
+    assert header["model"] == fresh.model_fingerprint.iloc[0] == interp.record.fingerprint.model_fingerprint(b)
 
 
 def test_a_log_without_fingerprint_is_refused(models, tmp_path):
@@ -158,15 +158,15 @@ def test_weights_changed_in_place_are_noticed(tmp_path):
 
 def test_an_optimizer_step_and_load_state_dict_are_noticed():
     model = interp.load_model(tiny_hf_model("gpt2", seed=0), device="cpu")
-    first = interp.fingerprint.model_fingerprint(model)
-    assert interp.fingerprint.model_fingerprint(model) == first  # cached while nothing moved
+    first = interp.record.fingerprint.model_fingerprint(model)
+    assert interp.record.fingerprint.model_fingerprint(model) == first  # cached while nothing moved
     saved = {k: v.clone() for k, v in model.hf_model.state_dict().items()}
     opt = torch.optim.SGD(model.hf_model.parameters(), lr=0.1)
     model.hf_model.transformer.h[0].attn.c_attn.bias.grad = torch.ones_like(model.hf_model.transformer.h[0].attn.c_attn.bias)
     opt.step()
-    assert interp.fingerprint.model_fingerprint(model) != first
+    assert interp.record.fingerprint.model_fingerprint(model) != first
     model.hf_model.load_state_dict(saved)
-    assert interp.fingerprint.model_fingerprint(model) == first  # the same bytes again: the same fingerprint
+    assert interp.record.fingerprint.model_fingerprint(model) == first  # the same bytes again: the same fingerprint
 
 
 SHIFT = 3

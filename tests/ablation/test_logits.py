@@ -8,7 +8,7 @@ import interp
 import interp.ablation.logits as logits
 from interp.ablation import metrics
 from interp.data import Batch
-from interp.hooks import block_hook
+from interp.record.hooks import block_hook
 from interp.models import tiny_hf_model, tiny_inputs
 from interp.models.loading import clone_model
 

@@ -10,7 +10,7 @@ from scipy.stats import spearmanr
 import interp
 import interp.ablation.metrics
 from interp.ablation import ablate_bias
-from interp.patching import bias_patch_hooks
+from interp.record.patching import bias_patch_hooks
 from interp.errors import InputError
 from interp.models import tiny_hf_model, tiny_inputs
 from interp.models.loading import clone_model

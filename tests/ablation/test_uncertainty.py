@@ -10,10 +10,10 @@ from interp.ablation import ablate_bias
 from interp.bootstrap import PERCENTILES, Resampler, item_keys, resample_indices
 from interp.data import Batch
 from interp.errors import StaleResultsError
-from interp.heads import attention_weights
-from interp.hooks import hook_name
+from interp.record.heads import attention_weights
+from interp.record.hooks import hook_name
 from interp.models import tiny_hf_model
-from interp.patching import random_bias
+from interp.record.patching import random_bias
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ def test_origin_refuses_layers_the_statistics_lack(models):
 
 def test_fewer_than_three_heads_are_one_family_said_as_such(models):
     """interp frequency --heads 0,1 on one layer: no clustering to do, and the text says why."""
-    from interp.pipeline import _families, _families_text
+    from interp.report.pipeline import _families, _families_text
 
     model, data = models["vit"]
     profile = interp.frequency_profile(model, data, layers=[1], heads=[0, 1], progress=False)

@@ -1,7 +1,7 @@
 """The memory rework of issue 40 (score terms reduced a chunk of heads at a time in the pattern hook, sink and
 implicit sums reduced in the hooks one layer at a time) leaves the numbers where they were: the tables of
 ``score_decomposition``, ``sink_profile`` and ``implicit_value_bias`` on the shipped MiniLM-L6 and SmolLM2-135M
-equal, to 1e-6 relative or 1e-5 of each column's largest value, the ones ``benchmarks/freeze_streaming.py`` wrote from main before the rework
+equal, to 1e-6 relative or 1e-5 of each column's largest value, the ones ``tests/analysis/freeze_streaming.py`` wrote from main before the rework
 (docs/results/scale/frozen/, SOURCE.txt names the commit)."""
 
 import importlib.util
@@ -16,7 +16,7 @@ FROZEN = ROOT / "docs" / "results" / "scale" / "frozen"
 
 
 def _freeze():
-    spec = importlib.util.spec_from_file_location("freeze_streaming", ROOT / "benchmarks" / "freeze_streaming.py")
+    spec = importlib.util.spec_from_file_location("freeze_streaming", Path(__file__).parent / "freeze_streaming.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

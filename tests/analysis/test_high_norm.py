@@ -147,7 +147,7 @@ def test_figures_draw_the_tables_with_titles_and_labelled_axes():
     import matplotlib.pyplot as plt
     from matplotlib.collections import PathCollection
 
-    from interp.plots import key_prior_sink_plot, token_norm_plot
+    from interp.figures.plots import key_prior_sink_plot, token_norm_plot
 
     hf = tiny_hf_model("vit").eval()
     with torch.no_grad():

@@ -11,11 +11,11 @@ from scipy.special import logsumexp
 
 import interp
 import interp.analysis.scores as scores
-import interp.capture as capture
+import interp.record.capture as capture
 from interp.analysis.scores import TERMS
 from interp.models import tiny_hf_model, tiny_inputs
 from interp.models.loading import clone_model
-from interp.patching import bias_patch_hooks
+from interp.record.patching import bias_patch_hooks
 
 
 def _by_hand(model, batches, layer):

@@ -16,7 +16,7 @@ import torch
 
 import interp
 from interp.errors import InputError, InternalError, InterpError
-from interp.fingerprint import model_fingerprint
+from interp.record.fingerprint import model_fingerprint
 from interp.models import tiny_hf_model
 
 TOL = 1e-6  # float64 models
@@ -415,11 +415,11 @@ def test_plotly_figures_carry_the_numbers(vit_view):
 
 def test_the_real_views_figures_follow_the_colour_rule_and_its_b_k_kl_is_no_effect(vit_view):
     """The float64 tiny ViT's KL without b_k is rounding (min -2.2e-8 nats here): the report's KL heatmap draws
-    it as 0, grey, with the floor in the hover; every single-input figure passes interp.colours' check."""
+    it as 0, grey, with the floor in the hover; every single-input figure passes interp.figures.colours' check."""
     import matplotlib.pyplot as plt
 
     from interp import interactive, plots
-    from interp.colours import NO_EFFECT, _colour_at, check_colours
+    from interp.figures.colours import NO_EFFECT, _colour_at, check_colours
 
     kl = interactive.layer_head_heatmap(vit_view.heads, "kl", facet="condition",
                                         query="condition in ('no_b_q', 'no_b_k', 'no_key_prior')")
@@ -463,8 +463,8 @@ def test_text_views_draw_matrices_or_bars_and_refuse_an_overlay():
 
 
 def test_the_pipeline_step_makes_a_report_section(tmp_path):
-    from interp.pipeline import make_context, single_input_step
-    from interp.report import write_report
+    from interp.report.pipeline import make_context, single_input_step
+    from interp.report.html import write_report
 
     ctx = make_context(interp.load_model(tiny_hf_model("vit"), device="cpu"), "digits", quick=True)
     section, = single_input_step(ctx)

@@ -18,7 +18,7 @@ import interp
 from interp.analysis import sink_parts, sinks
 from interp.errors import InputError
 from interp.models import tiny_hf_model
-from interp.training import backcopy, sink_metrics
+from experiments.training import backcopy, sink_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ def test_one_threshold_constant_everywhere():
     for fn in (sinks.sink_profile, sinks.sink_pass):
         assert inspect.signature(inspect.unwrap(fn)).parameters["threshold"].default is sinks.SINK_THRESHOLD
     files = [*(ROOT / "interp/analysis").glob("sink*.py"), *(ROOT / "interp/training").glob("sink*.py"),
-             *(ROOT / "interp/training").glob("backcopy*.py"), ROOT / "interp/pipeline.py"]
+             *(ROOT / "interp/training").glob("backcopy*.py"), ROOT / "interp/report/pipeline.py"]
     literal = re.compile(r"(?<![\w.])0\.3(?![\d])")
     found = [f"{f.name}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1)
              if literal.search(line.split("#")[0]) and "SINK_THRESHOLD = 0.3" not in line

@@ -57,7 +57,7 @@ def test_each_kind_of_argument(lm, corpus):
 
 def test_api_pipeline_and_cli_read_the_same_batches(lm, corpus):
     from interp.cli import _data_source
-    from interp.pipeline import make_context
+    from interp.report.pipeline import make_context
 
     options = {"batch_size": 2, "max_items": 5, "seq_len": 16}
     direct = list(open_data(lm, corpus, options))

@@ -214,7 +214,7 @@ def test_each_rank_reads_only_its_items_and_the_shards_add_up(vit, tmp_path, mon
 
 def test_the_pipeline_and_the_cli_take_a_folder(vit, tmp_path):
     from interp.cli import main as cli_main
-    from interp.pipeline import make_context
+    from interp.report.pipeline import make_context
 
     write_images(tmp_path / "imgs", 10)
     ctx = make_context(vit, str(tmp_path / "imgs"))

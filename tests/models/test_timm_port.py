@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import interp
-from interp.training.digits import digits_vit_as_timm
+from interp.models.digits import digits_vit_as_timm
 
 
 @pytest.fixture(scope="module", params=["digits-vit", "digits-vit-nobias"])

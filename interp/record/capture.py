@@ -1,0 +1,120 @@
+"""The one capture loop: every streaming pass over data (``record_qkv``, ``origin_shift``'s intervals,
+``score_decomposition``, ``frequency_profile``, the sink and high-norm analyzers) runs its batches through
+``stream_batches``, so every pass does the same things in the same order:
+
+1. the batch is read and checked on the host, once (``iter_batches``: ``open_data``'s decision of what the
+   data are; each batch a ``CheckedBatch``: shape, dtype, vocabulary, finiteness, mask, and that its pixels
+   fit the model's dtype), and hashed into the data fingerprint (``interp.record.fingerprint.DataHasher``);
+2. one forward of that ``CheckedBatch`` in eval mode without gradients, with the pass's hooks, keeping the
+   activations it names and ending as soon as they are kept (``run_until_kept``; the bridge skips its own
+   checks for a ``CheckedBatch`` only: they would synchronise a GPU);
+3. the kept activations are handed to the pass's consumer, ``consume(batch, store)`` (the checked batch,
+   on the host: a consumer that runs more forwards passes it to them), and dropped before the next batch.
+
+Returns (batches run, data fingerprint): the fingerprint is what decides "the same data" elsewhere
+(``origin_shift`` intervals against the statistics they explain).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.data import Batch, CheckedBatch, iter_batches
+from interp.data.batch import check_fits_dtype  # noqa: F401 - re-exported: the callers' name for it
+from interp.record.fingerprint import DataHasher
+from interp.models.bridge import InterpBridge, refuse_active_dropout
+from interp.record.patching import StopForward
+from interp.record.prefix import record_block_outputs
+
+Consumer = Callable[[CheckedBatch, dict[str, Tensor]], None]
+Hooks = Union[Sequence[tuple[Any, Callable]], Callable[[Batch], Sequence[tuple[Any, Callable]]]]
+
+
+@contextmanager
+def evaluating(model: InterpBridge) -> Iterator[None]:
+    """Eval mode and no gradients inside; the model's own mode is restored after. A model in training mode
+    with dropout active is refused first, as every forward of the bridge (and ``ablate_bias``) refuses it:
+    its user asked for random numbers, and silently switching it to eval would hide that."""
+    refuse_active_dropout(model.hf_model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+OUTPUT, BLOCK_OUTPUTS = "output", "block_outputs"  # the store's keys for the forward's output and block outputs
+
+
+def run_until_kept(model: InterpBridge, batch: Batch, names: Sequence[str], hooks: Sequence = (),
+                   keep_output: bool = False, **forward: Any) -> dict[str, Any]:
+    """One forward of ``batch`` with ``hooks`` that keeps the activations at ``names`` and ends as soon as all are
+    kept, whatever order the family fires them in (TransformerLens' ``stop_at_layer`` does not stop blocks named
+    ``encoder.layer.N``: ViT, DINOv2, BERT run to the end; and it never skips the final norm and unembedding,
+    which a language model's vocabulary makes costly). A hook that never fires (a fused attention kernel
+    has no pattern) lets the forward finish; the caller then finds the name missing. ``keep_output``: the
+    forward runs to the end and its output (the first of a tuple) is kept too, under ``OUTPUT``.
+
+    The forward checks ``batch`` unless it is a ``CheckedBatch`` checked for this model (``check_batch``:
+    once, on the host); nothing else skips the checks."""
+    store: dict[str, Any] = {}
+    wanted = set(names)
+
+    def keeper(name: str) -> Callable[[Tensor, Any], None]:
+        def keep(t: Tensor, hook: Any) -> None:
+            store[name] = t.detach()
+            if len(store) == len(wanted) and not keep_output:
+                raise StopForward
+        return keep
+
+    try:
+        out = model.run_with_hooks(batch, fwd_hooks=list(hooks) + [(n, keeper(n)) for n in wanted], **forward)
+    except StopForward:
+        return store
+    if keep_output:
+        store[OUTPUT] = (out if isinstance(out, Tensor) else out[0]).detach()
+    return store
+
+
+def _no_consumer(batch: CheckedBatch, store: dict[str, Tensor]) -> None:
+    return None
+
+
+def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], hook_names: Sequence[str],
+                   consume: Optional[Consumer] = None, *, desc: str, progress: bool = True,
+                   stop_at_layer: Optional[int] = None, hooks: Hooks = (), keep_output: bool = False,
+                   block_outputs: bool = False) -> tuple[int, str]:
+    """Run every batch of ``data`` (at most ``max_batches``) as the module doc says; return (batches run,
+    data fingerprint).
+
+    ``hook_names``: activations kept and passed to ``consume(batch, store)`` (none: the forward runs to
+    the end). ``hooks``: more forward hooks, or a function of the batch that returns them
+    (hooks that reduce as the forward passes, and need the batch's mask). ``stop_at_layer`` also hands
+    TransformerLens the number of blocks to run. ``keep_output``: the forward runs to the end and the store
+    holds its output under ``OUTPUT``; ``block_outputs``: the store holds what each block returned, under
+    ``BLOCK_OUTPUTS`` (``interp.record.prefix.record_block_outputs``: a consumer's patched forwards can replay the
+    blocks below their layer). ``data`` may be a list of ``Batch`` to run again.
+    """
+    info = model.interp
+    consume = consume or _no_consumer
+    hasher, n_batches = DataHasher(), 0
+    extra = {} if stop_at_layer is None or stop_at_layer >= info.n_layers else {"stop_at_layer": stop_at_layer}
+    with evaluating(model):
+        for batch in tqdm(iter_batches(model, data, max_batches), desc=desc, disable=not progress, unit="batch"):
+            hasher.update(batch)  # a CheckedBatch: checked for this model as it was read
+            extra_hooks = hooks(batch) if callable(hooks) else hooks
+            with record_block_outputs(model) if block_outputs else nullcontext() as blocks:
+                store = run_until_kept(model, batch, list(hook_names), extra_hooks, keep_output, **extra)
+            if block_outputs:
+                store[BLOCK_OUTPUTS] = blocks
+            consume(batch, store)
+            del store  # not held through the next batch's forward: one batch's activations alive at a time
+            n_batches += 1
+    return n_batches, hasher.hexdigest()
