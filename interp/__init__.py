@@ -52,7 +52,7 @@ _PUBLIC = {
     "sink_profiles_by_item": "interp.analysis.sink_intervals", "sink_share_intervals": "interp.analysis.sink_intervals",
     "sink_share_difference": "interp.analysis.sink_intervals",
     "sink_pass": "interp.analysis.sinks", "sink_counts": "interp.analysis.sinks",
-    "SingleInput": "interp.analysis.one_input", "single_input": "interp.analysis.one_input",
+    "SingleInput": "interp.analysis.single_input", "single_input": "interp.analysis.single_input",
     "Batch": "interp.data", "builtin_batches": "interp.data", "iter_batches": "interp.data",
     "attention_weights": "interp.record.heads", "bias_spec": "interp.record.heads",
     "Family": "interp.models", "InterpBridge": "interp.models", "ModelInfo": "interp.models",

@@ -5,7 +5,7 @@ Subcommands: ``models`` (the offline zoo), ``families`` (the family registry), `
 (per-head Q/K/V statistics, torchrun-aware), ``origin`` (origin shift), ``scores`` (score
 decomposition and the float64 invariances), ``frequency`` (frequency profiles and head
 families), ``sinks`` (attention sinks, implicit value bias, massive activations), ``ablate``
-(bias ablations), ``compare`` (several models side by side over the same data), ``one-input`` (one image or
+(bias ablations), ``compare`` (several models side by side over the same data), ``single-input`` (one image or
 prompt closely: patterns with and without each bias, the key prior's tokens, a ViT's overlays), ``demo`` (the main job:
 every analysis, report.html and summary.json). Each writes CSV/Parquet tables and PNG figures into
 ``--out``. ``--debug`` (anywhere on the line) shows tracebacks; ``--version`` the version.
@@ -433,21 +433,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_one_input(args: argparse.Namespace) -> int:
+def _cmd_single_input(args: argparse.Namespace) -> int:
     """``single_input`` on one image or prompt: its tables, figures and manifest in ``--out``."""
-    from interp.report.single_input_run import one_input_section
+    from interp.report.single_input_run import single_input_section
     from interp.report.html import begin_outputs, write_manifest, write_section
 
     model = _load(args, args.device)
     out = Path(args.out)
     query = int(args.query) if args.query is not None and args.query.lstrip("-").isdigit() else args.query
-    view, section = one_input_section(model, args.input, what=f"input {args.input!r}", layers=args.layers,
+    view, section = single_input_section(model, args.input, what=f"input {args.input!r}", layers=args.layers,
                                       heads=args.heads, query=query, top_k=args.top_k, float64=args.float64)
-    begin_outputs(out, "one-input")
+    begin_outputs(out, "single-input")
     write_section(section, out)
     print(section.text)
     meta = {k: v for k, v in view.meta.items() if k != "notes"}
-    write_manifest(out, dict(command="one-input", input=args.input, weights=args.weights, model_args=args.model_args,
+    write_manifest(out, dict(command="single-input", input=args.input, weights=args.weights, model_args=args.model_args,
                              top_k=args.top_k, float64=args.float64, notes=view.meta.get("notes", []),
                              **{**meta, "model": args.model}))
     print(f"wrote {out}")
@@ -501,7 +501,7 @@ TABLES = {"inventory": ("bias_spec",), "record": ("qkv_stats",),
           "frequency": ("frequency_profile", "frequency_shift_q_bias"), "ablate": ("ablation",),
           "sinks": ("sink_profile", "sink_shares", "implicit_value_bias", "massive_activations"),
           "compare": ("compare", "compare_summary"),
-          "one-input": ("single_input_patterns", "single_input_heads", "single_input_key_prior",
+          "single-input": ("single_input_patterns", "single_input_heads", "single_input_key_prior",
                         "single_input_positions")}
 
 
@@ -601,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(p)
     p.set_defaults(func=_cmd_record)
 
-    for add_parsers in (_add_analysis_parsers, _add_ablate_parser, _add_compare_parser, _add_one_input_parser):
+    for add_parsers in (_add_analysis_parsers, _add_ablate_parser, _add_compare_parser, _add_single_input_parser):
         add_parsers(sub)
 
     p = sub.add_parser("demo", help="the main job: every analysis on one model, with a report")
@@ -621,8 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_one_input_parser(sub: Any) -> None:
-    p = sub.add_parser("one-input", help="one image or prompt closely: each head's pattern with and without each "
+def _add_single_input_parser(sub: Any) -> None:
+    p = sub.add_parser("single-input", help="one image or prompt closely: each head's pattern with and without each "
                        "bias, the key prior's favoured tokens, a ViT's attention over the image",
                        description="interp.single_input on one input: each head's attention pattern intact and "
                                    "without b_q, b_k, b_v or the key prior b_q . x_j W_k, the keys the key prior "
@@ -630,7 +630,7 @@ def _add_one_input_parser(sub: Any) -> None:
                                    "(CSV + Parquet), PNG figures and manifest.json in --out.")
     _add_model_options(p)
     p.add_argument("--input", required=True, help="a prompt (language model) or an image file (ViT)")
-    p.add_argument("--out", default="out/one-input", help="output folder (default: %(default)s)")
+    p.add_argument("--out", default="out/single-input", help="output folder (default: %(default)s)")
     p.add_argument("--layers", type=_int_list, default=None, help="comma-separated layers (default: all)")
     p.add_argument("--heads", type=_int_list, default=None, help="comma-separated heads (default: all)")
     p.add_argument("--query", default=None, help="the query rows in the patterns table: a position, cls, first, "
@@ -641,7 +641,7 @@ def _add_one_input_parser(sub: Any) -> None:
     p.add_argument("--float64", action="store_true", help="run a float64 copy (exact comparisons: without b_k "
                    "the pattern then moves by rounding only)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
-    p.set_defaults(func=_cmd_one_input)
+    p.set_defaults(func=_cmd_single_input)
 
 
 def _add_ablate_parser(sub: Any) -> None:

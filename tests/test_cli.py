@@ -368,7 +368,7 @@ CHEAP_RUNS = {
        for c in ("origin", "scores", "frequency", "sinks")},
     "demo": "tests/report/test_pipeline.py::test_manifest_is_written_last_and_lists_every_file",
     "compare": "tests/test_compare.py::test_cli_equals_api_on_the_shipped_digits_vits",
-    "one-input": "test_one_input_command_writes_single_inputs_tables",
+    "single-input": "test_single_input_command_writes_single_inputs_tables",
 }
 
 
@@ -412,14 +412,14 @@ def _through_csv(table):
 ONE_INPUT_TABLES = ("patterns", "heads", "key_prior", "positions")
 
 
-def test_one_input_command_writes_single_inputs_tables(digit_folder, digits_vit, tmp_path):
-    """`interp one-input` on an image file: the tables of interp.single_input on the same file, number for number
+def test_single_input_command_writes_single_inputs_tables(digit_folder, digits_vit, tmp_path):
+    """`interp single-input` on an image file: the tables of interp.single_input on the same file, number for number
     (both through CSV), its figures (patterns, key prior, overlays intact and without b_q) and a manifest."""
     import interp
     from interp.cli import main as cli_main
 
     image, out = digit_folder / "03.png", tmp_path / "one"
-    assert cli_main(["one-input", "--model", "digits-vit", "--input", str(image), "--device", "cpu",
+    assert cli_main(["single-input", "--model", "digits-vit", "--input", str(image), "--device", "cpu",
                      "--out", str(out)]) == 0
     view = interp.single_input(digits_vit, str(image))
     for name in ONE_INPUT_TABLES:
@@ -428,14 +428,14 @@ def test_one_input_command_writes_single_inputs_tables(digit_folder, digits_vit,
     for fig in ("patterns", "key_prior", "overlay", "overlay_no_b_q"):
         assert (out / f"single_input_{fig}.png").stat().st_size > 10_000, fig
     meta = json.loads((out / "manifest.json").read_text())["meta"]
-    assert meta["command"] == "one-input" and meta["data_fingerprint"] == view.meta["data_fingerprint"]
+    assert meta["command"] == "single-input" and meta["data_fingerprint"] == view.meta["data_fingerprint"]
     assert meta["model_fingerprint"] == view.meta["model_fingerprint"] and meta["query"] == "cls"
-    assert_manifest_lists_every_file(out, "one-input")
+    assert_manifest_lists_every_file(out, "single-input")
 
 
 def test_a_timm_model_with_weights_from_the_command_line(digit_folder, tmp_path):
     """--model timm:NAME --weights FILE --model-args JSON: the model the API loads from the same file (the trained
-    digits ViT as timm weights), in `inventory`, `one-input` and `demo`, table for table."""
+    digits ViT as timm weights), in `inventory`, `single-input` and `demo`, table for table."""
     import torch
 
     import interp
@@ -453,7 +453,7 @@ def test_a_timm_model_with_weights_from_the_command_line(digit_folder, tmp_path)
     model = interp.load_model("timm:vit_tiny_patch16_224", weights=tmp_path / "digits.pth", model_args=args,
                               device="cpu")
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "inv" / "bias_spec.csv"), _through_csv(interp.bias_spec(model)))
-    assert cli_main(["one-input", *flags, "--input", str(digit_folder / "03.png"), "--device", "cpu",
+    assert cli_main(["single-input", *flags, "--input", str(digit_folder / "03.png"), "--device", "cpu",
                      "--out", str(tmp_path / "one")]) == 0
     view = interp.single_input(model, str(digit_folder / "03.png"))
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "single_input_heads.csv"), _through_csv(view.heads),

@@ -31,7 +31,7 @@ LAYERS = [
     ["interp.record.patching", "interp.record.prefix"], ["interp.record.capture"], ["interp.record.recording", "interp.analysis.origin_intervals"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log"],
-    ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.one_input"], ["interp.analysis.high_norm", "interp.analysis.sink_intervals"],
+    ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.single_input"], ["interp.analysis.high_norm", "interp.analysis.sink_intervals"],
     ["interp.analysis", "interp.ablation.attribution", "interp.ablation.implicit"],
     ["interp.ablation.fused"], ["interp.ablation.distance", "interp.ablation.logits"], ["interp.ablation.memory"],
     ["interp.ablation.sweep"],
@@ -139,7 +139,7 @@ def test_no_class_over_150_lines(name):
 TESTED_IN = {
     "interp.ablation.attribution": ("tests/ablation/test_sweep.py", "atp"),  # estimates against exact rows
     "interp.ablation.metrics": "tests/test_batching_invariance.py",
-    "interp.analysis.one_input": "tests/analysis/test_single_input.py",
+    "interp.analysis.single_input": "tests/analysis/test_single_input.py",
     "interp.analysis.origin": "tests/analysis/test_analysis.py",
     "interp.analysis.origin_intervals": ("tests/analysis/test_intervals.py", "n_boot"),
     "interp.analysis.sink_parts": ("tests/analysis/test_sinks.py", "sink_profile"),
@@ -154,7 +154,7 @@ TESTED_IN = {
     "interp.models.folder": ("tests/models/test_loading.py", "save_pretrained"),
     "interp.models.info": ("tests/models/test_families.py", "model.interp"),
     "interp.models.tiny": "tests/models/test_families.py",
-    "interp.report.single_input_run": ("tests/test_cli.py", "one-input"),
+    "interp.report.single_input_run": ("tests/test_cli.py", "single-input"),
     "interp.models.builders": "tests/models/test_families.py",
     "interp.record.patching": "tests/test_properties.py",
     "interp.models.digits": "tests/models/test_timm_port.py",

@@ -1,6 +1,6 @@
 """Screenshots of report.html's main views, taken in Debian's chromium (playwright, offline), into
 docs/results/report/: the headline findings, a heatmap with its hover, a table sorted by a click, and the
-one-input overlay. Look at them after a change to the report.
+single-input overlay. Look at them after a change to the report.
 
     python tools/report_screenshots.py                       # digits-vit, quick demo steps (~1-3 min)
     python tools/report_screenshots.py --report out/demo/report.html
@@ -73,7 +73,7 @@ def shoot(report: Path, out: Path) -> None:
         table = page.locator("table.interp-sortable", has_text="run exactly").first
         table.locator("th", has_text="delta").first.click()
         save_small(table.screenshot(), out / "table_sorted.png")
-        # 4. the one-input section's overlay figure, captions under every panel
+        # 4. the single-input section's overlay figure, captions under every panel
         overlay = page.locator("img[data-name='single_input_overlay']")
         if overlay.count():
             save_small(overlay.screenshot(), out / "single_input_overlay.png")

@@ -9,7 +9,7 @@ from interp.analysis.scores import bias_invariances, score_decomposition
 from interp.analysis.sinks import (
     implicit_value_bias, massive_activations, sink_counts, sink_pass, sink_profile, sink_shares,
 )
-from interp.analysis.one_input import SingleInput, single_input
+from interp.analysis.single_input import SingleInput, single_input
 
 __all__ = ["bias_invariances", "cluster_heads", "family_test", "frequency_profile", "frequency_shift_under_ablation",
            "implicit_value_bias", "massive_activations", "origin_shift", "score_decomposition", "sink_profile",

@@ -22,7 +22,7 @@ from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import (
     cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation, one_family,
 )
-from interp.analysis.one_input import single_input
+from interp.analysis.single_input import single_input
 from interp.analysis.origin import origin_shift
 from interp.analysis.scores import bias_invariances, score_decomposition
 from interp.analysis.sinks import (
@@ -563,7 +563,7 @@ def single_input_step(ctx: Context) -> list[Section]:
     mode), the keys the key prior favours, and for a ViT the attention maps over the image."""
     n = ctx.model.interp.n_layers
     layers = sorted({round(i * (n - 1) / (1 if ctx.quick else 3)) for i in range(2 if ctx.quick else 4)})
-    view = single_input(ctx.model, _first_item(ctx), layer=layers, query="last" if ctx.model.interp.causal else None)
+    view = single_input(ctx.model, _first_item(ctx), layers=layers, query="last" if ctx.model.interp.causal else None)
     heads = view.heads
     kp = heads[heads.condition == ("no_key_prior" if (heads.condition == "no_key_prior").any() else "no_b_q")]
     top = kp.loc[kp.kl.idxmax()]

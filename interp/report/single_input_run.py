@@ -1,4 +1,4 @@
-"""``interp one-input``: one image or prompt looked at closely (``interp.single_input``), as a Section of
+"""``interp single-input``: one image or prompt looked at closely (``interp.single_input``), as a Section of
 tables and figures for an output folder.
 
 Tables (long-form, as ``single_input`` returns them): ``single_input_patterns`` (each head's pattern
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from interp.analysis.one_input import SingleInput, single_input
+from interp.analysis.single_input import SingleInput, single_input
 from interp.models.bridge import InterpBridge
 from interp.report.sections import Section
 from interp.figures.single_input_plots import key_prior_top_tokens, single_input_overlay, single_input_patterns
@@ -39,7 +39,7 @@ def _largest(view: SingleInput) -> dict[str, dict[str, Any]]:
     return found
 
 
-def one_input_text(view: SingleInput, what: str) -> str:
+def single_input_text(view: SingleInput, what: str) -> str:
     """What the tables say, in a few sentences (the numbers are ``_largest``'s)."""
     m, largest = view.meta, _largest(view)
     parts = [f"{what} ({m['n_positions']} positions) on {m['model']}, layers {m['layers']}, query {m['query']!r}."]
@@ -57,11 +57,11 @@ def one_input_text(view: SingleInput, what: str) -> str:
     return " ".join(parts)
 
 
-def one_input_section(model: InterpBridge, item: Any, *, what: str = "one input", layers: Any = None,
+def single_input_section(model: InterpBridge, item: Any, *, what: str = "one input", layers: Any = None,
                       heads: Any = None, query: Any = None, top_k: Optional[int] = 10,
                       float64: bool = False) -> tuple[SingleInput, Section]:
     """``single_input(model, item, ...)`` and the Section of its tables and figures (module doc)."""
-    view = single_input(model, item, layer=layers, heads=heads, query=query, top_k=top_k, float64=float64)
+    view = single_input(model, item, layers=layers, heads=heads, query=query, top_k=top_k, float64=float64)
     figures = {"single_input_patterns": single_input_patterns(view)}
     if not view.key_prior.empty:
         figures["single_input_key_prior"] = key_prior_top_tokens(view)
@@ -74,6 +74,6 @@ def one_input_section(model: InterpBridge, item: Any, *, what: str = "one input"
               "single_input_key_prior": view.key_prior, "single_input_positions": view.positions}
     numbers = dict(query=view.meta["query"], n_positions=view.meta["n_positions"], layers=view.meta["layers"],
                    largest=_largest(view))
-    section = Section("single_input", "One input, closely", one_input_text(view, what), numbers, tables=tables,
+    section = Section("single_input", "One input, closely", single_input_text(view, what), numbers, tables=tables,
                       figures=figures, shown=list(figures))
     return view, section

@@ -8,6 +8,7 @@ bad inputs raise ``InterpError`` subclasses that name the fix.
 """
 
 import copy
+import importlib
 import math
 
 import numpy as np
@@ -227,7 +228,7 @@ def test_mean_query_is_the_mean_of_the_rows_and_selections_agree():
     assert (got - by_hand.loc[got.index]).abs().max() <= 1e-12 and (mean.query_pos == -1).all()
     row = interp.single_input(model, x, query=3).patterns
     assert set(row.query_pos) == {3} and set(row.key_pos) == set(range(4))  # causal: keys 0..3
-    last = interp.single_input(model, x, query=-1, layer=1, heads=[0, 2]).patterns
+    last = interp.single_input(model, x, query=-1, layers=1, heads=[0, 2]).patterns
     assert set(last.query_pos) == {len(x) - 1} and set(last.layer) == {1} and set(last["head"]) == {0, 2}
 
 
@@ -293,7 +294,7 @@ BAD = [
     ("text to a ViT", "vit", lambda: "a photo of a cat", {}, "vision model.*image"),
     ("pixels to a language model", "gpt2", lambda: torch.randn(1, 3, 32, 32), {}, "token ids|integer"),
     ("token ids to a ViT", "vit", lambda: torch.randint(0, 90, (1, 7)), {}, "pixel|float|image"),
-    ("layer out of range", "gpt2", lambda: ids(), dict(layer=5), "layers must lie in 0..1"),
+    ("layer out of range", "gpt2", lambda: ids(), dict(layers=5), "layers must lie in 0..1"),
     ("head out of range", "gpt2", lambda: ids(), dict(heads=[9]), "heads must .* in 0..3"),
     ("unknown query", "gpt2", lambda: ids(), dict(query="middle"), "query must be a position .* cls, first"),
     ("query past the end", "gpt2", lambda: ids(), dict(query=40), "outside this input's 7 positions"),
@@ -336,10 +337,10 @@ def test_a_string_means_the_same_to_single_input_and_to_the_streaming_analyzers(
 
 
 def test_a_table_too_large_is_refused_naming_the_way_out(monkeypatch):
-    import interp.analysis.one_input as si
+    si = importlib.import_module("interp.analysis.single_input")  # the module (interp.analysis.single_input is the function)
 
     monkeypatch.setattr(si, "MAX_PATTERN_ROWS", 100)
-    with pytest.raises(InputError, match="choose layer= and heads=, or one query row"):
+    with pytest.raises(InputError, match="choose layers= and heads=, or one query row"):
         interp.single_input(tiny("vit"), torch.randn(3, 32, 32), query="all")
     with pytest.warns(UserWarning, match="showing the last token's row"):
         result = interp.single_input(tiny("gpt2"), ids())  # the default for text falls back

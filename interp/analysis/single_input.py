@@ -130,7 +130,7 @@ def _literal(model: InterpBridge, item: Any) -> Any:
     return item
 
 
-def one_input_batch(model: InterpBridge, item: Any) -> Batch:
+def single_input_batch(model: InterpBridge, item: Any) -> Batch:
     """``item`` as a Batch of one: a prompt, an image (path, PIL image, array, pixel tensor) or token ids,
     a dict / Batch / (ids, mask) pair holding one; more than one, or the other modality, is refused.
 
@@ -432,10 +432,10 @@ def _checked_query(model: InterpBridge, query: Any, n_pos: int, n_layers: int, n
         return label, rows
     if query is None and model.interp.modality == "text":
         warnings.warn(f"{n_pos} tokens: every query row would make {size:,} pattern rows; showing the last token's "
-                      "row (pass query='all' with layer=/heads= for the full patterns)", UserWarning, stacklevel=3)
+                      "row (pass query='all' with layers=/heads= for the full patterns)", UserWarning, stacklevel=3)
         return resolve_query(model, "last", n_pos)
     raise InputError(f"query={label!r} on {n_layers} layer(s) x {n_heads} head(s) x {n_pos} positions would make "
-                     f"{size:,} pattern rows (at most {MAX_PATTERN_ROWS:,}): choose layer= and heads=, or one query "
+                     f"{size:,} pattern rows (at most {MAX_PATTERN_ROWS:,}): choose layers= and heads=, or one query "
                      "row (query='cls', 'last', 'mean' or a position)")
 
 
@@ -445,14 +445,14 @@ def _labelled(frame: pd.DataFrame, positions: pd.DataFrame, prefix: str = "key_"
 
 
 @public
-def single_input(model: InterpBridge, input: Any, *, layer: Any = None, heads: Any = None, query: Any = None,
+def single_input(model: InterpBridge, input: Any, *, layers: Any = None, heads: Any = None, query: Any = None,
                  top_k: Optional[int] = 10, float64: bool = False) -> SingleInput:
     """One image or prompt, looked at closely: each head's pattern intact and with b_q, b_k, b_v or the key
     prior removed, and the keys the key prior u = W_k b_q favours (the conditions: module doc).
 
     ``input``: a prompt (str) or token ids for a language model; an image (a path, PIL image, [H, W, 3]
     array, or [3, H, W] pixel values, normalised like the model's) for a ViT; a Batch / dict of one.
-    ``layer``/``heads``: None (all), an index or a list. ``query``: which query rows the patterns
+    ``layers``/``heads``: None (all), an index or a list (as every analyzer takes them). ``query``: which query rows the patterns
     table holds: a position, "cls", "first", "last", "all" (every row: query x key), or "mean" (A_ij
     averaged over real query rows i); default "cls" for a ViT with a class token, "mean" for one
     without, "all" for text. ``float64``: run a float64 copy (``clone_model``) for exact comparisons.
@@ -467,11 +467,11 @@ def single_input(model: InterpBridge, input: Any, *, layer: Any = None, heads: A
     fingerprint. The model runs in eval mode without gradients; its own mode is restored.
     """
     info = require_bridge(model, "single_input").interp
-    layers, heads = check_layers(layer, info), check_heads(heads, info)
+    layers, heads = check_layers(layers, info), check_heads(heads, info)
     top_k = None if top_k is None else check_count("top_k", top_k)
     if not isinstance(float64, bool):
         raise InputError(f"float64 must be True or False; got {float64!r}")
-    batch = one_input_batch(model, input)
+    batch = single_input_batch(model, input)
     positions = positions_table(model, batch)
     label, rows = _checked_query(model, query, len(positions), len(layers), len(heads))
     run = _float64_copy(model) if float64 else model
