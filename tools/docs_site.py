@@ -77,14 +77,22 @@ def api_page() -> str:
     paths = identifiers()
     names = sorted(paths, key=lambda n: (n not in MODULES, n.lower()))
     lines = [INTRO, f"`interp.__version__` is the library's version (`{interp.__version__}` when this page was built).",
-             "", "| name | what it is |", "| --- | --- |"]
+             ""]
     for name in names:
-        summary = own_docstring(getattr(interp, name)).split("\n\n")[0].replace("\n", " ").replace("|", "\\|")
-        lines.append(f"| [`interp.{name}`][{paths[name]}] | {summary} |")
+        summary = " ".join(own_docstring(getattr(interp, name)).split("\n\n")[0].split())
+        lines.append(f"- [`interp.{name}`][{paths[name]}]: {summary}")
+    explained = set()
     for name in names:
-        members = "true" if name in MODULES else "false"
+        # null: the public members (mkdocs.yml filters them), documented ones; true: every member, private ones too
+        members = "null" if name in MODULES or inspect.isclass(getattr(interp, name)) else "false"
         lines += ["", f"::: {paths[name]}", "    options:", f'      heading: "interp.{name}"',
                   f'      toc_label: "interp.{name}"', f"      members: {members}"]
+        module = paths[name].rsplit(".", 1)[0]
+        doc = own_docstring(getattr(interp, name))
+        if name not in MODULES and ("module doc" in doc or "module's doc" in doc) and module not in explained:
+            explained.add(module)  # the docstring defers to its module's: shown once, after the first that does
+            lines += ["", f"::: {module}", "    options:", f'      heading: "The module doc it refers to: {module}"',
+                      "      heading_level: 4", "      show_root_toc_entry: false", "      members: false"]
     return "\n".join(lines) + "\n"
 
 
