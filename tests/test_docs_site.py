@@ -137,6 +137,18 @@ def test_the_cli_page_documents_every_command_and_option():
     assert docs_site.CLI_MARKER in (ROOT / "docs" / "cli.md").read_text()
 
 
+def test_every_command_the_cli_page_shows_is_one_the_parser_accepts():
+    from interp.cli import build_parser
+
+    parser = build_parser()
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "docs" / "cli.md").read_text(), re.S).group(1)
+    commands = [shlex.split(line) for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(commands) >= 5
+    for args in commands:
+        args = args[args.index("interp.cli") + 1:] if "interp.cli" in args else args[1:]
+        parser.parse_args(args)  # SystemExit on a line the parser refuses
+
+
 def test_mkdocs_config_builds_offline_and_strict():
     """Strict mode, no plugin that fetches (no web fonts, no privacy/social plugins, no remote inventories), the
     generator hook, and every page of docs/ (results data aside) in the nav."""

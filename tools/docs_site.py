@@ -118,8 +118,8 @@ def cli_reference() -> str:
     helps = {a.dest: a.help for a in sub._choices_actions}
     out = []
     for name, parser in commands().items():
-        out += [f"### `interp {name}`", "", _cell(helps.get(name, "")), "", "| option | what it does |",
-                "| --- | --- |"]
+        out += [f"### `interp {name}`", "", _cell(helps.get(name, "")), ""]
+        rows = []
         for action in parser._actions:
             hidden = action.help == argparse.SUPPRESS or action.dest == "debug"  # --debug: said once on the page
             if isinstance(action, argparse._HelpAction) or not action.option_strings or hidden:
@@ -130,8 +130,8 @@ def cli_reference() -> str:
                 text += " (required)"
             if action.choices and "{" not in text and "one of" not in text:
                 text += f" (one of: {', '.join(map(str, action.choices))})"
-            out.append(f"| {flags} | {_cell(text)} |")
-        out.append("")
+            rows.append(f"| {flags} | {_cell(text)} |")
+        out += ["| option | what it does |", "| --- | --- |", *rows, ""] if rows else ["No options but `--debug`.", ""]
     return "\n".join(out)
 
 
