@@ -19,7 +19,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_MARKER = "<!-- generated: the commands and their options (tools/docs_site.py) -->"
-MODULES = {"errors": "interp.errors", "plots": "interp.plots"}  # the submodules interp.__all__ names
 INTRO = """# API reference
 
 Every public name of `interp` (its `__all__`), with its docstring. Import each from the top, `interp.NAME`:
@@ -55,8 +54,8 @@ def identifiers() -> dict[str, str]:
     for name in interp.__all__:
         if name == "__version__":
             continue
-        if name in MODULES:
-            out[name] = MODULES[name]
+        if inspect.ismodule(getattr(interp, name)):  # a submodule (errors, plots): documented where it lives
+            out[name] = getattr(interp, name).__name__
         elif name == "InterpError":
             out[name] = "interp.errors.InterpError"
         else:  # where it is defined (interp._PUBLIC may name a package that re-exports it lazily)
@@ -75,7 +74,8 @@ def api_page() -> str:
     """The markdown of the API page: an index of every name, then one mkdocstrings block per name."""
     interp = _interp()
     paths = identifiers()
-    names = sorted(paths, key=lambda n: (n not in MODULES, n.lower()))
+    modules = {n for n in paths if inspect.ismodule(getattr(interp, n))}
+    names = sorted(paths, key=lambda n: (n not in modules, n.lower()))
     lines = [INTRO, f"`interp.__version__` is the library's version (`{interp.__version__}` when this page was built).",
              ""]
     for name in names:
@@ -84,12 +84,12 @@ def api_page() -> str:
     explained = set()
     for name in names:
         # null: the public members (mkdocs.yml filters them), documented ones; true: every member, private ones too
-        members = "null" if name in MODULES or inspect.isclass(getattr(interp, name)) else "false"
+        members = "null" if name in modules or inspect.isclass(getattr(interp, name)) else "false"
         lines += ["", f"::: {paths[name]}", "    options:", f'      heading: "interp.{name}"',
                   f'      toc_label: "interp.{name}"', f"      members: {members}"]
         module = paths[name].rsplit(".", 1)[0]
         doc = own_docstring(getattr(interp, name))
-        if name not in MODULES and ("module doc" in doc or "module's doc" in doc) and module not in explained:
+        if name not in modules and ("module doc" in doc or "module's doc" in doc) and module not in explained:
             explained.add(module)  # the docstring defers to its module's: shown once, after the first that does
             lines += ["", f"::: {module}", "    options:", f'      heading: "The module doc it refers to: {module}"',
                       "      heading_level: 4", "      show_root_toc_entry: false", "      members: false"]
