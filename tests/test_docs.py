@@ -1,4 +1,4 @@
-"""Numbers the docs quote cannot drift: README's and docs/*.md's figures are checked against the
+"""Numbers the docs quote cannot drift: README's and the docs pages' figures are checked against the
 CSVs in docs/results/ they were read from, and lists (notebooks, built-in data sets, families)
 against the folder or registry they name. A quoted number agrees with its source when the source,
 rounded to the digits the text shows, is that number."""
@@ -12,6 +12,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+GETTING_STARTED = (DOCS / "getting-started.md").read_text()
+DATA = (DOCS / "data.md").read_text()
+PERFORMANCE = (DOCS / "performance.md").read_text()
+DEVELOPMENT = (DOCS / "development.md").read_text()
 FINDINGS = (ROOT / "docs" / "findings.md").read_text()
 GUARANTEES = (ROOT / "docs" / "guarantees.md").read_text()
 RESULTS = ROOT / "docs" / "results"
@@ -52,7 +57,7 @@ def test_agrees_is_strict():
 
 
 def test_readme_notebook_list_is_the_notebooks_folder():
-    paragraph = README[README.index("\nNotebooks ("):]
+    paragraph = GETTING_STARTED[GETTING_STARTED.index("\nNotebooks ("):]
     paragraph = paragraph[:paragraph.index("\n\n")]
     listed = set(re.findall(r"\d\d_\w+\.ipynb", paragraph))
     assert listed == {p.name for p in (ROOT / "notebooks").glob("*.ipynb")}
@@ -62,7 +67,7 @@ def test_readme_and_cli_help_name_every_builtin_data_set():
     from interp.cli import DATA_HELP
     from interp.data import BUILTIN
 
-    builtin_line = re.search(r"besides the built-in names \(([^)]*)\)", README).group(1)
+    builtin_line = re.search(r"besides the built-in names \(([^)]*)\)", DATA).group(1)
     assert set(re.findall(r"`([\w-]+)`", builtin_line)) == set(BUILTIN)
     help_names = re.search(r"a built-in data set \(([^)]*)\)", DATA_HELP).group(1)
     assert {n.strip() for n in help_names.split(",")} == set(BUILTIN)
@@ -94,7 +99,7 @@ def _dinov2_bk_norms() -> tuple[float, float]:
 
 def test_dinov2_bk_norm_says_per_layer_or_per_head():
     per_layer, per_head = _dinov2_bk_norms()
-    for text in (README, GUARANTEES):
+    for text in (README, GUARANTEES, FINDINGS):
         layer, head = re.search(r"up to (\d+) per layer,? \(?(\d+) per head", text).groups()
         assert agrees(layer, per_layer) and agrees(head, per_head)
     assert agrees(re.search(r"its norm reaches (\d+) \(layer 3, head 4\)", FINDINGS).group(1), per_head)
@@ -105,7 +110,7 @@ SWEEP_ROWS = {
     "MiniLM-L6 (sentence-embedding cosine)": "minilm-l6",
     "DINOv2-S/14 (CLS feature cosine)": "dinov2-s14",
     "digits-vit (cross-entropy, baseline 0.008)": "digits-vit",
-    "digits-vit-nobias": "digits-vit-nobias",
+    "digits-vit-nobias (cross-entropy)": "digits-vit-nobias",
 }
 
 
@@ -113,7 +118,7 @@ SWEEP_ROWS = {
 def test_readme_real_sweep_table_equals_ablation_csv(label):
     a = pd.read_csv(RESULTS / SWEEP_ROWS[label] / "ablation.csv")
     largest = a.groupby(["method", "kind"]).delta.apply(lambda s: s.abs().max())
-    cells = row(README, label)
+    cells = row(FINDINGS, label)
     for cell, method in zip(cells[1:3], ("zero", "mean")):
         quoted = numbers(cell.split("(")[0])
         assert len(quoted) == 3, cell
@@ -134,7 +139,7 @@ def test_readme_dinov2_ablation_finding_equals_ablation_csv():
     zero = a[a.method == "zero"]
     largest = zero.groupby("kind").delta.apply(lambda s: s.abs().max())
     text = re.search(r"b_q matters most \(max drop ([\d.]+), layer (\d+) head (\d+); then L(\d+) H(\d+), L(\d+) H(\d+)\), "
-                     r"b_v up to ([\d.]+), b_k ([\de.-]+) ", README)
+                     r"b_v up to ([\d.]+), b_k ([\de.-]+) ", FINDINGS)
     drop, *heads, v, k = text.groups()
     for q, kind in zip((drop, v, k), "qvk"):
         assert agrees(q, largest[kind]), (kind, q, largest[kind])
@@ -204,14 +209,14 @@ def _shift(model: str) -> tuple[pd.Series, pd.Series]:
 
 
 def test_dinov2_frequency_families_and_q_shift_equal_their_csvs():
-    """README's and findings' DINOv2 frequency claims (families, their hf_ratio and distance, the b_q shift) are
+    """Findings' DINOv2 frequency claims (families, their hf_ratio and distance, the b_q shift) are
     read from frequency_profile.csv / frequency_shift_q_bias.csv (they said 3 families after the CSV had 2)."""
     p, by = _families("dinov2-s14")
     d, top = _shift("dinov2-s14")
     tests = pd.read_csv(RESULTS / "families" / "family_tests.csv")
     t = tests[(tests.model == "dinov2-s14") & (tests.weights == "trained")
               & (tests.null == "gaussian_layer_means")].iloc[0]
-    families = [r for r in README.splitlines() if r.startswith("| DINOv2-S/14 |") and "families by frequency" in r]
+    families = [r for r in FINDINGS.splitlines() if r.startswith("| DINOv2-S/14 |") and "families by frequency" in r]
     nums = numbers(families[0].split("|")[2])
     assert len(nums) == 9, nums  # 199 draws, p, photographs, ARI [lo, hi], "2 families", 52-92 px
     quoted = dict(zip(("draws", "p", "items", "ari", "lo", "hi"), nums[:6]))
@@ -221,7 +226,7 @@ def test_dinov2_frequency_families_and_q_shift_equal_their_csvs():
         assert agrees(quoted[name], value), (name, quoted[name], value)
     layer_means = p.groupby("layer").mean_attention_distance.mean()
     assert agrees(nums[-2], layer_means.min()) and agrees(nums[-1].lstrip("-"), layer_means.max())
-    shift = [r for r in README.splitlines() if r.startswith("| DINOv2-S/14 |") and "b_q out makes it" in r][0]
+    shift = [r for r in FINDINGS.splitlines() if r.startswith("| DINOv2-S/14 |") and "b_q out makes it" in r][0]
     nums = numbers(shift.split("|")[2])
     assert len(nums) == 7, nums
     assert all(agrees(q, v) for q, v in zip(nums, [d.mean(), d.median(), d.abs().max(), top.layer, top["head"],
@@ -376,11 +381,11 @@ def test_findings_smollm2_high_norm_sentence_equals_its_csv():
 
 
 def test_readme_key_prior_cls_sentence_equals_origin_shift_csv():
-    """README's DINOv2 key-prior row (issue 31: it said "median 0.16" where the CSV's median is 0.150): the
+    """Findings' DINOv2 key-prior row (issue 31: it said "median 0.16" where the CSV's median is 0.150): the
     largest cos(u, CLS) and its head, the count above 0.5, the median, and MiniLM's largest |cos(u, position)|."""
     said = re.search(r"cos\(u, CLS\) ([\d.]+) at layer (\d+) head (\d+), above 0\.5 in (\d+) of (\d+) heads \(median "
                      r"([\d.]+)\); MiniLM's u reaches cos ([\d.]+) with a position embedding \(layer (\d+) head (\d+)\)",
-                     README)
+                     FINDINGS)
     assert said
     top, layer, head, above, total, median, mini, mini_layer, mini_head = said.groups()
     cos = pd.read_csv(RESULTS / "dinov2-s14" / "origin_shift.csv").dropna(subset=["cos_key_prior_cls"])
@@ -394,9 +399,9 @@ def test_readme_key_prior_cls_sentence_equals_origin_shift_csv():
 
 
 def test_readme_quotes_the_suite_timings_from_their_csv():
-    """README's Development section: the suite timed in one session (docs/results/suite_time/timings.csv)."""
+    """docs/development.md: the suite timed in one session (docs/results/suite_time/timings.csv)."""
     t = pd.read_csv(RESULTS / "suite_time" / "timings.csv").set_index("suite")
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = " ".join(DEVELOPMENT.split())
 
     def minutes(seconds: float) -> str:
         return f"{int(seconds // 60)} min {round(seconds % 60)} s"
@@ -455,14 +460,14 @@ def test_findings_value_bias_comparison_is_in_normalised_units():
 
 
 def test_readme_matched_control_figures_equal_ablation_control_csv():
-    """The README's matched-control counts and example come from docs/results/minilm-l6/ablation_control.csv."""
+    """Findings' matched-control counts and example come from docs/results/minilm-l6/ablation_control.csv."""
     t = pd.read_csv(RESULTS / "minilm-l6" / "ablation_control.csv")
     top = t.assign(a=t.delta.abs()).nlargest(10, "a")
     text = re.search(r"\*\*(\d+) of the (\d+)\s+largest exact effects are bias-dependent\*\* .*? p = ([\d.]+), the "
                      r"smallest (\d+) draws allow\), (\d+) of the (\d+) heads run exactly; e\.g\. L(\d+) H(\d+) ([qkv]) "
                      r"([-\d.e]+)\s+against a control band of \[([-\d.e]+), ([-\d.e]+)\]\. .*?moved \*\*(\d+) of "
-                     r"those (\d+)\*\* as much or more", README, re.S)
-    assert text, "README matched-control paragraph not found"
+                     r"those (\d+)\*\* as much or more", FINDINGS, re.S)
+    assert text, "findings' matched-control paragraph not found"
     dep, n_top, p, draws, dep_all, n_all, layer, head, kind, delta, lo, hi, as_large, n_top2 = text.groups()
     assert int(n_top) == int(n_top2) == len(top) == 10 and int(dep) == int(top.bias_dependent.sum())
     assert int(draws) == int(t.n_control.max()) == 19 and agrees(p, top.control_p.max())
@@ -494,7 +499,7 @@ def test_readme_lm_families_and_spread_equal_their_csvs():
     t = t[(t.weights == "trained") & (t.null == "gaussian_layer_means")].set_index("model")
     spread = pd.read_csv(RESULTS / "families" / "hf_spread.csv").set_index("model")
     d = pd.read_csv(RESULTS / "families" / "hf_spread_differences.csv").set_index(["first", "second"])
-    line = [r for r in README.splitlines() if r.startswith("| MiniLM-L6, SmolLM2-135M |")][0].split("|")[2]
+    line = [r for r in FINDINGS.splitlines() if r.startswith("| MiniLM-L6, SmolLM2-135M |")][0].split("|")[2]
     quoted = [q for q in numbers(line.replace("SmolLM2", "").replace("95% bootstrap over 24", "")) if q != "95"]
     expected = [t.family_p["minilm-l6"], t.family_p["smollm2-135m"]]
     for m in ("smollm2-135m", "minilm-l6"):
@@ -508,20 +513,20 @@ def test_readme_lm_families_and_spread_equal_their_csvs():
 
 def test_readme_demo_time_is_the_measured_one():
     t = pd.read_csv(RESULTS / "demo" / "timing.csv").iloc[-1]
-    text = " ".join(README.split())
+    text = " ".join(PERFORMANCE.split())
     minutes, seconds = divmod(round(t.wall_seconds), 60)
     quoted = f"({minutes} min {seconds} s on 2 cores, idle, `docs/results/demo/timing.csv`"
     assert quoted in text, quoted
 
 
 def test_readme_quickstart_time_equals_its_csv():
-    """README's time for the ten lines is `benchmarks/quickstart_time.py`'s last run
+    """The time of README's ten lines (docs/performance.md) is `benchmarks/quickstart_time.py`'s last run
     (docs/results/quickstart/timing.csv): total wall and CPU seconds, the load it ran under, the slowest line."""
     timing = pd.read_csv(RESULTS / "quickstart" / "timing.csv")
     total = timing[timing.line == "total"].iloc[0]
-    said = re.search(r"The ten lines above took ([\d.]+) s wall on (\d+) cores at a load average of ([\d.]+) "
-                     r"\(([\d.]+) s of CPU time", README)
-    assert said, "README states the quickstart's time (benchmarks/quickstart_time.py --out ...)"
+    said = re.search(r"The ten lines of the \[quickstart\]\([^)]*\) took ([\d.]+) s wall on (\d+) cores at a load average of ([\d.]+) "
+                     r"\(([\d.]+) s of CPU time", PERFORMANCE)
+    assert said, "docs/performance.md states the quickstart's time (benchmarks/quickstart_time.py --out ...)"
     wall, cores, load, cpu = said.groups()
     assert agrees(wall, total.wall_s) and int(cores) == total.cores and agrees(cpu, total.cpu_s)
     assert agrees(load, max(total.load_1min_before, total.load_1min_after))
@@ -532,14 +537,14 @@ def test_readme_quickstart_time_equals_its_csv():
 
 
 def test_readme_ablation_scale_equals_its_csv():
-    """README's ablate_bias figures at 25m@128 are docs/results/scale/ablation_cpu.csv's rows: the code before the
+    """docs/performance.md's ablate_bias figures at 25m@128 are docs/results/scale/ablation_cpu.csv's rows: the code before the
     rework and the last 25m row (now), floor ratio and peaks."""
     table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
-    text = " ".join(README.split())
+    text = " ".join(PERFORMANCE.split())
     before = table[table.label == "before (36909f6), idle"].iloc[-1]
-    said = re.search(r"Before the rework \(36909f6, every stacked variant's full logits\): ([\d.]+)x its floor, peak "
+    said = re.search(r"Before the rework \(every stacked variant's full logits\): ([\d.]+)x its floor, peak "
                      r"([\d.]+) MB \(([\d.]+)x a forward's ([\d.]+) MB\)", text)
-    assert said, "README quotes the ablation before the rework"
+    assert said, "the performance page quotes the ablation before the rework"
     for quoted, value in zip(said.groups(), (before.ratio_floor, before.ablate_peak_mb, before.memory_ratio,
                                              before.forward_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
@@ -547,20 +552,20 @@ def test_readme_ablation_scale_equals_its_csv():
     said = re.search(r'`stack="auto"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB \(([\d.]+)x a forward\); the '
                      r"one-pass estimate alone peaks at ([\d.]+) MB; the first call in a process peaks at ([\d.]+) MB",
                      text)
-    assert said, "README quotes the last ablation row"
+    assert said, "the performance page quotes the last ablation row"
     assert int(said.group(1)) == int(now.stack_used)
     for quoted, value in zip(said.groups()[1:], (now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
                                                  now.estimate_peak_mb, now.ablate_cold_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
     before = table.set_index("label").loc["times at allocator defaults, warm peaks (0a11b77), idle"]
-    assert_quoted(text, r"the row before that \(0a11b77, the metric with expm1\): ([\d.]+)x its floor, ([\d.]+) MB",
+    assert_quoted(text, r"the row before that \(the metric with expm1\): ([\d.]+)x its floor, ([\d.]+) MB",
                   (before.ratio_floor, before.ablate_peak_mb), "the row before the metric without expm1")
     before = table.set_index("label").loc["exp(z - lse) in float64, tile buffers (b042a19), idle"]
-    assert_quoted(text, r"b042a19 \(torch's eight passes over each tile, in float64\) ([\d.]+)x its floor, ([\d.]+) MB",
+    assert_quoted(text, r"Torch's eight passes over each tile, in float64: ([\d.]+)x its floor, ([\d.]+) MB",
                   (before.ratio_floor, before.ablate_peak_mb), "the row before the fused tile sums")
     # the timing harness: the allocator's fixed mmap threshold against its defaults
-    said = re.search(r"aa9bc7d read ([\d.]+)x its floor so, and ea092fc \(the same exact stage\) ([\d.]+)x", text)
-    assert said, "README quotes the two timing regimes"
+    said = re.search(r"the reworked sweep read ([\d.]+)x its floor so, and the same exact stage ([\d.]+)x", text)
+    assert said, "the performance page quotes the two timing regimes"
     by_label = table.set_index("label")
     for quoted, label in zip(said.groups(), ("after (aa9bc7d), idle", "times at allocator defaults (ea092fc), idle")):
         assert agrees(quoted, by_label.loc[label, "ratio_floor"]), (quoted, label)
@@ -624,12 +629,12 @@ def test_changelog_tile_sums_microbenchmark_equals_its_csv():
 
 
 def test_readme_ablation_at_112m_equals_its_csv_and_profile():
-    """README's ablate_bias figures at 112m@512 are ablation_cpu.csv's last 112m row (floor ratio, peaks, patched
+    """docs/performance.md's ablate_bias figures at 112m@512 are ablation_cpu.csv's last 112m row (floor ratio, peaks, patched
     forwards, stack) and the tiled head's seconds are ablation_profile_fused_112m.txt's patched_stack line (its fused
     sums the tile_sums line), against the row's floor for the head (n_patched x head_s)."""
     table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
     now = table[(table["size"] == "112m") & (table["tokens"] == 512)].iloc[-1]
-    text = " ".join(README.split())
+    text = " ".join(PERFORMANCE.split())
     assert_quoted(text, r"(\d+) patched forwards; `stack=\"auto\"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB "
                   r"\(([\d.]+)x a ([\d.]+) MB forward\), the one-pass estimate's ([\d.]+) MB",
                   (now.n_patched, now.stack_used, now.ratio_floor, now.ablate_peak_mb, now.memory_ratio,
@@ -639,24 +644,24 @@ def test_readme_ablation_at_112m_equals_its_csv_and_profile():
     sums = next(line for line in profile if line.rstrip().endswith("(tile_sums)"))
     said = re.search(r"the tiled head ([\d.]+) s against the floor's ([\d.]+) s, of which the fused sums ([\d.]+) s",
                      text)
-    assert said, "README quotes the tiled head against its floor"
+    assert said, "the performance page quotes the tiled head against its floor"
     assert agrees(said.group(1), float(line.split()[3]))  # cumtime
     assert agrees(said.group(2), now.n_patched * now.head_s)
     assert agrees(said.group(3), float(sums.split()[1]))  # tottime
     before = table.set_index("label").loc["112m, 1+1 exact heads (b042a19), idle"]
-    assert_quoted(text, r"\(b042a19, before the fused tile sums: ([\d.]+)x\)", (before.ratio_floor,),
+    assert_quoted(text, r"\(before the fused tile sums: ([\d.]+)x\)", (before.ratio_floor,),
                   "the 112m row before the fused sums")
 
 
 def test_readme_checkpointed_estimate_equals_its_csvs():
-    """README's figures for the checkpointed one-pass estimate at 112m@512 are
+    """docs/performance.md's figures for the checkpointed one-pass estimate at 112m@512 are
     ablation_phases_checkpoint_cpu.csv's (peaks) and estimate_time_cpu.csv's (time / HF forward and backward)."""
-    text = " ".join(README.split())
+    text = " ".join(PERFORMANCE.split())
     phases = pd.read_csv(RESULTS / "scale" / "ablation_phases_checkpoint_cpu.csv")
     phases = phases[phases["size"] == "112m"].set_index(["code", "phase"])
     said = re.search(r"the one-pass estimate ([\d.]+) -> ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x\), "
                      r"the intact run ([\d.]+)x, the exact stage ([\d.]+)x", text)
-    assert said, "README quotes the checkpointed estimate's peaks"
+    assert said, "the performance page quotes the checkpointed estimate's peaks"
     want = [phases.loc[("before", "_run_estimate"), "peak_mb"], phases.loc[("after", "_run_estimate"), "peak_mb"],
             phases.loc[("after", "_run_estimate"), "forward_mb"], phases.loc[("after", "_run_estimate"), "ratio"],
             phases.loc[("after", "_run_intact"), "ratio"], phases.loc[("after", "_exact"), "ratio"]]
@@ -667,18 +672,18 @@ def test_readme_checkpointed_estimate_equals_its_csvs():
     times = pd.read_csv(RESULTS / "scale" / "estimate_time_cpu.csv")
     times = times[times["size"] == "112m"].set_index("code")
     said = re.search(r"estimate_time_cpu.csv`: ([\d.]+)x -> ([\d.]+)x an HF forward and backward", text)
-    assert said, "README quotes the checkpointed estimate's time"
+    assert said, "the performance page quotes the checkpointed estimate's time"
     for quoted, code in zip(said.groups(), ("before", "after")):
         assert agrees(quoted, times.loc[code, "ratio_fwd_bwd"]), (quoted, code)
 
 
 def test_readme_ablation_phases_equal_their_csv():
-    """README's per-phase peaks of ablate_bias, before and after, are docs/results/scale/ablation_phases_cpu.csv's."""
+    """docs/performance.md's per-phase peaks of ablate_bias, before and after, are docs/results/scale/ablation_phases_cpu.csv's."""
     table = pd.read_csv(RESULTS / "scale" / "ablation_phases_cpu.csv").set_index(["code", "phase"])
-    text = " ".join(README.split())
+    text = " ".join(PERFORMANCE.split())
     said = re.search(r"a forward ([\d.]+) MB\): the intact run ([\d.]+) -> ([\d.]+) MB, the one-pass estimate ([\d.]+) "
                      r"-> ([\d.]+) MB, the exact stage \(one head and 7 control draws\) ([\d.]+) -> ([\d.]+) MB", text)
-    assert said, "README quotes the per-phase peaks"
+    assert said, "the performance page quotes the per-phase peaks"
     want = [table.loc[("before", "_run_intact"), "forward_mb"]] + [
         table.loc[(code, phase), "peak_mb"] for phase in ("_run_intact", "_run_estimate", "_exact")
         for code in ("before", "after")]
@@ -687,21 +692,21 @@ def test_readme_ablation_phases_equal_their_csv():
 
 
 def test_readme_score_decomposition_before_after_equals_its_csv():
-    """README's paragraph on issue 40 item 2 quotes docs/results/scale/score_before_after.csv
+    """docs/performance.md's paragraph on issue 40 item 2 quotes docs/results/scale/score_before_after.csv
     (benchmarks/score_before_after.py): per run, the wall, CPU and peak-memory ratios to a plain forward before
     (aa859e5) and after; the batches, threads and the load average the run saw; the largest table difference."""
     table = pd.read_csv(RESULTS / "scale" / "score_before_after.csv")
     for r in table.itertuples():
-        quoted = [n for c in row(README, f"{r.size}@{r.tokens}")[1:] for n in numbers(c)]
+        quoted = [n for c in row(PERFORMANCE, f"{r.size}@{r.tokens}")[1:] for n in numbers(c)]
         expected = [r.before_wall_ratio, r.after_wall_ratio, r.before_cpu_ratio, r.after_cpu_ratio,
                     r.before_memory_ratio, r.after_memory_ratio]
         assert len(quoted) == 6 and all(agrees(q, e) for q, e in zip(quoted, expected)), (r.size, quoted, expected)
-    text = " ".join(README.split())
+    text = " ".join(PERFORMANCE.split())
     said = re.search(r"batch (\d+) x (\d+) batches, (\d+) CPU thread, at a 1-minute load average of ([\d.]+) to "
                      r"([\d.]+) on (\d+) cores", text)
-    assert said, "README states how score_before_after.csv was measured"
+    assert said, "the performance page states how score_before_after.csv was measured"
     loads = table[["load_1min_before", "load_1min_after"]].to_numpy()
     assert [int(x) for x in said.group(1, 2, 3)] == [table.batch_size[0], table.n_batches[0], table.threads[0]]
     assert agrees(said[4], loads.min()) and agrees(said[5], loads.max()) and int(said[6]) == table.cores[0]
-    said = re.search(r"tables equal aa859e5's to ([\d.e-]+) on these float32 models", text)
-    assert said and agrees(said[1], table.max_abs_diff.max()), "README quotes the largest table difference"
+    said = re.search(r"tables equal the first round's to ([\d.e-]+) on these float32 models", text)
+    assert said and agrees(said[1], table.max_abs_diff.max()), "the performance page quotes the largest table difference"

@@ -1,5 +1,5 @@
 """benchmarks/scale.py: its dry run writes the table's columns with positive, finite ratios and memory
-figures (no timed assertions), and README's scale figures are the committed CSV's."""
+figures (no timed assertions), and docs/performance.md's scale figures are the committed CSV's."""
 
 import importlib.util
 import math
@@ -81,12 +81,12 @@ def test_readme_scale_table_is_the_csv():
     import sys
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_docs import README, agrees, numbers, row
+    from test_docs import PERFORMANCE as PAGE, agrees, numbers, row  # the scale tables' page
 
     table = pd.read_csv(ROOT / "docs" / "results" / "scale" / "cpu.csv")
     for label in ("plain_forward", "record_qkv", "run_with_cache", "sink_profile", "implicit_value_bias",
                   "score_decomposition", "ablate_bias"):
-        cells = row(README, label)
+        cells = row(PAGE, label)
         size, tokens = cells[1].split("@")
         hit = table[(table["pass"] == label) & (table["size"] == size) & (table["tokens"] == int(tokens))]
         assert len(hit) == 1, label
@@ -95,9 +95,9 @@ def test_readme_scale_table_is_the_csv():
     import re
 
     at = table[(table["size"] == "112m") & (table["tokens"] == 512)].set_index("pass")["peak_mb"]
-    text = " ".join(README.split())
+    text = " ".join(PAGE.split())
     said = re.search(r"`sink_profile` meets it \(([\d.]+)x\), `implicit_value_bias` too \(([\d.]+)x", text)
-    assert said, "README states item 3's memory goal against the table"
+    assert said, "docs/performance.md states the memory goal against the table"
     for quoted, name in zip(said.groups(), ("sink_profile", "implicit_value_bias")):
         assert agrees(quoted, at[name] / at["plain_forward"]), name
     said = re.search(r"the score decomposition's ([\d.]+)x here read ([\d.]+)x there", text)
@@ -111,21 +111,21 @@ SCALE = ROOT / "docs" / "results" / "scale"
 REWORKED = ("score_decomposition", "sink_profile", "implicit_value_bias")
 
 
-def _readme_helpers():
+def _page_helpers():
     import sys
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_docs import README, agrees, numbers, row
-    return README, agrees, numbers, row
+    from test_docs import PERFORMANCE, agrees, numbers, row  # the scale tables' page
+    return PERFORMANCE, agrees, numbers, row
 
 
 @pytest.mark.parametrize("label", [f"{p} {at}" for p in ("plain_forward",) + REWORKED for at in ("112m@512",)])
 def test_readme_before_after_table_is_the_two_runs(label):
-    """README's before/after rows of issue 40 items 2-3 are memory_before.csv's and memory_after.csv's."""
-    README, agrees, numbers, row = _readme_helpers()
+    """docs/performance.md's before/after rows of the hook reductions are memory_before.csv's and memory_after.csv's."""
+    PAGE, agrees, numbers, row = _page_helpers()
     name, at = label.split()
     size, tokens = at.split("@")
-    cells = row(README, label)
+    cells = row(PAGE, label)
     values = [float(v) for c in cells[1:] for v in numbers(c)]
     got = []
     for which in ("before", "after"):
@@ -173,8 +173,8 @@ def test_extrapolation_rule_on_a_planted_table():
 @pytest.mark.parametrize("csv, name", [("extrapolation_7b.csv", n) for n in ("plain_forward",) + REWORKED] + [
     ("extrapolation_7b_ablation.csv", n) for n in ("ablate_bias (uniform)", "ablate_bias (first layer)")])
 def test_readme_7b_rows_are_the_extrapolation_csv(csv, name):
-    README, agrees, numbers, row = _readme_helpers()
-    cells = row(README, f"7B {name}")
+    PAGE, agrees, numbers, row = _page_helpers()
+    cells = row(PAGE, f"7B {name}")
     hit = pd.read_csv(SCALE / csv).set_index("pass").loc[name]
     quoted = [n for c in cells[1:] for n in numbers(c)]
     expected = [hit["ratio_7b"], hit["seconds_7b"], hit["peak_gb_7b"]]
@@ -231,14 +231,14 @@ def test_ablation_extrapolation_rule_on_a_planted_table():
 
 
 def test_readme_7b_ablation_prose_is_its_csv():
-    """The hours and the ratio to the floor README's prose quotes beside the 7B ablation rows."""
-    README, agrees, numbers, row = _readme_helpers()
+    """The hours and the ratio to the floor docs/performance.md quotes beside the 7B ablation rows."""
+    PAGE, agrees, numbers, row = _page_helpers()
     import re
-    text = " ".join(README.split())
+    text = " ".join(PAGE.split())
     hit = pd.read_csv(SCALE / "extrapolation_7b_ablation.csv").set_index("pass")
     said = re.search(r"at 112m@512 \(([\d.]+)x\)\..*\"uniform\", about ([\d.]+) hours on one H200\).*the most it can "
                      r"cost, ([\d.]+) hours\)", text)
-    assert said, "README quotes the 7B ablation's hours"
+    assert said, "docs/performance.md quotes the 7B ablation's hours"
     assert agrees(said.group(1), hit.loc["ablate_bias (uniform)", "ratio_floor"])
     assert agrees(said.group(2), hit.loc["ablate_bias (uniform)", "seconds_7b"] / 3600)
     assert agrees(said.group(3), hit.loc["ablate_bias (first layer)", "seconds_7b"] / 3600)

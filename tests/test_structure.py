@@ -81,7 +81,7 @@ def interp_imports(tree: ast.AST, name: str):
 
 
 def layer_diagram() -> str:
-    """README's architecture diagram, generated from LAYERS (top layer first, one line per layer)."""
+    """docs/development.md's layer diagram, generated from LAYERS (top layer first, one line per layer)."""
     lines = []
     for rank in range(len(LAYERS) - 1, -1, -1):
         names = ", ".join(m.removeprefix("interp.") if m != "interp" else "interp" for m in LAYERS[rank])
@@ -91,13 +91,16 @@ def layer_diagram() -> str:
 
 def readme_block(text: str) -> str:
     start, end = "<!-- layers:start -->", "<!-- layers:end -->"
-    assert start in text and end in text, "README needs the generated layers block (run tests/test_structure.py)"
+    assert start in text and end in text, "docs/development.md needs the generated layers block (run tests/test_structure.py)"
     return text.split(start, 1)[1].split(end, 1)[0].strip()
 
 
-def test_readme_diagram_is_the_layer_table():
-    readme = (PACKAGE.parent / "README.md").read_text()
-    assert readme_block(readme) == layer_diagram(), "README's diagram drifted: python tests/test_structure.py"
+DIAGRAM_PAGE = PACKAGE.parent / "docs" / "development.md"
+
+
+def test_docs_diagram_is_the_layer_table():
+    page = DIAGRAM_PAGE.read_text()
+    assert readme_block(page) == layer_diagram(), "docs/development.md's diagram drifted: python tests/test_structure.py"
 
 
 def test_models_import_no_data_and_no_training():
@@ -264,8 +267,8 @@ def test_public_names_are_exported():
     assert getattr(interp.tiny_hf_model, "__wrapped__", None) is tiny_hf_model  # still reachable (guarded)
 
 
-if __name__ == "__main__":  # regenerate README's diagram from LAYERS
-    readme_path = PACKAGE.parent / "README.md"
+if __name__ == "__main__":  # regenerate docs/development.md's diagram from LAYERS
+    readme_path = DIAGRAM_PAGE
     text = readme_path.read_text()
     readme_path.write_text(text.replace(readme_block(text), layer_diagram()))
     print(f"wrote the layers block of {readme_path}")

@@ -1,5 +1,5 @@
 """A positive control for the sink experiment: Guo et al. 2024's Bigram-Backcopy task, where
-attention sinks do form in a 2-layer model within a few thousand steps (issue 32).
+attention sinks do form in a 2-layer model within a few thousand steps.
 
 The task (Guo et al. 2024, "Active-dormant attention heads", section 2; their ``bbm`` generator):
 ``n_tokens`` ordinary tokens with a fixed random bigram transition matrix P (rows drawn from a

@@ -115,7 +115,7 @@ def summarise(runs: pd.DataFrame, step: Optional[int] = None) -> pd.DataFrame:
 
 
 def floor_heads(heads: pd.DataFrame, recipe: BackcopyRecipe) -> pd.DataFrame:
-    """``heads.csv`` measured before issue 37 (every query row counted, the first position's own row
+    """``heads.csv`` measured before the own row was left out (every query row counted, the first position's own row
     included) in the current schema, from the stored masses alone (``sink_metrics.drop_own_rows``):
     ``mass_start_with_self`` = the stored mass; ``mass_start`` = without the first position's own row,
     exact where that row's mass is 1 by construction (no slot: ``none``, ``none_no_start``), NaN in
@@ -165,7 +165,7 @@ def floor_runs(runs: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
 
 
 def floor_gate(gate: pd.DataFrame, recipe: BackcopyRecipe) -> pd.DataFrame:
-    """``gate.csv`` measured before issue 37, without the first position's own query row: the mean and
+    """``gate.csv`` measured before the own row was left out, without the first position's own query row: the mean and
     largest masses on ``<s>`` (``mean_mass_start``, ``max_mass_start``; stored ones kept as ``*_with_self``)
     exact where that row's mass is 1 by construction (the slot's gate at -inf, or no slot), else NaN,
     with bounds ``*_low`` / ``*_high`` (``sink_metrics.drop_own_rows``). The count ``sink_heads_start``

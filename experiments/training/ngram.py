@@ -1,4 +1,4 @@
-"""Count models of bytes: the baseline a trained byte-level language model must beat (issue 32).
+"""Count models of bytes: the baseline a trained byte-level language model must beat.
 
 An order-n model predicts byte w from the n-1 bytes before it by interpolated Kneser-Ney
 (Chen & Goodman 1998, one discount D per model), with the lower orders on continuation counts:

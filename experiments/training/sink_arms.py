@@ -1,4 +1,4 @@
-"""The arms of the sink experiment (issue 27): one tiny LLaMA and the MNIST ViT, in variants that
+"""The arms of the sink experiment: one tiny LLaMA and the MNIST ViT, in variants that
 differ only in what gives attention somewhere to go besides the content.
 
 Text arms (``LlamaForCausalLM``: rotary, RMSNorm, SwiGLU, no bias by default):

@@ -100,7 +100,7 @@ def uniform_floor(n_query: int, cols: list[int], slot: int, causal: bool) -> flo
 
 def drop_own_rows(with_self: pd.Series, n_rows: int, n_own: int,
                   own_sum: Optional[float] = None) -> tuple[pd.Series, pd.Series, pd.Series]:
-    """A mass measured over every one of ``n_rows`` query rows (before issue 37), re-expressed over the
+    """A mass measured over every one of ``n_rows`` query rows (before the own row was left out), re-expressed over the
     rows other than the class's ``n_own`` own rows: (mass, low, high). With ``own_sum`` (what the own
     rows put on the class, known by construction: 1 per row for the first position under a causal
     mask without a slot) mass = (n_rows m - own_sum) / (n_rows - n_own), exactly, and low = high = mass;

@@ -132,7 +132,7 @@ def findings_tables(summary: pd.DataFrame) -> str:
 
 
 def bounds(frame: pd.DataFrame, column: str) -> tuple[pd.Series, pd.Series]:
-    """(low, high) of a mass column: ``<column>_low`` / ``_high`` where a table measured before issue 37
+    """(low, high) of a mass column: ``<column>_low`` / ``_high`` where a table measured before the own row was left out
     could only bound it (``backcopy_results.floor_heads``), else the column itself twice."""
     if f"{column}_low" not in frame:
         return frame[column], frame[column]
@@ -167,7 +167,7 @@ def _floor_row(part: pd.DataFrame, cls: str) -> list[str]:
 
 
 def floor_table(heads: pd.DataFrame) -> str:
-    """Against the floor (issue 37), at each domain's last step, from ``heads.csv`` in the current schema
+    """Against the floor, at each domain's last step, from ``heads.csv`` in the current schema
     (``sink_results.floor_heads``): per arm and position (the first byte or CLS; the arm's own target),
     the uniform floor, the mean mass over heads and seeds and the largest head of any seed (``<=``: an
     upper bound, where the stored masses were measured with the position's own row), heads over
@@ -412,7 +412,7 @@ def seed_table(runs: pd.DataFrame, heads: pd.DataFrame, rule: Optional[pd.DataFr
 
 
 def rerun_tables(runs: pd.DataFrame, heads: pd.DataFrame, baseline: pd.DataFrame, rule: pd.DataFrame) -> str:
-    """Issue 32's text rerun as markdown, from its CSVs: the count models, every seed at the last step
+    """The text rerun (the stopping rule) as markdown, from its CSVs: the count models, every seed at the last step
     (``seed_table`` with the stopping rule), the means over seeds (validation loss: t-intervals;
     counts and masses, which cannot be negative: the range over seeds) and the verdict line the rule
     allows."""

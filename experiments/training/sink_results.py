@@ -173,7 +173,7 @@ def _geometry(domain: str, arm: str, context: int) -> tuple[int, int, dict[str, 
 
 
 def floor_heads(heads: pd.DataFrame, context: int) -> pd.DataFrame:
-    """``heads.csv`` of the sink experiment measured before issue 37 (every query row counted) in the
+    """``heads.csv`` of the sink experiment measured before the own row was left out (every query row counted) in the
     current schema, from the stored masses alone (``sink_metrics.drop_own_rows``): per class c,
     ``mass_<c>_with_self`` = the stored mass, ``mass_<c>`` = without the class's own query rows, exact
     where their mass is 1 by construction (the first position of a causal text probe without a slot),

@@ -1,4 +1,4 @@
-"""Issue 27's experiment: does an explicit bias or a key/value slot replace the attention sink?
+"""The sink experiment: does an explicit bias or a key/value slot replace the attention sink?
 
 Every arm (``experiments.training.sink_arms``) of a domain trains with one recipe: the same optimiser,
 schedule, token or image budget, and, for a seed, the same initial weights for what the arms
@@ -18,7 +18,7 @@ weight decay on matrices only: not norms, biases, slots), learning rate lr * f(s
 warm-up f(s) = (s + 1) / warmup, then cosine to ``final_lr_ratio`` (``schedule="cosine"``, the
 first release's recipe) or constant 1 (``schedule="constant"``: Gu et al. 2024 find that annealing
 the rate shrinks the sink); gradient norm clipped at 1. Validation: ``val_windows`` windows spread
-evenly over the validation files. ``sampling="disjoint"`` (issue 32) cuts the training split into
+evenly over the validation files. ``sampling="disjoint"`` cuts the training split into
 consecutive non-overlapping windows and draws ``steps x batch`` of them without replacement (the
 seed's permutation): no training byte is read twice, and a split too small for that is refused;
 ``corpus="packages"`` reads the installed packages' sources (``experiments.training.corpus``), which are
@@ -88,7 +88,7 @@ _LEGACY = dict(schedule="cosine", sampling="uniform", corpus="stdlib")
 
 
 def fresh_text_recipe(**changes: Any) -> TextRecipe:
-    """Issue 32's text recipe: constant rate after warm-up, the packages' sources, no window read twice,
+    """The rerun's text recipe: constant rate after warm-up, the packages' sources, no window read twice,
     512 validation windows (the first release's other settings unless ``changes`` says otherwise)."""
     base = dict(schedule="constant", sampling="disjoint", corpus="packages", val_windows=512, warmup=50)
     return TextRecipe(**{**base, **changes})

@@ -17,7 +17,7 @@ from interp.models.families import (
     register_family,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+MODELS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 FAMILIES = [f.name for f in list_families()]
 
 
@@ -66,10 +66,10 @@ def test_filters():
         get_family("gpt5")
 
 
-def test_readme_family_table_is_generated_from_the_registry():
-    text = README.read_text()
+def test_docs_family_table_is_generated_from_the_registry():
+    text = MODELS_PAGE.read_text()
     assert readme_with_families(text) == text, (
-        "README's family table drifted from the registry: run `interp families --readme README.md`"
+        "docs/models.md's family table drifted from the registry: run `interp families --readme docs/models.md`"
     )
     for family in list_families():
         assert family.label in families_markdown()

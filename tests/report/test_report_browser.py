@@ -1,9 +1,13 @@
-"""report.html in a real browser (Debian's chromium, driven by playwright; `make setup` installs both): it loads
+"""report.html in a real browser (Debian's chromium, driven by playwright: `make setup` installs playwright, `make test`
+the browser where it is missing and the user is root; without one the test skips, saying what to install, except
+under CI=true, where it must run): it loads
 with every request but file:// ones refused, logs no console error, a heatmap's hover gives the value of its
 table's row, and a sortable table's column sorts. The report is a tiny random ViT's, on three cheap steps."""
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +19,30 @@ from interp.report.pipeline import make_context, run_steps
 from interp.report.html import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
+INSTALL = "apt-get install chromium (Debian's; `make test` as root installs it)"
+
+
+def find_chromium() -> Path | None:
+    """Debian's chromium, else one on PATH; None when there is none."""
+    if CHROMIUM.exists():
+        return CHROMIUM
+    return next((Path(p) for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
+
+
+def missing(what: str) -> None:
+    """No browser here: skip with one line saying what to install, or fail under CI, where this test must run."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true: the browser test must run, but {what}")
+    pytest.skip(what)
+
+
+def test_without_a_browser_the_test_skips_saying_what_to_install_but_fails_under_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
+        missing(f"no chromium found to open report.html in: {INSTALL}")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true: the browser test must run, but no chromium"):
+        missing(f"no chromium found to open report.html in: {INSTALL}")
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +55,15 @@ def report(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra: run `make setup`")
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium (apt-get install chromium)")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing("playwright is missing: pip install -e '.[test]' (`make setup` does)")
+    executable = find_chromium()
+    if executable is None:
+        missing(f"no chromium found to open report.html in: {INSTALL}")
     with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM))
+        chromium = p.chromium.launch(executable_path=str(executable))
         yield chromium
         chromium.close()
 
