@@ -225,7 +225,7 @@ def test_every_figure_function_elsewhere_is_checked():
     "Reds", dark = large, outside the rule, until it was)."""
     root = Path(interp.__file__).parent
     found = set()
-    for path in root.rglob("*.py"):
+    for path in [*root.rglob("*.py"), *(root.parent / "experiments" / "training").rglob("*.py")]:  # library + recipes
         if path.stem in ("plots", "single_input_plots", "interactive"):  # the test above
             continue
         for node in ast.parse(path.read_text()).body:
