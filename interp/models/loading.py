@@ -285,9 +285,8 @@ def untrained_copy(model: InterpBridge, seed: int = 0) -> InterpBridge:
     if "add_pooling_layer" in inspect.signature(type(source).__init__).parameters:
         kwargs["add_pooling_layer"] = getattr(source, "pooler", None) is not None
     param = next(hf.parameters())
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):  # the bridge draws too: all of it inside
         torch.manual_seed(seed)
-        fresh = type(source)(copy.deepcopy(source.config), **kwargs)
-    fresh = fresh.to(device=param.device, dtype=param.dtype).eval()
-    return InterpBridge(fresh, name=f"{model.interp.name} (untrained, seed {seed})", tokenizer=model.tokenizer,
-                        processor=model.processor, warn_zero_biases=False)
+        fresh = type(source)(copy.deepcopy(source.config), **kwargs).to(device=param.device, dtype=param.dtype).eval()
+        return InterpBridge(fresh, name=f"{model.interp.name} (untrained, seed {seed})", tokenizer=model.tokenizer,
+                            processor=model.processor, warn_zero_biases=False)
