@@ -6,12 +6,11 @@ import re
 import pandas as pd
 import pytest
 
-from interp.analysis.frequency import NULLS
 from test_docs import FINDINGS, RESULTS, agrees, numbers
 
 CSV = pd.read_csv(RESULTS / "families" / "family_tests.csv")
-DEFAULT = CSV[CSV.null == NULLS[0]]
-SECTION = FINDINGS[FINDINGS.index("**Families, tested**"):FINDINGS.index("## 3b.")]
+DEFAULT = CSV[CSV.null == "gaussian_layer_means"]  # the earlier default null, the table findings quotes as such
+SECTION = FINDINGS[FINDINGS.index("**Families, tested, as the earlier"):FINDINGS.index("**Two questions, and the untrained")]
 
 
 def _row(model: str, weights: str) -> list[str]:
@@ -52,3 +51,44 @@ def test_the_table_has_every_default_row_and_the_sentences_quote_it():
     plain = CSV[(CSV.null == "gaussian_covariance") & CSV.model.isin(["gpt2-shape", "vit-b16-shape"])]
     assert plain.structure.all() and (plain.k == 2).all() and (plain.family_p == 0.005).all()
     assert (CSV.permutation_p == 0.05).all() and (CSV.n_null == 199).all()
+
+
+CALIBRATION = pd.read_csv(RESULTS / "families" / "calibration.csv")
+
+
+def test_calibration_covers_four_untrained_architectures_at_eight_seeds_with_every_feature():
+    assert sorted(CALIBRATION.architecture.unique()) == ["BERT", "GPT-2", "LLaMA-style", "ViT"]
+    assert (CALIBRATION.groupby("architecture").seed.nunique() == 8).all() and (CALIBRATION.n_features == 12).all()
+
+
+def test_untrained_models_are_not_called_specialised_nor_families():
+    """At least 7 of 8 seeds per architecture: no specialisation against 8 other untrained seeds, and no
+    families (structure) within layers; the raw within-layer p is reported beside it."""
+    per = CALIBRATION.groupby("architecture")
+    assert (per.specialised.sum() <= 1).all() and (per.structure.sum() <= 1).all()
+    assert (per.old_null_structure.sum() <= 1).all()
+
+
+def test_the_layer_test_sees_the_untrained_layer_difference_and_says_so():
+    """Untrained GPT-2 and LLaMA-style differ by layer in every seed (layer 0 reads embeddings): the layer test
+    reports it (that is why a layer difference alone is no evidence of training)."""
+    per = CALIBRATION.groupby("architecture")
+    assert per.layers_differ.sum()[["GPT-2", "LLaMA-style"]].tolist() == [8, 8]
+    assert (CALIBRATION.layer_effect_lo <= CALIBRATION.layer_effect).all()
+    assert (CALIBRATION.layer_effect <= CALIBRATION.layer_effect_hi + 0.05).all()
+
+
+def test_findings_calibration_table_equals_the_csv():
+    section = FINDINGS[FINDINGS.index("**Two questions, and the untrained"):FINDINGS.index("## 3b.")]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| architecture")
+            and not line.startswith("| ---")]
+    assert len(rows) == 4
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        g = CALIBRATION[CALIBRATION.architecture == cells[0]]
+        assert [int(x) for x in cells[1:7]] == [len(g), g.specialised.sum(), g.structure.sum(),
+                                               (g.family_p <= 0.05).sum(), g.old_null_structure.sum(),
+                                               g.layers_differ.sum()]
+        assert agrees(cells[7], g.layer_effect.median())
+    llama = CALIBRATION[CALIBRATION.architecture == "LLaMA-style"]
+    assert f"in {(llama.family_p <= 0.05).sum()} of 8 LLaMA-style seeds" in " ".join(section.split())
