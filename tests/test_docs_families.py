@@ -92,3 +92,47 @@ def test_findings_calibration_table_equals_the_csv():
         assert agrees(cells[7], g.layer_effect.median())
     llama = CALIBRATION[CALIBRATION.architecture == "LLaMA-style"]
     assert f"in {(llama.family_p <= 0.05).sum()} of 8 LLaMA-style seeds" in " ".join(section.split())
+
+
+POWER = pd.read_csv(RESULTS / "families" / "power.csv")
+
+
+def _rate(placement: str, share: float, test: str) -> pd.Series:
+    cell = POWER[(POWER.placement == placement) & (POWER.share.round(2) == round(share, 2)) & (POWER.test == test)]
+    return cell.set_index("delta").rate.sort_index()
+
+
+def _first_found(placement: str, share: float, test: str, bar: float = 0.8) -> float:
+    rate = _rate(placement, share, test)
+    return float(rate[rate >= bar].index.min()) if (rate >= bar).any() else float("inf")
+
+
+def test_the_power_grid_is_complete_and_planted_from_minilm():
+    assert set(POWER.placement) == {"across", "along"} and (POWER.runs == 10).all() and (POWER.n_heads == 72).all()
+    assert (POWER.n_features == 12).all() and {0, 2, 3, 4, 5, 8} <= set(POWER.delta)
+
+
+def test_an_along_layer_family_is_found_by_the_layer_test_at_delta_5_or_less():
+    """Whole layers shifted (1 or 2 of 6): the layer test finds them in >= 8 of 10 runs by delta 5; the earlier
+    default null, which kept layer means, at most 1 of 10 at any delta (it cannot see them); the within-layer
+    test none (not its question)."""
+    for share in (1 / 6, 1 / 3):
+        assert _first_found("along", share, "layer effect") <= 5
+        assert _rate("along", share, "earlier null (layer means kept)").max() <= 0.1
+        assert _rate("along", share, "within-layer families").max() == 0
+
+
+def test_no_test_rejects_beyond_chance_without_a_family():
+    at_zero = POWER[POWER.delta == 0]
+    assert (at_zero.rejected <= 2).all()  # 10 runs at alpha 0.05: 3 or more has probability 0.012
+
+
+def test_findings_power_sentences_equal_the_csv():
+    section = " ".join(FINDINGS[FINDINGS.index("**Power**"):FINDINGS.index("## 3b.")].split())
+    for share, label in ((1 / 6, "one layer"), (1 / 3, "two layers")):
+        rate = _rate("along", share, "layer effect")
+        delta = _first_found("along", share, "layer effect")
+        assert f"{label} of six at delta {delta:g} ({int(rate[delta] * 10)} of 10)" in section
+    across = _rate("across", 1 / 3, "within-layer families")
+    earlier = _rate("across", 1 / 3, "earlier null (layer means kept)")
+    assert f"{int(across[8] * 10)} of 10 at delta 8" in section and f"earlier null {int(earlier[8] * 10)} of 10" in section
