@@ -2,6 +2,7 @@
 (``interp.specialisation_test``), with the layer and within-layer tests of ``interp.family_test``.
 
     python benchmarks/specialisation_real.py --out docs/results/families
+    python benchmarks/specialisation_real.py --redraw docs/results/families   # the figures from the CSV
 
 Writes ``specialisation.csv`` (the tidy tables of both models), ``specialisation_tests.csv`` (family_test's
 one-row summary per model) and ``specialisation_<model>.png``.
@@ -48,5 +49,17 @@ def main() -> None:
     pd.DataFrame(tests).to_csv(out / "specialisation_tests.csv", index=False)
 
 
+
+def redraw(out: Path) -> None:
+    """The figures again from ``specialisation.csv`` (figures only draw tables)."""
+    table = pd.read_csv(out / "specialisation.csv")
+    table["seed"] = table["seed"].astype("Int64")
+    for name, own in table.groupby("model", sort=False):
+        interp.plots.save_figure(interp.plots.specialisation_figure(own, data=own.data.iloc[0]),
+                                 out / f"specialisation_{name}.png")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    redraw(Path(sys.argv[sys.argv.index("--redraw") + 1])) if "--redraw" in sys.argv else main()

@@ -415,10 +415,11 @@ def specialisation_figure(table: pd.DataFrame, *, model_name: Optional[str] = No
         verdict = "specialised" if bool(first.specialised) else "within untrained range"
         ax.set_title(f"{name}\nz = {float(first.z):.1f}, Holm p = {float(first.p_holm):.3g}: {verdict}", fontsize=9)
         ax.set_ylabel("value")
-    axes[0][0].legend(fontsize=7, loc="best")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=3, frameon=False)
     fig.suptitle(f"{_model_of(table, model_name)}: trained against untrained copies of its architecture"
                  + (f"\n{data}" if data else ""), fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 

@@ -136,3 +136,31 @@ def test_findings_power_sentences_equal_the_csv():
     across = _rate("across", 1 / 3, "within-layer families")
     earlier = _rate("across", 1 / 3, "earlier null (layer means kept)")
     assert f"{int(across[8] * 10)} of 10 at delta 8" in section and f"earlier null {int(earlier[8] * 10)} of 10" in section
+
+
+SPECIAL = pd.read_csv(RESULTS / "families" / "specialisation.csv")
+SPECIAL_TESTS = pd.read_csv(RESULTS / "families" / "specialisation_tests.csv").set_index("model")
+
+
+def test_findings_trained_against_untrained_equals_the_csvs():
+    text = " ".join(FINDINGS[FINDINGS.index("**Trained against untrained**"):FINDINGS.index("## 3b.")].split())
+    trained = SPECIAL[SPECIAL.weights == "trained"].set_index(["model", "statistic"])
+    quoted = re.findall(r"z (-?[\d.]+), Holm p ([\d.e-]+)", text)
+    order = [("minilm-l6", "layer_effect"), ("minilm-l6", "hf_ratio_spread"), ("minilm-l6", "within_layer_split"),
+             ("dinov2-s14", "layer_effect"), ("dinov2-s14", "within_layer_split"), ("dinov2-s14", "hf_ratio_spread")]
+    assert len(quoted) == len(order)
+    for (z, p), key in zip(quoted, order):
+        assert agrees(z, trained.loc[key].z) and agrees(p, trained.loc[key].p_holm), key
+    mini, dino = SPECIAL_TESTS.loc["minilm-l6"], SPECIAL_TESTS.loc["dinov2-s14"]
+    eta = numbers(text[text.index("eta^2"):text.index("far more")])
+    assert [agrees(q, v) for q, v in zip(eta[1:], [mini.layer_effect, mini.layer_effect_lo, mini.layer_effect_hi,
+                                                   mini.layer_p])] == [True] * 4
+    family_ps = re.findall(r"family_p ([\d.]+)", text)
+    assert agrees(family_ps[0], mini.family_p) and agrees(family_ps[1], dino.family_p)
+    assert (SPECIAL_TESTS.n_features == 12).all() and (SPECIAL.n_features == 12).all()
+    assert not SPECIAL_TESTS.structure.any() and (SPECIAL.n_random == 8).all()
+    # the verdicts the text gives
+    assert trained.loc[("minilm-l6", "layer_effect")].specialised
+    assert trained.loc[("dinov2-s14", "layer_effect")].z < 0
+    assert not trained.loc[("minilm-l6", "within_layer_split")].specialised
+    assert not trained.loc[("dinov2-s14", "within_layer_split")].specialised
