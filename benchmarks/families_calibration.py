@@ -16,7 +16,9 @@ the standardised features: delta is in units of a feature's SD over MiniLM's hea
 repetitions per cell, 49 null draws or permutations per test (smallest p 0.02; enough to read alpha 0.05,
 fewer than the library's default 199 to keep the grid affordable on two cores). Rows: ``power.csv``.
 
-    python benchmarks/families_calibration.py --out docs/results/families   # about 15 min on 2 busy cores
+    python benchmarks/families_calibration.py --out docs/results/families   # about 30 min on 2 busy cores
+    python benchmarks/families_calibration.py --out docs/results/families --part power --deltas 12 16 \
+        --placements across   # the larger shifts where the within-layer test finds a spread family
 """
 
 from __future__ import annotations

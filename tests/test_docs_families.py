@@ -110,6 +110,7 @@ def _first_found(placement: str, share: float, test: str, bar: float = 0.8) -> f
 def test_the_power_grid_is_complete_and_planted_from_minilm():
     assert set(POWER.placement) == {"across", "along"} and (POWER.runs == 10).all() and (POWER.n_heads == 72).all()
     assert (POWER.n_features == 12).all() and {0, 2, 3, 4, 5, 8} <= set(POWER.delta)
+    assert {12, 16} <= set(POWER[POWER.placement == "across"].delta)
 
 
 def test_an_along_layer_family_is_found_by_the_layer_test_at_delta_5_or_less():
@@ -135,7 +136,11 @@ def test_findings_power_sentences_equal_the_csv():
         assert f"{label} of six at delta {delta:g} ({int(rate[delta] * 10)} of 10)" in section
     across = _rate("across", 1 / 3, "within-layer families")
     earlier = _rate("across", 1 / 3, "earlier null (layer means kept)")
-    assert f"{int(across[8] * 10)} of 10 at delta 8" in section and f"earlier null {int(earlier[8] * 10)} of 10" in section
+    assert f"{int(across[8] * 10)} of 10 at delta 8 (earlier null {int(earlier[8] * 10)} of 10)" in section
+    assert f"{int(across[12] * 10)} of 10 at delta 12 (earlier null {int(earlier[12] * 10)} of 10)" in section
+    sixth = _rate("across", 1 / 6, "within-layer families")
+    assert f"a sixth of the heads, {int(sixth[16] * 10)} of 10 at delta 16" in section
+    assert _first_found("across", 1 / 3, "within-layer families") == 12  # the within-layer test pays power
 
 
 SPECIAL = pd.read_csv(RESULTS / "families" / "specialisation.csv")
