@@ -20,7 +20,8 @@ from interp.interactive import Heatmap, TopTable
 from interp.ablation.options import SweepOptions
 from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import (
-    cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation, one_family,
+    N_RANDOM, cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation, one_family,
+    specialisation_test,
 )
 from interp.analysis.one_input import single_input
 from interp.analysis.origin import origin_shift
@@ -613,8 +614,6 @@ OPT_IN_STEPS = {"specialisation"}  # not run by default (the demo, the report): 
 def specialisation_step(ctx: Context) -> list[Section]:
     """``specialisation_test`` on the context's batches (``ctx.n_random`` untrained copies, default
     ``N_RANDOM``; quick mode: 3), its table and figure."""
-    from interp.analysis.frequency import N_RANDOM, specialisation_test
-
     batches = ctx.first()
     n_random = 3 if ctx.quick else int(getattr(ctx, "n_random", None) or N_RANDOM)
     table = specialisation_test(ctx.model, batches, n_random=n_random, layers=ctx.layers, heads=ctx.heads,
