@@ -310,6 +310,9 @@ ANALYSES = {
     "frequency": (["frequency"], "frequency profiles, head families and the q-bias frequency shift"),
     "sinks": (["sinks"], "implicit biases: attention sinks, the implicit value bias beside b_v W_O, massive "
                          "activations"),
+    "specialisation": (["specialisation"], "did training make the heads' specialisation: the model's layer "
+                                           "effect, within-layer split and hf_ratio spread against randomly "
+                                           "initialised copies of its architecture (specialisation_test)"),
 }
 
 
@@ -336,6 +339,7 @@ def _cmd_analysis(args: argparse.Namespace) -> int:
         stats, stats_file, data, options = _recorded_stats(args, model)
     ctx = make_context(model, data, args.quick and stats is None, out, data_options=options,
                        layers=args.layers, heads=args.heads, max_batches=args.max_batches, command=args.command)
+    ctx.n_random = getattr(args, "n_random", None)  # the specialisation step's untrained copies
     steps, sections = ANALYSES[args.command][0], []
     if stats is not None:
         _check_same_data(stats, stats_file, ctx)
@@ -500,14 +504,14 @@ TABLES = {"inventory": ("bias_spec",), "record": ("qkv_stats",),
           "origin": ("origin_shift",), "scores": ("score_decomposition", "bias_invariances"),
           "frequency": ("frequency_profile", "frequency_shift_q_bias"), "ablate": ("ablation",),
           "sinks": ("sink_profile", "sink_shares", "implicit_value_bias", "massive_activations"),
-          "compare": ("compare", "compare_summary"),
+          "compare": ("compare", "compare_summary"), "specialisation": ("specialisation",),
           "single-input": ("single_input_patterns", "single_input_heads", "single_input_key_prior",
                         "single_input_positions")}
 
 
 # integer flags, checked before a command does anything (the name its error uses, the least value)
-COUNTS = {"batch_size": 1, "seq_len": 1, "max_items": 1, "max_tokens": 1, "top_k": 0, "sample_k": 0, "n_boot": 0,
-          "seed": 0, "max_chars": 1}
+COUNTS = {"n_random": 2, "batch_size": 1, "seq_len": 1, "max_items": 1, "max_tokens": 1, "top_k": 0, "sample_k": 0,
+          "n_boot": 0, "seed": 0, "max_chars": 1}
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -696,6 +700,9 @@ def _add_analysis_parsers(sub: Any) -> None:
                        "(default: all)")
         p.add_argument("--heads", type=_int_list, default=None, help="comma-separated heads to analyse "
                        "(default: all)")
+        if name == "specialisation":
+            p.add_argument("--n-random", type=int, default=8, help="untrained copies of the architecture, each "
+                           "profiled on the same data (default 8; --quick: 3)")
         if name in STATS_COMMANDS:
             p.add_argument("--stats", default=None, help="the --out folder (or its qkv_stats.safetensors) of "
                            "'interp record' on this model: " + STATS_COMMANDS[name] + "; its data and data flags "

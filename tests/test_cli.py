@@ -369,6 +369,7 @@ CHEAP_RUNS = {
     "demo": "tests/report/test_pipeline.py::test_manifest_is_written_last_and_lists_every_file",
     "compare": "tests/test_compare.py::test_cli_equals_api_on_the_shipped_digits_vits",
     "single-input": "test_single_input_command_writes_single_inputs_tables",
+    "specialisation": ["--data", "digits", "--quick"],
 }
 
 

@@ -251,13 +251,15 @@ def test_findings_mnist_trio_spreads_equal_notebook_05s_table():
     table = rendered[rendered.index("<th>hf_ratio_spread</th>"):]
     cells = {m: re.findall(r"<td>([^<]*)</td>", table[table.index(f"<th>{m}</th>"):])[:3]
              for m in ("mnist-vit", "mnist-vit-nobias", "mnist-vit-qv")}
-    sentence = FINDINGS[FINDINGS.index("in the MNIST trio"):FINDINGS.index("is a fragile count")]
+    sentence = FINDINGS[FINDINGS.index("in the MNIST trio"):FINDINGS.index("no k-means count is a number")]
     nums = numbers(sentence)
     batch = int(re.search(r"builtin_batches\(m, 'mnist', batch_size=(\d+)", rendered).group(1))
     n_batches = int(re.search(r"frequency_profile\(m, mnist\[name\]\[:(\d+)\]", rendered).group(1))
     assert nums[:2] == [str(batch * n_batches), "05"], (nums, batch, n_batches)  # the images the profiles read
-    spreads, families = nums[2:5], nums[-3:]
-    assert spreads == [cells[m][2] for m in cells] and families == [cells[m][0] for m in cells], (nums, cells)
+    cells = {m: re.findall(r"<td>([^<]*)</td>", table[table.index(f"<th>{m}</th>"):])[:4] for m in cells}
+    spreads, family_ps = nums[2:5], nums[-3:]  # columns: families, family_p, layer_p, hf_ratio_spread
+    assert spreads == [cells[m][3] for m in cells] and family_ps == [cells[m][1] for m in cells], (nums, cells)
+    assert all(cells[m][0] == "False" for m in cells)  # no families: what the sentence says
 
 
 SINK_MODELS = ("minilm-l6", "smollm2-135m", "dinov2-s14", "mnist-vit", "mnist-vit-nobias", "mnist-vit-qv")

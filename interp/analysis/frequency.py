@@ -23,6 +23,7 @@ of different lengths or grids are combined with each sequence or image counting 
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Optional, Sequence
 
@@ -46,6 +47,7 @@ from interp.errors import InputError, public
 from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.info import ModelInfo
+from interp.models.loading import untrained_copy
 from interp.record.patching import bias_patch_hooks, check_method
 
 N_BINS = 8
@@ -75,18 +77,49 @@ def head_spectrum(z: Tensor, grid: Optional[tuple[int, int]]) -> Tensor:
 
 
 def _spectrum_parts(spec: Tensor, n_bins: int = N_BINS) -> dict[str, Tensor]:
-    """Of a mean amplitude spectrum [head, *freq]: mean amplitude per radial bin [head, n_bins] (NaN where a
-    bin has no cell), DC amplitude, energy (amplitude^2) above Nyquist/2 and in total (DC included) [head]."""
-    idx, r = radial_bins(spec.shape[1:], n_bins)
-    flat, fidx, fr = spec.flatten(1), idx.flatten(), r.flatten()
-    amp = torch.full((spec.shape[0], n_bins), float("nan"), dtype=torch.float64)
-    for i in range(n_bins):
-        cells = fidx == i
-        if cells.any():
-            amp[:, i] = flat[:, cells].mean(1)
-    energy, inside = flat**2, fidx < n_bins
-    return dict(amp=amp, dc=flat[:, fidx == -1][:, 0], e_hf=energy[:, (fr > 0.25) & inside].sum(1),
-                e_total=energy[:, inside].sum(1))
+    """Of a mean amplitude spectrum [head, *freq]: mean amplitude per radial bin [head, n_bins], DC amplitude,
+    energy (amplitude^2) above Nyquist/2 and in total (DC included) [head].
+
+    A bin that holds no frequency of this length or grid (a sequence of 10 tokens has frequencies 0.1, 0.2, ...
+    cycles per token: bins 0, 2 and 5 of 8 hold none) takes the radially averaged amplitude interpolated
+    linearly at the bin's centre frequency between the nonzero frequencies the shape has, held constant
+    beyond the lowest and highest (at Nyquist this is exact for a real signal of odd length: its amplitude
+    is symmetric about 0.5). So every length of at least 2 (every grid of more than one cell) gives every bin
+    on the common grid of normalised frequencies; bins that hold frequencies are their cells' mean, as before.
+    A spectrum with no nonzero frequency (one token) gives NaN bins (``combine_spectra`` leaves it out of them)."""
+    weights, dc, hf, inside = _bin_weights(tuple(spec.shape[1:]), n_bins)
+    flat = spec.detach().cpu().double().flatten(1).numpy()  # numpy: small arrays, no thread pool per call (100x)
+    energy = flat**2
+    parts = dict(amp=flat @ weights, dc=flat[:, dc], e_hf=energy[:, hf].sum(1), e_total=energy[:, inside].sum(1))
+    return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in parts.items()}
+
+
+@functools.lru_cache(maxsize=512)
+def _bin_weights(shape: tuple, n_bins: int) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """Of a spectrum's shape: the matrix W [cells, n_bins] with amp = spectrum (flattened) @ W (``_spectrum_parts``:
+    every bin is linear in the amplitudes, a mean of its cells or an interpolation between radial means; NaN
+    columns when no cell has a nonzero frequency), the DC cell, the cells above Nyquist/2 and those inside Nyquist
+    (read-only arrays: they are shared)."""
+    idx, r = radial_bins(shape, n_bins)
+    fidx, fr = idx.flatten().numpy(), r.flatten().numpy()
+    weights = np.full((len(fidx), n_bins), np.nan)
+    positive = (fidx >= 0) & (fidx < n_bins)
+    if positive.any():
+        radii, which = np.unique(fr[positive], return_inverse=True)
+        radial = np.zeros((len(fidx), len(radii)))  # the radial mean at radius j is spectrum @ radial[:, j]
+        radial[np.flatnonzero(positive), which] = 1.0
+        radial /= radial.sum(0, keepdims=True)
+        centres = (np.arange(n_bins) + 0.5) * 0.5 / n_bins
+        for i in range(n_bins):
+            own = fidx == i
+            if own.any():
+                weights[:, i] = own / own.sum()
+            else:  # linear interpolation between the radial means, constant beyond the ends
+                weights[:, i] = radial @ np.array([np.interp(centres[i], radii, row) for row in np.eye(len(radii))])
+    out = (weights, int(np.flatnonzero(fidx == -1)[0]), (fr > 0.25) & (fidx < n_bins), fidx < n_bins)
+    for array in (out[0], out[2], out[3]):
+        array.flags.writeable = False
+    return out
 
 
 def _bins_and_ratio(parts: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -106,12 +139,23 @@ def combine_spectra(spectra: dict[tuple, tuple[Tensor, int]], n_bins: int = N_BI
     ``spectra``: shape -> (sum over items of their amplitude spectra, number of items). Each item
     counts once: per-bin amplitudes, DC amplitudes and energies of each shape's mean spectrum are
     averaged with the shapes' item counts as weights. With one shape this is ``bin_spectrum`` of
-    the mean spectrum; it does not depend on how the items were batched.
+    the mean spectrum; it does not depend on how the items were batched. Every shape with a nonzero
+    frequency gives every bin (``_spectrum_parts`` interpolates the bins a short length lacks), so no bin is
+    NaN; one-token sequences (DC only) enter hf_ratio but not the bins (nor their DC), and data made of
+    them alone is refused with the lengths named.
     """
     parts = {shape: _spectrum_parts(total / n, n_bins) for shape, (total, n) in spectra.items()}
     counts = {shape: n for shape, (_, n) in spectra.items()}
     n_all = sum(counts.values())
-    mean = {key: sum(counts[s] * p[key] for s, p in parts.items()) / n_all for key in ("amp", "dc", "e_hf", "e_total")}
+    mean = {key: sum(counts[s] * p[key] for s, p in parts.items()) / n_all for key in ("e_hf", "e_total")}
+    binned = [s for s, p in parts.items() if not torch.isnan(p["amp"]).any()]
+    if not binned:
+        raise InputError(f"no item has a frequency above 0 (lengths or grids {sorted(parts)}): the spectral bins "
+                         f"bin_0..bin_{n_bins - 1} need sequences of at least 2 tokens (grids of at least 2 "
+                         "patches); pass longer inputs")
+    n_binned = sum(counts[s] for s in binned)
+    for key in ("amp", "dc"):
+        mean[key] = sum(counts[s] * parts[s][key] for s in binned) / n_binned
     return _bins_and_ratio(mean)
 
 
@@ -360,10 +404,12 @@ def family_separation(profile: pd.DataFrame, labels: np.ndarray) -> float:
 N_NULL = 199  # the smallest p is 1 / 200 = 0.005, well below alpha = 0.05
 N_SPLITS = 20
 REPLICATION_BAR = 0.5  # the lower end of the split-repeat interval of the halves' adjusted Rand index
-NULLS = ("gaussian_layer_means", "gaussian_covariance")  # the first is the default
+NULLS = ("within_layer", "gaussian_layer_means", "gaussian_covariance")  # the first is the default
+N_BOOT = 100  # bootstrap resamples of the items for the layer effect's interval (family_test; 200 cost the report 30%)
 FAMILY_COLUMNS = ("cluster", "silhouette", "silhouette_mean", "k", "separation", "cluster_index",
-                  "null_cluster_index", "family_p", "p_value", "null", "n_null", "covariance", "replication_ari",
-                  "replication_lo", "replication_hi", "n_splits", "structure")
+                  "null_cluster_index", "family_effect", "family_p", "p_value", "null", "n_null", "covariance",
+                  "replication_ari", "replication_lo", "replication_hi", "n_splits", "structure", "layer_effect",
+                  "layer_effect_lo", "layer_effect_hi", "layer_p", "n_boot", "layers_differ", "n_features")
 
 
 def cluster_index(X: np.ndarray, labels: np.ndarray) -> float:
@@ -414,41 +460,119 @@ def gaussian_null(X: np.ndarray, seed: int, n_null: int, layers: Optional[np.nda
     """The 2-means cluster index of ``n_null`` sets of heads drawn from N(c_i, s_i^2 Sigma) (``null_centres``;
     Sigma: ``null_covariance`` of (X - c) / s), each standardised as X was: one family that keeps the features'
     correlations (spectral bins move together) and, with layer means, each layer's offset and spread.
+    ``within_layer``: the draws are N(0, Sigma) with Sigma the covariance of the profile's within-layer residuals
+    (``within_layer_features``: layer means removed, each layer's features scaled to its own spread), and each
+    draw is treated exactly as the profile was (``within_layer_features`` of the draw).
     Returns (indices, covariance rule)."""
-    centres, scale, dof = null_centres(X, np.zeros(len(X)) if layers is None else np.asarray(layers), null)
+    layers = np.zeros(len(X)) if layers is None else np.asarray(layers)
+    rng = np.random.default_rng(seed)
+    if null == "within_layer":
+        R = within_layer_features(X, layers)
+        lam, vec, rule = null_covariance(R, len(X) - len(np.unique(layers)))
+        root = vec * np.sqrt(lam)
+        return np.asarray([two_means_index(within_layer_features(rng.standard_normal(R.shape) @ root.T, layers),
+                                           seed) for _ in range(n_null)]), rule
+    centres, scale, dof = null_centres(X, layers, null)
     safe = np.where(scale > 0, scale, 1.0)[:, None]
     lam, vec, rule = null_covariance((X - centres) / safe, dof)
     root = vec * np.sqrt(lam)  # Sigma = root @ root.T
-    rng = np.random.default_rng(seed)
     out = [two_means_index(StandardScaler().fit_transform(
         centres + scale[:, None] * (rng.standard_normal(X.shape) @ root.T)), seed) for _ in range(n_null)]
     return np.asarray(out), rule
 
 
-def replication(halves: Sequence[tuple[pd.DataFrame, pd.DataFrame]], k: int, method: str, seed: int) -> np.ndarray:
-    """Per split, the adjusted Rand index between the k families fitted on each half's profile on its own."""
+def within_layer_features(X: np.ndarray, layers: np.ndarray) -> np.ndarray:
+    """What is left of X once layers are taken out, standardised: each layer's mean removed and each feature
+    divided by its standard deviation within that layer (a layer whose heads vary in other features than another
+    layer's is no family), then each column scaled to variance 1 over all heads (columns with no within-layer
+    variation dropped). What the within-layer family test clusters, and what it does to each null draw."""
+    _, group = np.unique(np.asarray(layers), return_inverse=True)
+    counts = np.bincount(group)[:, None].astype(float)
+    means = np.zeros((len(counts), X.shape[1]))
+    np.add.at(means, group, X)
+    R = X - (means / counts)[group]
+    power = np.zeros_like(means)
+    np.add.at(power, group, R**2)
+    sd = np.sqrt(power / np.clip(counts - 1, 1, None))[group] * (counts[group] > 1)
+    R = np.divide(R, sd, out=np.zeros_like(R), where=sd > 1e-12 * max(1.0, float(np.abs(X).max())))
+    keep = R.std(0) > 1e-9
+    return StandardScaler().fit_transform(R[:, keep]) if keep.any() else R
+
+
+def layer_effect(X: np.ndarray, layers: np.ndarray) -> float:
+    """The share of the (standardised) features' variance that lies between layers: eta^2 =
+    sum_i ||m_layer(i) - m||^2 / sum_i ||x_i - m||^2 (0: layers alike, 1: heads differ only by layer)."""
+    centres = pd.DataFrame(X).groupby(np.asarray(layers)).transform("mean").to_numpy()
+    total = float(((X - X.mean(0)) ** 2).sum())
+    return float(((centres - X.mean(0)) ** 2).sum()) / total if total > 0 else 0.0
+
+
+def layer_test(X: np.ndarray, layers: np.ndarray, seed: int, n_perm: int) -> tuple[float, float]:
+    """(eta^2, its permutation p): do heads differ by layer beyond what heads that are exchangeable across layers
+    give? p = (1 + #{eta^2 of the heads with their layers permuted >= observed}) / (1 + n_perm)."""
+    layers = np.asarray(layers)
+    observed = layer_effect(X, layers)
+    if len(np.unique(layers)) < 2 or len(np.unique(layers)) == len(X):
+        return observed, float("nan")  # one layer, or one head per layer: nothing to compare
+    rng = np.random.default_rng(seed)
+    null = np.array([layer_effect(X, rng.permutation(layers)) for _ in range(n_perm)])
+    return observed, (1 + int((null >= observed - 1e-12).sum())) / (1 + n_perm)
+
+
+def _test_features(X: np.ndarray, layers: Optional[np.ndarray], null: str) -> tuple[np.ndarray, str]:
+    """(the features the family test clusters, the null in effect): within-layer residuals for ``within_layer``
+    where some layer has two heads (else plain SigClust on X, said in the null column), X otherwise."""
+    if null != "within_layer":
+        return X, null
+    if layers is None or len(np.unique(layers)) == len(X):
+        return X, "gaussian_covariance"
+    return within_layer_features(X, layers), null
+
+
+def replication(halves: Sequence[tuple[pd.DataFrame, pd.DataFrame]], k: int, method: str, seed: int,
+                null: str = "gaussian_covariance") -> np.ndarray:
+    """Per split, the adjusted Rand index between the k families fitted on each half's profile on its own (on
+    its within-layer residuals under the ``within_layer`` null)."""
     out = []
     for a, b in halves:
         if not isinstance(a, pd.DataFrame) or not isinstance(b, pd.DataFrame) or \
                 not np.array_equal(a[["layer", "head"]].to_numpy(), b[["layer", "head"]].to_numpy()):
             raise InputError("halves must be pairs of profiles of the same heads in the same order (family_test "
                              "builds them from disjoint halves of the data)")
-        labels = [_fit_clusters(_cluster_features(h, method), k, method, seed) for h in (a, b)]
+        labels = [_fit_clusters(_test_features(_cluster_features(h, method), h["layer"].to_numpy(), null)[0], k,
+                                method, seed) for h in (a, b)]
         out.append(adjusted_rand_score(*labels))
     return np.asarray(out)
 
 
-def _family_test(X: np.ndarray, profile: pd.DataFrame, best: tuple, k: int, method: str, seed: int, n_null: int,
-                 alpha: float, halves: Optional[Sequence], kind: str) -> dict[str, Any]:
-    """The test columns of ``cluster_heads`` (one value each): Gaussian null, separation, halves."""
-    null, rule = gaussian_null(X, seed, n_null, profile["layer"].to_numpy() if "layer" in profile else None, kind)
-    observed = two_means_index(X, seed)
+def _layer_columns(X: np.ndarray, layers: Optional[np.ndarray], seed: int, n_perm: int, alpha: float,
+                   resamples: Optional[Sequence[pd.DataFrame]], method: str) -> dict[str, Any]:
+    """The layer test's columns: eta^2, its bootstrap interval over items (NaN without resamples), its p."""
+    if layers is None:
+        return dict(layer_effect=np.nan, layer_effect_lo=np.nan, layer_effect_hi=np.nan, layer_p=np.nan,
+                    n_boot=0, layers_differ=False)
+    effect, p = layer_test(X, layers, seed, n_perm)
+    boots = [layer_effect(_cluster_features(r, method), r["layer"].to_numpy()) for r in resamples or ()]
+    lo, hi = np.percentile(boots, PERCENTILES) if boots else (np.nan, np.nan)
+    return dict(layer_effect=effect, layer_effect_lo=float(lo), layer_effect_hi=float(hi), layer_p=p,
+                n_boot=len(boots), layers_differ=bool(p <= alpha))
+
+
+def _family_test(X: np.ndarray, Xc: np.ndarray, profile: pd.DataFrame, best: tuple, k: int, method: str, seed: int,
+                 n_null: int, alpha: float, halves: Optional[Sequence], kind: str) -> dict[str, Any]:
+    """The family test's columns of ``cluster_heads`` (one value each): Gaussian null, separation, halves.
+    X: the standardised features; Xc: what is clustered (X, or its within-layer residuals)."""
+    layers = profile["layer"].to_numpy() if "layer" in profile else None
+    null, rule = gaussian_null(X, seed, n_null, layers, kind)
+    observed = two_means_index(Xc, seed)
     p = (1 + int((null <= observed + 1e-12).sum())) / (1 + n_null)
+    spread = float(null.std())
     separation = family_separation(profile, best[2])
-    ari = replication(halves, k, method, seed) if halves else np.array([np.nan])
+    ari = replication(halves, k, method, seed, kind) if halves else np.array([np.nan])
     lo, mid, hi = np.percentile(ari, [2.5, 50, 97.5]) if halves else (np.nan,) * 3
     replicated = (not halves) or lo >= REPLICATION_BAR
-    return dict(separation=separation, cluster_index=observed, null_cluster_index=float(null.mean()), family_p=p,
+    return dict(separation=separation, cluster_index=observed, null_cluster_index=float(null.mean()),
+                family_effect=(float(null.mean()) - observed) / spread if spread > 0 else np.nan, family_p=p,
                 p_value=p, null=kind, n_null=n_null, covariance=rule, replication_ari=mid, replication_lo=lo,
                 replication_hi=hi, n_splits=len(halves) if halves else 0,
                 structure=bool(p <= alpha and separation >= 1.0 and replicated))
@@ -468,50 +592,67 @@ def _check_k(k: Any, n: int) -> Optional[int]:
 def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = "kmeans", seed: int = 0,
                   n_null: int = N_NULL, alpha: float = 0.05,
                   halves: Optional[Sequence[tuple[pd.DataFrame, pd.DataFrame]]] = None,
-                  null: str = NULLS[0]) -> pd.DataFrame:
-    """Group heads into families on standardised profile features (scikit-learn), or say there are none.
+                  null: str = NULLS[0], resamples: Optional[Sequence[pd.DataFrame]] = None) -> pd.DataFrame:
+    """Two questions about heads, each with its own p and effect size, on the standardised profile features
+    (every feature used; a NaN or infinite one is refused, never dropped; ``n_features`` says how many).
 
-    ``k`` is chosen by the best mean silhouette over 2..8 when not given. "One family" is tested against a
-    Gaussian with the features' own covariance (SigClust: Liu, Hayes, Nobel and Marron 2008). Statistic: the
-    2-means cluster index CI = sum_c sum_{i in c} ||x_i - m_c||^2 / sum_i ||x_i - m||^2 of the standardised
-    features X (``two_means_index``). Null: ``n_null`` sets of as many heads drawn from N(c_i, Sigma), each
-    standardised as X was and split by the same 2-means (``gaussian_null``). ``null="gaussian_layer_means"``
-    (default): c_i is the mean of head i's layer, Sigma the pooled within-layer covariance scaled by each
-    layer's own spread (N(c_i, s_g^2 Sigma), ``null_centres``), so heads that
-    differ only by their layer are one family (a random-init model: its layer 0 reads token embeddings, the
-    later layers a smoothed residual); ``"gaussian_covariance"``: c_i the grand mean (plain SigClust). Sigma is
-    the sample covariance of (X - c) / s (``null_covariance`` says why no eigenvalue threshold).
-    family_p = (1 + #{null CI <= observed CI}) / (1 + n_null); 199 draws give
-    a smallest p of 0.005. (Permuting each column on its own, the earlier null, breaks the correlations of the
-    spectral bins and rejected for any real profile.) Families must differ by a visible amount:
-    ``separation`` = min over pairs of families of max over hf_ratio, mean_attention_distance, entropy,
-    sink_mass of |mean difference| in units of ``RESOLUTION`` (0.01, 2% of the mean distance, 0.05 nats, 0.02).
-    ``halves`` (``family_test`` builds them from the data): pairs of profiles of disjoint halves of the items;
-    each half is clustered on its own into the k families (the best k when not given) and ``replication_ari``
-    is the median adjusted Rand index of the pairs, ``replication_lo`` / ``_hi`` its 2.5 / 97.5 percentiles
-    over the splits (NaN without halves: replication not tested). ``structure`` = family_p <= ``alpha`` and
+    **(a) Do heads differ by layer?** ``layer_effect`` = eta^2, the share of the features' variance between
+    layers (``layer_effect``); ``layer_p`` its permutation p (the layers of the heads permuted ``n_null`` times,
+    ``layer_test``); ``layer_effect_lo`` / ``_hi`` its 95% percentile interval over bootstrap resamples of the
+    items (``resamples``: profiles of resampled items, which ``family_test`` builds; NaN without them);
+    ``layers_differ`` = layer_p <= ``alpha``. A layer difference is no family: a randomly initialised model has
+    one too (its layer 0 reads token embeddings, the later layers a smoothed residual); whether *training* made
+    it is ``specialisation_test``'s question.
+
+    **(b) Within layers, do heads form families?** ``null="within_layer"`` (default): each layer's mean is
+    removed (``within_layer_features``) and the residuals' 2-means cluster index CI = sum_c sum_{i in c}
+    ||x_i - m_c||^2 / sum_i ||x_i - m||^2 (``two_means_index``) is tested against one Gaussian with the
+    within-layer covariance (SigClust: Liu, Hayes, Nobel and Marron 2008): ``n_null`` sets of heads drawn from
+    N(0, s_g^2 Sigma_within) (each layer's own spread s_g, ``null_centres``), each treated exactly as the profile
+    (layer means removed, standardised, split by the same 2-means; ``gaussian_null``). family_p = (1 + #{null CI
+    <= observed CI}) / (1 + n_null) (199 draws: smallest p 0.005); ``family_effect`` = (mean null CI - observed)
+    / SD of the null CIs. Older nulls: ``"gaussian_layer_means"`` clusters the features with the layer means kept
+    against N(layer mean, s_g^2 Sigma) (it called a random-init GPT-2 structured in most seeds: a layer-0 split
+    passes it by chance), ``"gaussian_covariance"`` plain SigClust around the grand mean (a split along layers
+    passes it: it answers (a) and (b) at once). With one head per layer ``within_layer`` has no residual and
+    falls back to plain SigClust (said in ``null``). Sigma is the sample covariance (``null_covariance``).
+
+    ``k`` (clustered on what the null tests: the residuals under ``within_layer``) is chosen by the best mean
+    silhouette over 2..8 when not given. Families must differ by a visible amount: ``separation`` = min over
+    pairs of families of max over hf_ratio, mean_attention_distance, entropy, sink_mass of |mean difference| in
+    units of ``RESOLUTION`` (0.01, 2% of the mean distance, 0.05 nats, 0.02). ``halves`` (``family_test`` builds
+    them): pairs of profiles of disjoint halves of the items, each clustered on its own into the k families;
+    ``replication_ari`` is the median adjusted Rand index of the pairs, ``replication_lo`` / ``_hi`` its 2.5 /
+    97.5 percentiles (NaN without halves). A stable split is not a family: a layer difference replicates too
+    (ARI 1 in random models); replication is required, not sufficient. ``structure`` = family_p <= ``alpha`` and
     separation >= 1 and, with halves, replication_lo >= ``REPLICATION_BAR`` (0.5). Without structure the heads
     form one family (k = 1, cluster 0); a given ``k`` is used as asked, with the test reported. Clusters are
-    relabelled so that cluster 0 has the lowest mean hf_ratio. Adds ``FAMILY_COLUMNS`` (``p_value`` =
-    family_p, the name earlier releases used).
+    relabelled so that cluster 0 has the lowest mean hf_ratio. Adds ``FAMILY_COLUMNS`` (``p_value`` = family_p).
     """
     with threadpool_limits(1):  # small matrices: k-means' OpenMP threads only oversubscribe a busy machine (60x)
-        return _cluster_heads(profile, k, method, seed, n_null, alpha, halves, null)
+        return _cluster_heads(profile, k, method, seed, n_null, alpha, halves, null, resamples)
 
 
 def _cluster_heads(profile: pd.DataFrame, k: Any, method: str, seed: Any, n_null: Any, alpha: Any,
-                   halves: Optional[Sequence], null: str) -> pd.DataFrame:
+                   halves: Optional[Sequence], null: str, resamples: Optional[Sequence] = None) -> pd.DataFrame:
     X = _cluster_features(profile, method)
     n_null, seed = check_count("n_null", n_null), check_count("seed", seed, minimum=0)
     alpha, k = check_fraction("alpha", alpha), _check_k(k, len(X))
     if null not in NULLS:
         raise InputError(f"null must be one of {NULLS}; got {null!r}")
-    best = _best_k(X, method, seed)
+    if resamples is not None and not all(isinstance(r, pd.DataFrame) and np.array_equal(
+            r[["layer", "head"]].to_numpy(), profile[["layer", "head"]].to_numpy()) for r in resamples):
+        raise InputError("resamples must be profiles of the same heads in the same order (family_test builds them "
+                         "from bootstrap resamples of the items)")
+    layers = profile["layer"].to_numpy() if "layer" in profile else None
+    Xc, null = _test_features(X, layers, null)
+    best = _best_k(Xc, method, seed)
     if best is None:
         raise InputError("heads are indistinguishable: no clustering with >= 2 clusters")
-    test = _family_test(X, profile, best, k or best[1], method, seed, n_null, alpha, halves, null)
+    test = _family_test(X, Xc, profile, best, k or best[1], method, seed, n_null, alpha, halves, null)
+    test.update(_layer_columns(X, layers, seed, n_null, alpha, resamples, method), n_features=X.shape[1])
     if k is not None:
-        labels = _fit_clusters(X, k, method, seed)
+        labels = _fit_clusters(Xc, k, method, seed)
     elif test["structure"]:
         k, labels = best[1], best[2]
     else:
@@ -520,7 +661,7 @@ def _cluster_heads(profile: pd.DataFrame, k: Any, method: str, seed: Any, n_null
     order = out.assign(_c=labels).groupby("_c").hf_ratio.mean().sort_values().index.tolist()
     remap = {old: new for new, old in enumerate(order)}
     out["cluster"] = [remap[c] for c in labels]
-    out["silhouette"] = silhouette_samples(X, labels) if len(set(labels)) > 1 else float("nan")
+    out["silhouette"] = silhouette_samples(Xc, labels) if len(set(labels)) > 1 else float("nan")
     out["silhouette_mean"] = float(np.mean(out["silhouette"])) if len(set(labels)) > 1 else float("nan")
     out["k"] = k
     for name, value in test.items():
@@ -530,14 +671,18 @@ def _cluster_heads(profile: pd.DataFrame, k: Any, method: str, seed: Any, n_null
 
 def one_family(profile: pd.DataFrame) -> pd.DataFrame:
     """``profile`` with ``FAMILY_COLUMNS`` saying one family, untested (fewer than 3 heads: nothing to cluster)."""
-    values = dict(cluster=0, k=1, null="none", n_null=0, covariance="", n_splits=0, structure=False)
+    values = dict(cluster=0, k=1, null="none", n_null=0, covariance="", n_splits=0, structure=False, n_boot=0,
+                  layers_differ=False, n_features=0)
     return profile.assign(**{c: values.get(c, np.nan) for c in FAMILY_COLUMNS})
 
 
-def split_profiles(model: InterpBridge, data: Any, layers: Sequence[int], heads: Sequence[int], n_splits: int,
-                   seed: int, max_batches: Optional[int] = None, progress: bool = True) -> tuple[pd.DataFrame, list]:
-    """(the profile of all items, ``n_splits`` pairs of profiles of random disjoint halves of the items) from one
-    forward pass: each item's terms are kept (``item_terms``) and summed per subset (``profile_of_items``)."""
+def item_profiles(model: InterpBridge, data: Any, layers: Sequence[int], heads: Sequence[int], n_splits: int,
+                  seed: int, n_boot: int = 0, max_batches: Optional[int] = None,
+                  progress: bool = True) -> tuple[pd.DataFrame, list, list]:
+    """(the profile of all items, ``n_splits`` pairs of profiles of random disjoint halves of the items,
+    ``n_boot`` profiles of bootstrap resamples of the items) from one forward pass: each item's terms are kept
+    (``item_terms``) and summed per subset (``profile_of_items``). Resamples draw items with replacement
+    (``interp.bootstrap.resample_indices(n_items, n_boot, seed)``)."""
     info = model.interp
     items = item_terms(model, data, layers, max_batches, progress)
     if len(items) < 2:
@@ -549,27 +694,41 @@ def split_profiles(model: InterpBridge, data: Any, layers: Sequence[int], heads:
         order = rng.permutation(n)
         halves.append(tuple(_select_heads(profile_of_items(info, [items[i] for i in part]), heads)
                             for part in (order[: n // 2], order[n // 2:])))
-    return _select_heads(profile_of_items(info, items), heads), halves
+    resamples = [_select_heads(profile_of_items(info, [items[i] for i in idx]), heads)
+                 for idx in (resample_indices(n, n_boot, seed) if n_boot else ())]
+    return _select_heads(profile_of_items(info, items), heads), halves, resamples
+
+
+def split_profiles(model: InterpBridge, data: Any, layers: Sequence[int], heads: Sequence[int], n_splits: int,
+                   seed: int, max_batches: Optional[int] = None, progress: bool = True) -> tuple[pd.DataFrame, list]:
+    """(the profile of all items, ``n_splits`` pairs of profiles of random disjoint halves of the items) from one
+    forward pass (``item_profiles`` without resamples)."""
+    full, halves, _ = item_profiles(model, data, layers, heads, n_splits, seed, 0, max_batches, progress)
+    return full, halves
 
 
 @public
 def family_test(model: InterpBridge, data: Any, *, layers: Optional[Sequence[int]] = None,
                 heads: Optional[Sequence[int]] = None, k: Optional[int] = None, method: str = "kmeans",
                 seed: int = 0, n_null: int = N_NULL, alpha: float = 0.05, n_splits: int = N_SPLITS,
-                null: str = NULLS[0], max_batches: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
-    """``cluster_heads`` of the data's profile with the replication test: families must come back on
-    disjoint halves of the data.
+                null: str = NULLS[0], n_boot: int = N_BOOT, max_batches: Optional[int] = None,
+                progress: bool = True) -> pd.DataFrame:
+    """``cluster_heads`` of the data's profile with both of its tests fed by the data's items: families must come
+    back on disjoint halves of the data, and the layer effect gets its bootstrap interval over the items.
 
     One forward pass keeps each item's (image's, sequence's) profile terms; the full profile (equal to
-    ``frequency_profile``'s) and the profiles of ``n_splits`` random splits of the items into two halves
-    (sizes floor(n/2) and ceil(n/2), seeded) are sums of them (``split_profiles``). Returns
-    ``cluster_heads(profile, k, ..., halves=...)``: see there for family_p, replication_ari (median adjusted
-    Rand index of the halves' families) with its split-repeat interval, and structure."""
+    ``frequency_profile``'s), the profiles of ``n_splits`` random splits of the items into two halves
+    (sizes floor(n/2) and ceil(n/2), seeded) and of ``n_boot`` bootstrap resamples are sums of them
+    (``item_profiles``). Returns ``cluster_heads(profile, k, ..., halves=..., resamples=...)``: see there for
+    the layer test (layer_effect with its interval, layer_p), the within-layer family test (family_p,
+    family_effect, replication_ari with its split-repeat interval) and structure. Whether training made what
+    these find: ``specialisation_test``."""
     info = require_bridge(model, "family_test").interp
     layers, heads = check_layers(layers, info), check_heads(heads, info)
     n_splits, seed = check_count("n_splits", n_splits), check_count("seed", seed, minimum=0)
-    full, halves = split_profiles(model, data, layers, heads, n_splits, seed, max_batches, progress)
-    return cluster_heads(full, k, method, seed, n_null, alpha, halves=halves, null=null)
+    n_boot = check_count("n_boot", n_boot, minimum=0)
+    full, halves, resamples = item_profiles(model, data, layers, heads, n_splits, seed, n_boot, max_batches, progress)
+    return cluster_heads(full, k, method, seed, n_null, alpha, halves=halves, null=null, resamples=resamples)
 
 
 def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
@@ -583,14 +742,15 @@ def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
         raise InputError("profile has no feature columns: pass the output of frequency_profile")
     if len(profile) < 3:
         raise InputError(f"need at least 3 heads to cluster, got {len(profile)}")
-    headline = [c for c in FEATURES if c in profile]
-    missing = profile[headline].isna().any()
-    if missing.any():
-        raise InputError(f"profile has NaN in {list(missing[missing].index)}: cluster_heads would read them as 0; "
-                         "pass a complete frequency_profile (drop or fill those heads first)")
-    X = np.nan_to_num(StandardScaler().fit_transform(np.nan_to_num(profile[cols].to_numpy(dtype=float))))
-    varies = X.std(0) > 1e-9  # constant columns (bins empty at this grid or length) add nothing, and a null
-    return X[:, varies] if varies.any() else X  # draw would give them rounding noise, standardised to variance 1
+    values = profile[cols].to_numpy(dtype=float)
+    bad = [c for c, ok in zip(cols, np.isfinite(values).all(0)) if not ok]
+    if bad:
+        raise InputError(f"profile has NaN or infinite values in {bad}: cluster_heads uses every feature and drops "
+                         "none; pass a complete frequency_profile (its spectral bins are defined for every input of "
+                         "at least 2 tokens or patches), or drop those heads or columns yourself first")
+    X = StandardScaler().fit_transform(values)
+    varies = X.std(0) > 1e-9  # constant columns (every head equal) carry nothing; a null draw would give them
+    return X[:, varies] if varies.any() else X  # rounding noise, standardised to variance 1 (n_features counts)
 
 
 @public
@@ -643,3 +803,108 @@ def spread_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame
     return pd.DataFrame([dict(first=a.model, second=b.model, column=a.column, difference=a.spread - b.spread,
                               difference_lo=float(lo), difference_hi=float(hi), n_items=a.n_items,
                               n_boot=a.n_boot)])
+
+
+# ----- what training made: the trained model against untrained copies of its architecture ----------------------
+
+SPECIALISATION_STATISTICS = {
+    "layer_effect": "share of the standardised features' variance between layers (eta^2)",
+    "within_layer_split": "share of the within-layer residual variance the best 2-means split explains (1 - CI)",
+    "hf_ratio_spread": "standard deviation of hf_ratio over heads",
+}
+N_RANDOM = 8
+
+
+def head_statistics(profile: pd.DataFrame, seed: int = 0) -> dict[str, float]:
+    """The statistics ``specialisation_test`` compares (``SPECIALISATION_STATISTICS``), of one profile; larger
+    means more specialised in each. Every feature is used (``_cluster_features``: NaN refused)."""
+    X = _cluster_features(profile, "kmeans")
+    layers = profile["layer"].to_numpy()
+    Xc, _ = _test_features(X, layers, "within_layer")
+    with threadpool_limits(1):
+        split = 1.0 - two_means_index(Xc, seed)
+    return dict(layer_effect=layer_effect(X, layers), within_layer_split=split,
+                hf_ratio_spread=float(profile.hf_ratio.std()))
+
+
+def specialisation_table(trained: pd.DataFrame, untrained: Sequence[pd.DataFrame], seeds: Sequence[int],
+                         alpha: float = 0.05, model: str = "", seed: int = 0) -> pd.DataFrame:
+    """``specialisation_test``'s table from the trained model's profile and its untrained copies' profiles (same
+    heads, same data, same features); see there."""
+    from scipy import stats as st
+
+    if len(untrained) < 2 or len(untrained) != len(seeds):
+        raise InputError(f"specialisation needs at least 2 untrained profiles (one seed each); got {len(untrained)}")
+    for u in untrained:
+        if not np.array_equal(u[["layer", "head"]].to_numpy(), trained[["layer", "head"]].to_numpy()):
+            raise InputError("the untrained profiles must hold the trained profile's heads in the same order")
+    n_features = _cluster_features(trained, "kmeans").shape[1]
+    t_stats = head_statistics(trained, seed)
+    u_stats = [head_statistics(u, seed) for u in untrained]
+    n, summary = len(untrained), {}
+    for name in SPECIALISATION_STATISTICS:
+        ref, value = np.array([s[name] for s in u_stats]), t_stats[name]
+        mean, sd = float(ref.mean()), float(ref.std(ddof=1))
+        if sd > 0:
+            z = (value - mean) / sd
+            p = float(st.t.sf(z / np.sqrt(1 + 1 / n), df=n - 1))
+        else:
+            z = np.inf if value > mean else (0.0 if value == mean else -np.inf)
+            p = 0.0 if value > mean else 1.0
+        summary[name] = dict(trained_value=value, untrained_mean=mean, untrained_sd=sd, z=z, p_value=p,
+                             p_empirical=(1 + int((ref >= value - 1e-12).sum())) / (1 + n))
+    order = sorted(summary, key=lambda k: summary[k]["p_value"])
+    running = 0.0
+    for rank, name in enumerate(order):  # Holm: family-wise error over the statistics
+        running = max(running, min(1.0, (len(order) - rank) * summary[name]["p_value"]))
+        summary[name]["p_holm"] = running
+    rows = []
+    for name, s in summary.items():
+        common = dict(model=model, statistic=name, meaning=SPECIALISATION_STATISTICS[name], **s,
+                      specialised=bool(s["p_holm"] <= alpha), alpha=alpha, n_random=n, n_heads=len(trained),
+                      n_features=n_features)
+        rows.append(dict(common, weights="trained", seed=pd.NA, value=s["trained_value"]))
+        rows += [dict(common, weights="untrained", seed=int(sd_), value=u[name]) for sd_, u in zip(seeds, u_stats)]
+    out = pd.DataFrame(rows)
+    out["seed"] = out["seed"].astype("Int64")
+    return out
+
+
+@public
+def specialisation_test(model: InterpBridge, data: Any, *, n_random: int = N_RANDOM, seed: int = 0,
+                        alpha: float = 0.05, layers: Optional[Sequence[int]] = None,
+                        heads: Optional[Sequence[int]] = None, max_batches: Optional[int] = None,
+                        progress: bool = True) -> pd.DataFrame:
+    """Did training make the heads' specialisation? The trained model's statistics against ``n_random``
+    randomly initialised copies of its own architecture (``interp.untrained_copy``, seeds ``seed`` ..
+    ``seed + n_random - 1``), each profiled on the same batches with the same features (``frequency_profile``).
+
+    Statistics (``SPECIALISATION_STATISTICS``, larger = more specialised): ``layer_effect`` (eta^2 of the
+    standardised features by layer: a layer-0-versus-rest split is in untrained models too),
+    ``within_layer_split`` (1 - the 2-means cluster index of the within-layer residuals) and ``hf_ratio_spread``
+    (SD of hf_ratio over heads). For each: the untrained mean and SD, ``z`` = (trained - mean) / SD (how far
+    outside, in their SD), ``p_value`` = the one-sided prediction p that a new draw of the untrained
+    distribution reaches the trained value (Student t with n_random - 1 degrees of freedom on z / sqrt(1 + 1 /
+    n_random): exact for a normal untrained distribution), ``p_empirical`` = (1 + #{untrained >= trained}) / (1 +
+    n_random) (its floor, 1 / 9 at 8 seeds, is why the t p is the decision), ``p_holm`` (Holm over the three
+    statistics: family-wise) and ``specialised`` = p_holm <= ``alpha``. Tidy: one row per statistic x copy
+    (``weights`` trained | untrained, ``seed``, ``value``), the summary repeated on each; ``n_features`` says how
+    many features every profile used. Calibration on untrained models and the size of this test:
+    ``docs/results/families/calibration.csv``. ``interp.plots.specialisation_figure`` draws it."""
+    model = require_bridge(model, "specialisation_test")
+    info = model.interp
+    n_random = check_count("n_random", n_random, minimum=2)
+    seed, alpha = check_count("seed", seed, minimum=0), check_fraction("alpha", alpha)
+    layers, heads = check_layers(layers, info), check_heads(heads, info)
+    batches = list(iter_batches(model, data, max_batches))
+    trained = _select_heads(_profile_batches(model, batches, layers, progress=False), heads)
+    if len(trained) < 3:
+        raise InputError(f"specialisation_test compares statistics over heads: it needs at least 3 heads, got "
+                         f"{len(trained)}; select more layers or heads")
+    seeds = list(range(seed, seed + n_random))
+    untrained = []
+    for s in tqdm(seeds, desc="untrained copies", disable=not progress):
+        copy_ = untrained_copy(model, s)
+        untrained.append(_select_heads(_profile_batches(copy_, batches, layers, progress=False), heads))
+        del copy_
+    return specialisation_table(trained, untrained, seeds, alpha, info.name, seed)

@@ -452,8 +452,8 @@ def single_input(model: InterpBridge, input: Any, *, layers: Any = None, heads: 
 
     ``input``: a prompt (str) or token ids for a language model; an image (a path, PIL image, [H, W, 3]
     array, or [3, H, W] pixel values, normalised like the model's) for a ViT; a Batch / dict of one.
-    ``layers``/``heads``: None (all), an index or a list (as every analyzer takes them). ``query``: which query rows the patterns
-    table holds: a position, "cls", "first", "last", "all" (every row: query x key), or "mean" (A_ij
+    ``layers``/``heads``: None (all), an index or a list (as every analyzer takes them). ``query``: which query
+    rows the patterns table holds: a position, "cls", "first", "last", "all" (every row: query x key), or "mean" (A_ij
     averaged over real query rows i); default "cls" for a ViT with a class token, "mean" for one
     without, "all" for text. ``float64``: run a float64 copy (``clone_model``) for exact comparisons.
 

@@ -21,6 +21,7 @@ ORIGIN = "interp.origin_shift(model, stats)"
 ABLATION = "interp.ablate_bias(model, data)"
 CLUSTERS = "interp.cluster_heads(interp.frequency_profile(model, data))"
 SINKS = "interp.sink_profile(model, data)"
+SPECIALISATION = "interp.specialisation_test(model, data)"
 
 
 def _grid(df: pd.DataFrame, value: str) -> pd.DataFrame:
@@ -386,6 +387,40 @@ def _family_verdict(clustered: pd.DataFrame) -> str:
     k = int(clustered.cluster.nunique())
     said = f"{k} families" if bool(first.get("structure", False)) else "one family (no families pass the test)"
     return f"\n{said}: family_p {first.family_p:.3g} against one Gaussian ({int(first.n_null)} draws)"
+
+
+def specialisation_figure(table: pd.DataFrame, *, model_name: Optional[str] = None, data: str = "") -> plt.Figure:
+    """The trained model's statistics against their distribution over untrained copies of its architecture: one
+    panel per statistic, the untrained seeds as points with their mean +- 2 SD, the trained value as a diamond; the
+    title says z (in the untrained SD) and the Holm-adjusted p."""
+    check_table(table, "specialisation_figure", SPECIALISATION,
+                ["statistic", "weights", "seed", "value", "z", "p_holm", "specialised", "untrained_mean",
+                 "untrained_sd", "n_random"], keys=["statistic", "weights", "seed"], finite=["value"])
+    stats = list(dict.fromkeys(table.statistic))
+    fig, axes = plt.subplots(1, len(stats), figsize=(3.4 * len(stats) + 0.6, 3.6), squeeze=False)
+    for ax, name in zip(axes[0], stats):
+        rows = table[table.statistic == name]
+        untrained, trained = rows[rows.weights == "untrained"], rows[rows.weights == "trained"]
+        first = rows.iloc[0]
+        mean, sd = float(first.untrained_mean), float(first.untrained_sd)
+        ax.axhspan(mean - 2 * sd, mean + 2 * sd, color="0.65", alpha=0.25, lw=0,
+                   label="untrained mean +- 2 SD")
+        jitter = np.linspace(-0.15, 0.15, len(untrained)) if len(untrained) > 1 else np.zeros(len(untrained))
+        ax.scatter(jitter, untrained.value, color="0.65", edgecolor="black", s=28,
+                   label=f"untrained ({len(untrained)} seeds)")
+        ax.scatter([0.0] * len(trained), trained.value, marker="D", s=70, color="tab:red", edgecolor="black",
+                   zorder=3, label="trained")
+        ax.set_xlim(-0.6, 0.6)
+        ax.set_xticks([])
+        verdict = "specialised" if bool(first.specialised) else "within untrained range"
+        ax.set_title(f"{name}\nz = {float(first.z):.1f}, Holm p = {float(first.p_holm):.3g}: {verdict}", fontsize=9)
+        ax.set_ylabel("value")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(f"{_model_of(table, model_name)}: trained against untrained copies of its architecture"
+                 + (f"\n{data}" if data else ""), fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
 
 
 # ----- implicit biases: sinks, implicit value bias, massive activations ------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 _EXPORTS = {
     "Family": "families", "get_family": "families", "list_families": "families", "register_family": "families",
     "ModelInfo": "info", "InterpBridge": "bridge", "require_bridge": "bridge",
-    "clone_model": "loading", "from_hf": "loading", "load_model": "loading",
+    "clone_model": "loading", "from_hf": "loading", "load_model": "loading", "untrained_copy": "loading",
     "TINY_FAMILIES": "tiny", "tiny_hf_model": "tiny", "tiny_inputs": "tiny",
     "ZOO": "zoo", "list_models": "zoo",
 }

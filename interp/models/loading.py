@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from torch import nn
 from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
 
-from interp.checks import check_dtype
+from interp.checks import check_count, check_dtype
 from interp.errors import (
     InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError, public,
 )
@@ -265,3 +265,28 @@ def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> Int
         clone.hf_model.load_state_dict(hf.state_dict(), strict=True)
     clone.interp = copy.deepcopy(model.interp)
     return clone
+
+
+@public
+def untrained_copy(model: InterpBridge, seed: int = 0) -> InterpBridge:
+    """The same architecture as ``model``, untrained: its HF class built again from its config, with the
+    class's own random initialisation under ``torch.manual_seed(seed)`` (the caller's random state is left as it
+    was), on the model's device and in its dtype. No weight is copied; the biases are whatever the class
+    initialises (zero for most). The reference that ``interp.specialisation_test`` reads a trained model against.
+    Only models built from a transformers config can be re-initialised this way (timm / open_clip: refused)."""
+    model = require_bridge(model, "untrained_copy")
+    seed = check_count("seed", seed, minimum=0)
+    if model.interp.spec.source != "transformers":
+        raise InputError(f"untrained_copy rebuilds a model from its transformers config; {model.interp.name} comes "
+                         f"from {model.interp.spec.source}: build its untrained copies yourself and profile them")
+    hf = model.hf_model
+    source = getattr(hf, hf.base_model_prefix) if model.interp.random_head else hf
+    kwargs = {}
+    if "add_pooling_layer" in inspect.signature(type(source).__init__).parameters:
+        kwargs["add_pooling_layer"] = getattr(source, "pooler", None) is not None
+    param = next(hf.parameters())
+    with torch.random.fork_rng(devices=[]):  # the bridge draws too: all of it inside
+        torch.manual_seed(seed)
+        fresh = type(source)(copy.deepcopy(source.config), **kwargs).to(device=param.device, dtype=param.dtype).eval()
+        return InterpBridge(fresh, name=f"{model.interp.name} (untrained, seed {seed})", tokenizer=model.tokenizer,
+                            processor=model.processor, warn_zero_biases=False)

@@ -20,7 +20,8 @@ from interp.figures.interactive import Heatmap, TopTable
 from interp.ablation.options import SweepOptions
 from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import (
-    cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation, one_family,
+    N_RANDOM, cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation, one_family,
+    specialisation_test,
 )
 from interp.analysis.single_input import single_input
 from interp.analysis.origin import origin_shift
@@ -518,7 +519,7 @@ def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[st
     sections made so far are returned with a last ``failed`` section naming the step and the error
     (later steps read earlier steps' results, so none runs after a failure). Otherwise the error
     propagates."""
-    names = list(STEPS) if steps is None else steps
+    names = [n for n in STEPS if n not in OPT_IN_STEPS] if steps is None else steps
     sections: list[Section] = []
     for i, name in enumerate(names, 1):
         log(f"[{i}/{len(names)}] {name}")
@@ -603,3 +604,41 @@ def single_input_step(ctx: Context) -> list[Section]:
 
 
 STEPS["single_input"] = single_input_step
+
+
+# ----- what training made: the model against untrained copies of its architecture (opt-in: n_random passes) ----
+
+OPT_IN_STEPS = {"specialisation"}  # not run by default (the demo, the report): asked for by name
+
+
+def specialisation_step(ctx: Context) -> list[Section]:
+    """``specialisation_test`` on the context's batches (``ctx.n_random`` untrained copies, default
+    ``N_RANDOM``; quick mode: 3), its table and figure."""
+    batches = ctx.first()
+    n_random = 3 if ctx.quick else int(getattr(ctx, "n_random", None) or N_RANDOM)
+    table = specialisation_test(ctx.model, batches, n_random=n_random, layers=ctx.layers, heads=ctx.heads,
+                                progress=False)
+    return [specialisation_section(table, ctx.name, ctx.data_label(batches))]
+
+
+def specialisation_section(table: pd.DataFrame, name: str, label: str) -> Section:
+    """The report's section of a ``specialisation_test`` table: each statistic against the untrained copies."""
+    summary = table[table.weights == "trained"].set_index("statistic")
+    per_stat = {stat: dict(trained=float(r.trained_value), untrained_mean=float(r.untrained_mean),
+                          untrained_sd=float(r.untrained_sd), z=float(r.z), p_holm=float(r.p_holm),
+                          specialised=bool(r.specialised)) for stat, r in summary.iterrows()}
+    numbers = dict(per_stat, n_random=int(summary.n_random.iloc[0]), n_features=int(summary.n_features.iloc[0]))
+    said = "; ".join(f"{stat} {r['trained']:.3g} against {r['untrained_mean']:.3g} +- {r['untrained_sd']:.2g} "
+                     f"(z {r['z']:.1f}, Holm p {r['p_holm']:.3g})" for stat, r in per_stat.items())
+    made = [stat for stat, r in per_stat.items() if r["specialised"]]
+    verdict = (f"Beyond every untrained copy: {', '.join(made)}." if made else
+               "Within what untrained copies of the architecture give: no specialisation that training made.")
+    text = (f"The model against {numbers['n_random']} randomly initialised copies of its architecture on the same "
+            f"data ({numbers['n_features']} features): {said}. {verdict}")
+    return Section("specialisation", "Specialisation against the untrained architecture", text, numbers,
+                   tables={"specialisation": table},
+                   figures={"specialisation": plots.specialisation_figure(table, model_name=name, data=label)},
+                   shown=["specialisation"], headline=verdict)
+
+
+STEPS["specialisation"] = specialisation_step

@@ -152,5 +152,24 @@ def test_a_profile_with_nan_features_is_refused():
     import pandas as pd
     profile = pd.DataFrame(dict(layer=[0, 0, 1, 1], head=[0, 1, 0, 1], hf_ratio=[0.1, float("nan"), 0.2, 0.3],
                                 mean_attention_distance=[1.0, 2, 3, 4], entropy=[1.0, 1, 1, 1], sink_mass=[0.1] * 4))
-    with pytest.raises(interp.InterpError, match="NaN in \\['hf_ratio'\\]"):
+    with pytest.raises(interp.InterpError, match="NaN or infinite values in \\['hf_ratio'\\]"):
         cluster_heads(profile)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_spectral_bin_with_nan_or_inf_is_refused_not_dropped(bad):
+    """The earlier release read NaN as 0 and dropped a bin that was NaN for every head without a word."""
+    rng = np.random.default_rng(0)
+    profile = pd.DataFrame(dict(layer=np.repeat([0, 1, 2], 4), head=np.tile(range(4), 3),
+                                hf_ratio=rng.random(12), mean_attention_distance=rng.random(12) * 10,
+                                entropy=rng.random(12), sink_mass=rng.random(12)))
+    for i in range(3):
+        profile[f"bin_{i}"] = rng.standard_normal(12)
+    assert (cluster_heads(profile, n_null=19).n_features == 7).all()
+    profile["bin_1"] = bad  # every head: the old code dropped it as a constant column
+    with pytest.raises(interp.InterpError, match="\\['bin_1'\\]"):
+        cluster_heads(profile, n_null=19)
+    profile["bin_1"] = rng.standard_normal(12)
+    profile.loc[3, "bin_2"] = bad  # one head: the old code read NaN as 0
+    with pytest.raises(interp.InterpError, match="\\['bin_2'\\]"):
+        cluster_heads(profile, n_null=19)

@@ -62,6 +62,16 @@ def _clustered():
                          for i, lh in enumerate(HEADS)])
 
 
+def _specialisation():
+    """specialisation_test's table from planted profiles (no model): the untrained copies' features are noise."""
+    from interp.analysis.frequency import specialisation_table
+
+    trained = _clustered().drop(columns=["cluster", "distance_unit"])
+    untrained = [trained.assign(**{c: RNG.normal(size=len(trained)) for c in ("hf_ratio", "bin_0", "bin_1", "bin_2")})
+                 for _ in range(4)]
+    return specialisation_table(trained, untrained, [0, 1, 2, 3], model="m")
+
+
 def _sinks():
     rows = []
     for lh in HEADS:
@@ -153,6 +163,7 @@ FIGURES = {
     "spectrum_clustermap": lambda: [plots.spectrum_clustermap(CLUSTERED, "m")],
     "attention_distance_figure": lambda: [plots.attention_distance_figure(CLUSTERED, "m")],
     "cluster_grid_figure": lambda: [plots.cluster_grid_figure(CLUSTERED, "m")],
+    "specialisation_figure": lambda: [plots.specialisation_figure(_specialisation())],
     "sink_mass_grid": lambda: [plots.sink_mass_grid(SINKS)],
     "implicit_vs_explicit": lambda: [plots.implicit_vs_explicit(_implicit())],
     "massive_activations_plot": lambda: [plots.massive_activations_plot(_massive())],

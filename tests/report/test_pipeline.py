@@ -23,8 +23,11 @@ def test_every_step_made_sections_with_numbers(written):
     out, sections, report = written
     keys = [s.key for s in sections]
     assert len(keys) == len(set(keys))
-    assert list(STEPS) == ["inventory", "recording", "origin", "scores", "invariances", "frequency", "sinks",
-                           "ablation", "single_input"]  # the demo's steps, in the report's order
+    from interp.report.pipeline import OPT_IN_STEPS
+
+    assert [s for s in STEPS if s not in OPT_IN_STEPS] == ["inventory", "recording", "origin", "scores", "invariances",
+                                                           "frequency", "sinks", "ablation", "single_input"]
+    assert OPT_IN_STEPS == {"specialisation"} <= set(STEPS)  # asked for by name (interp specialisation), not the demo
     assert all(s.numbers for s in sections)
     assert all(name in s.figures for s in sections for name in s.shown)
 
@@ -173,7 +176,7 @@ def test_a_failing_step_leaves_the_earlier_results_and_a_report_that_says_so(tmp
         run_demo(model="digits-vit", data="digits", out=tmp_path, quick=True)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["meta"]["failed_step"] == "frequency"
-    names = list(pipeline.STEPS)
+    names = [s for s in pipeline.STEPS if s not in pipeline.OPT_IN_STEPS]
     assert summary["sections"]["failed"]["not_run"] == names[names.index("frequency") + 1:]
     assert "inventory" in summary["sections"] and (tmp_path / "origin_shift.csv").exists()
     report = (tmp_path / "report.html").read_text()
