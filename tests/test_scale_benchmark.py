@@ -242,3 +242,30 @@ def test_readme_7b_ablation_prose_is_its_csv():
     assert agrees(said.group(1), hit.loc["ablate_bias (uniform)", "ratio_floor"])
     assert agrees(said.group(2), hit.loc["ablate_bias (uniform)", "seconds_7b"] / 3600)
     assert agrees(said.group(3), hit.loc["ablate_bias (first layer)", "seconds_7b"] / 3600)
+
+
+def _memory_defaults():
+    spec = importlib.util.spec_from_file_location("memory_defaults", ROOT / "benchmarks" / "memory_defaults.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_at_the_allocator_defaults_runs_each_row_in_its_own_process(tmp_path):
+    """The dry run writes one row per allocator, each from a fresh child that saw only its own MALLOC_* setting
+    (none at the defaults); the call's peak is the largest of its profile's segments, and the ratio is total over the
+    forward's own peak."""
+    module = _memory_defaults()
+    module.main(["--dry-run", "--profile", "--label", "t", "--out", str(tmp_path)])
+    table = pd.read_csv(tmp_path / "memory_defaults_cpu.csv", keep_default_na=False)
+    assert list(table.allocator) == ["defaults", "fixed"]
+    assert list(table.malloc_env) == ["", "MALLOC_MMAP_THRESHOLD_=65536"]
+    for column in ("forward_mb", "total_mb", "ratio", "seconds"):
+        assert all(math.isfinite(float(v)) and float(v) > 0 for v in table[column]), column
+    assert ((table.total_mb - table.forward_mb - table.above_forward_mb).abs() < 1e-3).all()
+    assert ((table.total_mb / table.forward_mb - table.ratio).abs() < 1e-4 * table.ratio).all()
+    profile = pd.read_csv(tmp_path / "memory_profile_t.csv")
+    assert {"forward", "_run_intact", "estimate (atp)", "_exact", "patched_stack"} <= set(profile.phase)
+    for allocator, rows in profile.groupby("allocator"):
+        total = table.set_index("allocator").loc[allocator, "total_mb"]
+        assert abs(rows.peak_mb.max() - total) < 1e-2, allocator
