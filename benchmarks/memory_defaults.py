@@ -93,6 +93,11 @@ class Phases:
         self.rows.append(dict(seq=len(self.rows), phase=self.stack[-1], path="/".join(self.stack),
                               t_s=round(time.perf_counter() - self.t0, 3), peak_mb=_status_mb("VmHWM") - self.base,
                               rss_mb=_status_mb("VmRSS") - self.base, **_mallinfo()))
+        trace = os.environ.get("MEMORY_TRACE")
+        if trace:  # a live view of a long run (the rows reach the CSV only at its end)
+            with open(trace, "a") as f:
+                f.write(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in self.rows[-1].items()) + "\n")
         self.reset()
 
     def wrap(self, module: str, name: str, label=None) -> None:
