@@ -49,7 +49,7 @@ def measure(rows: int, variants: int, repeats: int) -> dict:
     patched = intact_z[None] + 0.01 * torch.randn(variants, rows, VOCAB, generator=g)
     tiles = [(lo, min(lo + logits.TILE_VOCAB, VOCAB)) for lo in range(0, VOCAB, logits.TILE_VOCAB)]
     tiles = [(lo, hi, patched[:, :, lo:hi].contiguous()) for lo, hi in tiles]
-    space, lse64 = logits.Workspace(torch.float32, torch.device("cpu")), lse.double()
+    space, lse64 = logits._TileBuffers(torch.float32, torch.device("cpu")), lse.double()
     compiled = torch.compile(tile_sums, dynamic=False)
     start = time.perf_counter()
     for lo, hi, z in (tiles[0], tiles[-1]):

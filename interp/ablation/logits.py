@@ -116,18 +116,15 @@ def vocab_size(model: InterpBridge, hidden: Tensor) -> int:
 
 
 def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"], batch: Batch,
-                  unembedding: Optional["Unembedding"] = None, space: Optional["Workspace"] = None) -> IntactLogits:
+                  unembedding: Optional["Unembedding"] = None) -> IntactLogits:
     """The intact logits at the batch's real positions, their logsumexp and (float64, per position) sum_v p_v and
     sum_v p_v log p_v (``log_p64``), computed a chunk at a time into preallocated tensors (no list of chunks
     concatenated: that would hold them twice); with ``unembedding`` (and logits in the model's dtype) each chunk's
-    product is written into it directly. With ``space`` the logits are written into its buffer "intact" (one
-    allocation for every batch of a sweep: the previous batch's ``IntactLogits`` must be done with)."""
+    product is written into it directly."""
     rows, item, target, counted = positions(batch, hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1])
     first = wide(head(model, flat[rows[:1]]))
-    shape = (len(rows), first.shape[-1])
-    z = (torch.empty(shape, dtype=first.dtype, device=hidden.device) if space is None
-         else space.take("intact", shape, first.dtype))
+    z = torch.empty((len(rows), first.shape[-1]), dtype=first.dtype, device=hidden.device)
     lse = torch.empty(len(rows), dtype=first.dtype, device=hidden.device)
     total_p, p_dot_log_p = (torch.empty(len(rows), dtype=torch.float64, device=hidden.device) for _ in range(2))
     step = chunk_rows(first.shape[-1])
@@ -184,7 +181,7 @@ def linear_unembedding(model: InterpBridge, hidden: Tensor, out: Tensor) -> Opti
 
 
 def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[Tensor, "stack_batch pos d_model"],
-                  intact: IntactLogits, n: int, space: Optional["Workspace"] = None) -> list[tuple[Tensor, Tensor]]:
+                  intact: IntactLogits, n: int) -> list[tuple[Tensor, Tensor]]:
     """Per variant of a stacked forward (``n`` variants, variant-major on the batch axis): (per-item NLL sums
     [batch] float64, mean KL(intact || patched) over the real positions), ``patched_items``' quantities.
 
@@ -207,17 +204,16 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
     test_logits.py). A patch that raises a logit past float64's
     exp range (z - lse_p > 709) or lowers every logit of a row below it (S < 2.2e-308, the smallest normal
     float64: log S -inf or coarse), or an infinite logit (0 x inf in a sum), falls back to ``patched_items``
-    for that stack. ``space``: the sweep's buffers for the tiles (one set for every call; None: this call's own)."""
+    for that stack."""
     rows, d = len(intact.rows), hidden.shape[-1]
     with torch.no_grad():
         x = model.ln_final(hidden.reshape(n, -1, d)[:, intact.rows]).reshape(n * rows, d)
         vocab, dtype, device = unembedding.weight.shape[0], intact.logits.dtype, x.device
         tile = min(TILE_VOCAB, vocab)
-        # one set of tile buffers for the call (or the sweep): in a process whose glibc mmap threshold is still
-        # low, each multi-MB temporary is a fresh mapping, faulted in page by page (63 tiles of 3 x 256 x 512:
-        # 0.28-0.46 s with temporaries, 0.087 s with buffers; equal once the threshold has risen); once it has
-        # risen, temporaries of changing sizes leave holes in the heap that the resident set keeps
-        space = Workspace(x.dtype, device) if space is None else space
+        # one set of tile buffers for the call: in a process whose glibc mmap threshold is still low, each
+        # multi-MB temporary is a fresh mapping, faulted in page by page (63 tiles of 3 x 256 x 512: 0.28-0.46 s
+        # with temporaries, 0.087 s with buffers; equal once the threshold has risen)
+        space = _TileBuffers(x.dtype, device)
         sum_exp, sum_p_log_q = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
         picked = torch.zeros((n, rows), dtype=dtype, device=device)
         for lo in range(0, vocab, tile):
@@ -240,7 +236,7 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
         return _item_sums(nll, kl.to(dtype), intact)
 
 
-def _torch_tile_sums(space: "Workspace", z: Float[Tensor, "stack rows tile"], intact: IntactLogits, lo: int, hi: int,
+def _torch_tile_sums(space: "_TileBuffers", z: Float[Tensor, "stack rows tile"], intact: IntactLogits, lo: int, hi: int,
                      sum_exp: Float[Tensor, "stack rows"], sum_p_log_q: Float[Tensor, "stack rows"]) -> None:
     """One tile's two sums, S and sum_v p_v (z_v - lse_p) (``patched_stack``), in float64 (``log_p64``), added in
     place."""
@@ -262,11 +258,9 @@ def _item_sums(nll: Float[Tensor, "n rows"], kl: Float[Tensor, " n"], intact: In
     return results
 
 
-class Workspace:
-    """Named buffers, each allocated at its first use (or when a larger one is asked) and handed out as contiguous
-    views of the shape asked (the last tile is narrower): one call's vocabulary tiles, or a whole sweep's tiles and
-    intact logits, filled in place instead of allocated per batch and per stacked forward; ``dtype``: the logits'
-    (the model's)."""
+class _TileBuffers:
+    """Storage for one call's vocabulary tiles, allocated at the first tile and handed out as contiguous views of
+    the shape asked (the last tile is narrower); ``dtype``: the logits' (the model's)."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device):
         self.dtype, self.device = dtype, device

@@ -78,8 +78,8 @@ from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_ta
 from interp.ablation.log import ResultLog
 from interp.ablation.memory import auto_stack, estimate_checkpoint, estimate_items
 from interp.ablation.options import SweepOptions, sweep_options
-from interp.ablation.logits import (IntactLogits, Unembedding, Workspace, head_matches, intact_logits,
-                                   linear_unembedding, patched_items, patched_stack, tiled_item_sums)
+from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
+                                   patched_items, patched_stack, tiled_item_sums)
 from interp.hooks import block_hook
 from interp.prefix import first_layer, record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
@@ -131,16 +131,6 @@ class _Run:
     weights_per_item: list[float] = field(default_factory=list)  # and each item's count (tokens or 1)
     implicit: Optional[ImplicitSites] = None  # what sink_v / massive variants patch (interp.ablation.implicit)
     resampler: Optional[Resampler] = None  # bootstrap resamples of the items (delta_lo / delta_hi)
-    space: Optional[Workspace] = None  # the split head's buffers, one set for the call (``workspace``)
-
-    def workspace(self) -> Workspace:
-        """The buffers every batch's intact logits and every stacked forward's vocabulary tiles are written into:
-        allocated once for the call and filled in place, so that the exact stage's hundreds of forwards leave no
-        temporaries of changing sizes in the heap (glibc at its defaults keeps such holes resident)."""
-        if self.space is None:
-            param = next(self.model.parameters())
-            self.space = Workspace(param.dtype, param.device)
-        return self.space
 
     def options(self, var: Variant) -> str:
         """The ``options`` column of ``var``'s row: what its value depends on besides the model, the data and the
@@ -225,7 +215,6 @@ def _run_intact(run: _Run) -> None:
     if not math.isfinite(run.baseline):
         raise InputError(_non_finite_baseline(run, sums, counts))
     run.rounding = rounding_level(run.model, run.baseline)
-    run.space = None  # not held through the one-pass estimate's backward
 
 
 def _non_finite_baseline(run: _Run, sums: Tensor, counts: Tensor) -> str:
@@ -270,8 +259,8 @@ def _intact_outputs(run: _Run, batch: Batch, next_token: bool) -> tuple[Tensor, 
 
 def _tiled_baseline(run: _Run, hidden: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
     """(per-item NLL sums, counts) of the intact run in ``patched_stack``'s arithmetic (one unpatched variant)."""
-    intact = intact_logits(run.model, hidden, batch, run.unembedding, run.workspace())
-    return patched_stack(run.model, run.unembedding, hidden, intact, 1, run.workspace())[0][0], intact.counts.double()
+    intact = intact_logits(run.model, hidden, batch, run.unembedding)
+    return patched_stack(run.model, run.unembedding, hidden, intact, 1)[0][0], intact.counts.double()
 
 
 def rounding_level(model: InterpBridge, baseline: float) -> float:
@@ -419,8 +408,7 @@ def _intact_batch(run: _Run, index: int, record: bool, logits: bool) -> _Intact:
     if not logits:
         return _Intact(outputs)
     if run.split_head:
-        return _Intact(outputs, logits=intact_logits(run.model, out, batch, run.unembedding,
-                                                     run.workspace() if run.unembedding is not None else None))
+        return _Intact(outputs, logits=intact_logits(run.model, out, batch, run.unembedding))
     return _Intact(outputs, output=out)
 
 
@@ -436,7 +424,7 @@ def _run_group(run: _Run, index: int, intact: _Intact, group: list[_Job], start:
     with replay:
         out, hidden = metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden or run.split_head)
     if run.split_head and run.unembedding is not None:  # every variant's metric from one tiled unembedding
-        stacked = patched_stack(run.model, run.unembedding, out, intact.logits, n, run.workspace())
+        stacked = patched_stack(run.model, run.unembedding, out, intact.logits, n)
         return [(s, kl if job.draw < 0 else None) for job, (s, kl) in zip(group, stacked)]
     results = []
     hiddens = hidden.chunk(n) if hidden is not None else [None] * n
@@ -495,7 +483,6 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
                     bar.update(len(group))
                 del intact
             _log_round(run, round_jobs, sums, kls, units, draws, keys, stats, log, opts)  # one host sync per round
-    run.space = None
     bar.close()
 
 
