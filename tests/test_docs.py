@@ -540,7 +540,7 @@ def test_readme_quickstart_time_equals_its_csv():
 
 def test_readme_ablation_scale_equals_its_csv():
     """docs/performance.md's ablate_bias figures at 25m@128 are docs/results/scale/ablation_cpu.csv's rows: the code before the
-    rework and the last 25m row (now), floor ratio and peaks."""
+    rework and the 25m row of the C kernel's last commit (the page's "then"), floor ratio and peaks."""
     table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
     text = " ".join(PERFORMANCE.split())
     before = table[table.label == "before (36909f6), idle"].iloc[-1]
@@ -550,7 +550,7 @@ def test_readme_ablation_scale_equals_its_csv():
     for quoted, value in zip(said.groups(), (before.ratio_floor, before.ablate_peak_mb, before.memory_ratio,
                                              before.forward_peak_mb)):
         assert agrees(quoted, value), (quoted, value)
-    now = table[table["size"] == "25m"].iloc[-1]
+    now = table.set_index("label").loc["fused tile sums (1924ba2), idle"]
     said = re.search(r'`stack="auto"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB \(([\d.]+)x a forward\); the '
                      r"one-pass estimate alone peaks at ([\d.]+) MB; the first call in a process peaks at ([\d.]+) MB",
                      text)
@@ -584,58 +584,12 @@ def test_changelog_peaks_after_the_intact_sums_fix_equal_their_csv():
                   "the peaks after the fix")
 
 
-def test_changelog_fused_tile_sums_rows_equal_their_csv():
-    """CHANGELOG's figures for the fused tile sums (1924ba2) are ablation_cpu.csv's two rows of that label, and the
-    ratios it compares them with are b042a19's rows."""
-    table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv").set_index("label")
-    text = " ".join((ROOT / "CHANGELOG.md").read_text().split())
-    small, large = table.loc["fused tile sums (1924ba2), idle"], table.loc[
-        "112m, 1+1 exact heads, fused tile sums (1924ba2), idle"]
-    small_before, large_before = table.loc["exp(z - lse) in float64, tile buffers (b042a19), idle"], table.loc[
-        "112m, 1+1 exact heads (b042a19), idle"]
-    assert_quoted(text, r'label "fused tile sums \(1924ba2\), idle"\) ([\d.]+)x its floor \(([\d.]+) s against '
-                  r"([\d.]+) s; b042a19 ([\d.]+)x\), peak ([\d.]+) MB = ([\d.]+)x a forward",
-                  (small.ratio_floor, small.ablate_s, small.floor_s, small_before.ratio_floor, small.ablate_peak_mb,
-                   small.memory_ratio), "the 25m@128 row")
-    assert_quoted(text, r"exact heads, fused tile sums \(1924ba2\), idle\"\) ([\d.]+)x its floor \(([\d.]+) s "
-                  r"against ([\d.]+) s; b042a19 ([\d.]+)x\), peak ([\d.]+) MB = ([\d.]+)x a forward",
-                  (large.ratio_floor, large.ablate_s, large.floor_s, large_before.ratio_floor, large.ablate_peak_mb,
-                   large.memory_ratio), "the 112m@512 row")
-    assert small.ratio_floor <= 1.1 and large.ratio_floor <= 1.1  # the goal CHANGELOG says is met
-    after, before = ((RESULTS / "scale" / name).read_text().splitlines()
-                     for name in ("ablation_profile_fused_112m.txt", "ablation_profile_112m.txt"))
-
-    def seconds(profile, function, column):
-        return float(next(line for line in profile if line.rstrip().endswith(f"({function})")).split()[column])
-    assert_quoted(text, r"the tiled head takes ([\d.]+) s \(([\d.]+) s at b042a19\) against the floor's ([\d.]+) s, the "
-                  r"fused sums ([\d.]+) s of it .* the 124 forwards through the bridge ([\d.]+) s",
-                  (seconds(after, "patched_stack", 3), seconds(before, "patched_stack", 3),
-                   large.n_patched * large.head_s, seconds(after, "tile_sums", 1), seconds(after, "run_forward", 3)),
-                  "the profile after the fused sums")
-    assert small.memory_ratio <= 2 and large.memory_ratio <= 2
-
-
-def test_changelog_tile_sums_microbenchmark_equals_its_csv():
-    """CHANGELOG's torch-against-fused seconds per call are tile_sums_cpu.csv's, and the fused path is the faster
-    in every row (the claim the bullet makes)."""
-    table = pd.read_csv(RESULTS / "scale" / "tile_sums_cpu.csv").set_index(["shape", "threads"])
-    text = " ".join((ROOT / "CHANGELOG.md").read_text().split())
-    for shape, lead in (("112m@512, stack 1", r"at 112m@512, stack 1 \(1,024 rows\), torch"),
-                        ("25m@128, stack 3", r"at 25m@128, stack 3 \(256 rows x 3 variants\),")):
-        one, two = table.loc[(shape, 1)], table.loc[(shape, 2)]
-        assert_quoted(text, lead + r" ([\d.]+) s against (?:fused )?([\d.]+) s at one thread, ([\d.]+) s against "
-                      r"([\d.]+) s at two", (one.torch_s, one.fused_s, two.torch_s, two.fused_s), shape)
-    assert_quoted(text, r"The two paths' sums differ by at most ([\d.e-]+) relative", (table.max_rel_diff.max(),),
-                  "the paths' difference")
-    assert (table.ratio > 1).all()
-
-
 def test_readme_ablation_at_112m_equals_its_csv_and_profile():
-    """docs/performance.md's ablate_bias figures at 112m@512 are ablation_cpu.csv's last 112m row (floor ratio, peaks, patched
-    forwards, stack) and the tiled head's seconds are ablation_profile_fused_112m.txt's patched_stack line (its fused
-    sums the tile_sums line), against the row's floor for the head (n_patched x head_s)."""
+    """docs/performance.md's ablate_bias figures at 112m@512 are ablation_cpu.csv's 112m row of the C kernel's last commit
+    (floor ratio, peaks, patched forwards, stack) and the tiled head's seconds are ablation_profile_fused_112m.txt's
+    patched_stack line, against the row's floor for the head (n_patched x head_s)."""
     table = pd.read_csv(RESULTS / "scale" / "ablation_cpu.csv")
-    now = table[(table["size"] == "112m") & (table["tokens"] == 512)].iloc[-1]
+    now = table.set_index("label").loc["112m, 1+1 exact heads, fused tile sums (1924ba2), idle"]
     text = " ".join(PERFORMANCE.split())
     assert_quoted(text, r"(\d+) patched forwards; `stack=\"auto\"` = (\d+)\): ([\d.]+)x its floor, peak ([\d.]+) MB "
                   r"\(([\d.]+)x a ([\d.]+) MB forward\), the one-pass estimate's ([\d.]+) MB",
@@ -643,13 +597,10 @@ def test_readme_ablation_at_112m_equals_its_csv_and_profile():
                    now.forward_peak_mb, now.estimate_peak_mb), "the 112m@512 ablation row")
     profile = (RESULTS / "scale" / "ablation_profile_fused_112m.txt").read_text().splitlines()
     line = next(line for line in profile if line.rstrip().endswith("(patched_stack)"))
-    sums = next(line for line in profile if line.rstrip().endswith("(tile_sums)"))
-    said = re.search(r"the tiled head ([\d.]+) s against the floor's ([\d.]+) s, of which the fused sums ([\d.]+) s",
-                     text)
+    said = re.search(r"the tiled head ([\d.]+) s against the floor's ([\d.]+) s", text)
     assert said, "the performance page quotes the tiled head against its floor"
     assert agrees(said.group(1), float(line.split()[3]))  # cumtime
     assert agrees(said.group(2), now.n_patched * now.head_s)
-    assert agrees(said.group(3), float(sums.split()[1]))  # tottime
     before = table.set_index("label").loc["112m, 1+1 exact heads (b042a19), idle"]
     assert_quoted(text, r"\(before the fused tile sums: ([\d.]+)x\)", (before.ratio_floor,),
                   "the 112m row before the fused sums")

@@ -242,3 +242,77 @@ def test_readme_7b_ablation_prose_is_its_csv():
     assert agrees(said.group(1), hit.loc["ablate_bias (uniform)", "ratio_floor"])
     assert agrees(said.group(2), hit.loc["ablate_bias (uniform)", "seconds_7b"] / 3600)
     assert agrees(said.group(3), hit.loc["ablate_bias (first layer)", "seconds_7b"] / 3600)
+
+
+def _memory_defaults():
+    spec = importlib.util.spec_from_file_location("memory_defaults", ROOT / "benchmarks" / "memory_defaults.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_at_the_allocator_defaults_runs_each_row_in_its_own_process(tmp_path):
+    """The dry run writes one row per allocator, each from a fresh child that saw only its own MALLOC_* setting
+    (none at the defaults); the call's peak is the largest of its profile's segments, and the ratio is total over the
+    forward's own peak."""
+    module = _memory_defaults()
+    module.main(["--dry-run", "--profile", "--label", "t", "--out", str(tmp_path)])
+    table = pd.read_csv(tmp_path / "memory_defaults_cpu.csv", keep_default_na=False)
+    assert list(table.allocator) == ["defaults", "fixed"]
+    assert list(table.malloc_env) == ["", "MALLOC_MMAP_THRESHOLD_=65536"]
+    for column in ("forward_mb", "total_mb", "ratio", "seconds"):
+        assert all(math.isfinite(float(v)) and float(v) > 0 for v in table[column]), column
+    assert ((table.total_mb - table.forward_mb - table.above_forward_mb).abs() < 1e-3).all()
+    assert ((table.total_mb / table.forward_mb - table.ratio).abs() < 1e-4 * table.ratio).all()
+    profile = pd.read_csv(tmp_path / "memory_profile_t.csv")
+    assert {"forward", "_run_intact", "estimate (atp)", "_exact", "patched_stack"} <= set(profile.phase)
+    for allocator, rows in profile.groupby("allocator"):
+        total = table.set_index("allocator").loc[allocator, "total_mb"]
+        assert abs(rows.peak_mb.max() - total) < 1e-2, allocator
+
+
+def _said(text, pattern, n):
+    import re
+
+    found = re.search(pattern, " ".join(text.split()))
+    assert found, pattern
+    return [g.replace(",", "") for g in found.groups()][:n]
+
+
+def test_performance_memory_figures_are_the_csvs():
+    """docs/performance.md's peaks at the allocator's defaults are memory_defaults_cpu.csv's rows and the profiles'
+    heap figures; the compile figures are tile_sums_compile_cpu.csv's."""
+    _, agrees, numbers, row = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table = pd.read_csv(SCALE / "memory_defaults_cpu.csv").set_index(["label", "size"])
+    before = pd.read_csv(SCALE / "memory_profile_before_112m.csv")
+    after = pd.read_csv(SCALE / "memory_profile_after_112m.csv")
+    heap, free, peak, forward, ratio = _said(
+        text, r"the heap grew to ([\d,]+) MB with ([\d,]+) MB of it free, and the estimate's peak was ([\d.]+) MB above "
+              r"the base against a ([\d.]+) MB forward in that process \(([\d.]+)x\)", 5)
+    b112 = table.loc[("before (d93dd76), stopped in the exact stage", "112m")]
+    assert agrees(heap, before.heap_mb.max()) and agrees(free, before.heap_free_mb.max())
+    estimate = before[before.phase == "batch_estimates"].peak_mb.max()
+    assert agrees(peak, estimate) and agrees(peak, b112.total_mb) and agrees(forward, b112.forward_mb)
+    assert agrees(ratio, b112.ratio)
+    peak, forward, ratio, heap = _said(text, r"the same estimate peaks at ([\d.]+) MB \(forward ([\d.]+) MB in that "
+                                             r"process, ([\d.]+)x; `memory_profile_after_112m.csv`\), its heap ([\d.]+) MB", 4)
+    a112 = table.loc[("after, stopped in the exact stage", "112m")]
+    assert agrees(peak, after[after.phase == "batch_estimates"].peak_mb.max()) and agrees(forward, a112.forward_mb)
+    assert agrees(ratio, float(peak) / a112.forward_mb) and agrees(heap, after.heap_mb.max())
+    exact, = _said(text, r"The first stacked forwards of the exact stage then peak at ([\d.]+) MB", 1)
+    assert agrees(exact, after[after.phase == "_run_group"].peak_mb.max()) and agrees(peak, a112.total_mb)
+    ratio, total, forward = _said(text, r"At 25m@128 \(batch 2 x 2\): before ([\d.]+)x \(([\d.]+) MB against a ([\d.]+) "
+                                        r"MB forward\)", 3)
+    b25 = table.loc[("before (d93dd76)", "25m")]
+    assert agrees(ratio, b25.ratio) and agrees(total, b25.total_mb) and agrees(forward, b25.forward_mb)
+    ratio, total, forward = _said(text, r"now ([\d.]+)x \(([\d.]+) MB against a ([\d.]+) MB forward; "
+                                        r"`memory_profile_after.csv`\)", 3)
+    a25 = table.loc[("after", "25m")]
+    assert agrees(ratio, a25.ratio) and agrees(total, a25.total_mb) and agrees(forward, a25.forward_mb)
+    assert agrees(total, pd.read_csv(SCALE / "memory_profile_after.csv").peak_mb.max())
+    compiled = pd.read_csv(SCALE / "tile_sums_compile_cpu.csv").set_index(["shape", "threads"])
+    big, small = compiled.loc[("112m@512, stack 1", 1)], compiled.loc[("25m@128, stack 3", 1)]
+    said = _said(text, r"at one thread ([\d.]+)x faster at 112m@512 \(stack 1\) and ([\d.]+)x at 25m@128 \(stack 3\) "
+                       r"per call, after ([\d.]+) s and ([\d.]+) s of compilation", 4)
+    assert all(agrees(q, v) for q, v in zip(said, (big.ratio, small.ratio, big.compile_s, small.compile_s)))

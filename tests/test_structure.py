@@ -33,7 +33,7 @@ LAYERS = [
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log"],
     ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.single_input"], ["interp.analysis.high_norm", "interp.analysis.sink_intervals"],
     ["interp.analysis", "interp.ablation.attribution", "interp.ablation.implicit"],
-    ["interp.ablation.fused"], ["interp.ablation.distance", "interp.ablation.logits"], ["interp.ablation.memory"],
+    ["interp.ablation.distance", "interp.ablation.logits"], ["interp.ablation.memory"],
     ["interp.ablation.sweep"],
     ["interp.ablation"], ["interp.report.sections"],
     ["interp.report.pipeline", "interp.report.single_input_run"],

@@ -58,6 +58,9 @@ def _keep_node(acts: dict, site: Any) -> Callable[[Tensor, Any], Tensor]:
     return fn
 
 
+HEAD_BLOCK_BYTES = 4 * 2**20  # float64 scores of the query heads ``_pattern_dz`` takes at a time
+
+
 def _linear_shifts(model: InterpBridge, sites: list, method: Method, stats: Optional[QKVStats],
                    bias_seed: int = 0) -> dict:
     """a' - a per site [heads, d_head]; zero for ``fold``, an exact identity."""
@@ -79,8 +82,9 @@ def _linear_terms(model: InterpBridge, grads: dict, batch: Batch, shift: dict) -
     return out
 
 
-def _score_shift(model: InterpBridge, cache: dict, layer: int, kind: str, shift: Tensor) -> Tensor:
-    """dS [b, head, q, k] of every query head when b_kind moves by ``shift`` [heads of kind, d]."""
+def _score_operands(model: InterpBridge, cache: dict, layer: int, kind: str, shift: Tensor) -> tuple[Tensor, Tensor]:
+    """(q, k) [b, pos, query head, d], float64, rotated, k repeated per query head, whose product is dS when b_kind
+    moves by ``shift`` [heads of kind, d]: the shift in place of the moved one."""
     info = model.interp
     q, k = cache[hook_name(layer, "q")].double(), cache[hook_name(layer, "k")].double()
     delta = shift.double().to(q.device)[None, None].expand_as(q if kind == "q" else k)
@@ -88,22 +92,35 @@ def _score_shift(model: InterpBridge, cache: dict, layer: int, kind: str, shift:
     if info.rotary:
         cos, sin = cache[hook_name(layer, "cos")], cache[hook_name(layer, "sin")]
         q, k = apply_rotary(q, cos.double(), sin.double()), apply_rotary(k, cos.double(), sin.double())
-    k = k[:, :, kv_group(info.n_heads, info.n_kv_heads)]
-    return torch.einsum("bihd,bjhd->bhij", q, k) * info.score_scale(layer)  # 1/sqrt(d), or GPT-2's 1/(sqrt(d) (l+1))
+    return q, k[:, :, kv_group(info.n_heads, info.n_kv_heads)]
 
 
 def _pattern_dz(model: InterpBridge, cache: dict, sites: list, shift: dict) -> dict:
     """Per (layer, kind): dz = (A' - A) V [b, q, head, d], A' = softmax(log A + dS) (AtP*); it does not
-    depend on the metric, so one serves every metric read from the same forward."""
+    depend on the metric, so one serves every metric read from the same forward. A block of query heads at a time
+    (``HEAD_BLOCK_BYTES`` of float64 scores), each block's temporaries in place: the whole layer's float64
+    patterns at once were ten [b, heads, q, k] temporaries (25 MB each for one item of 512 tokens and 12 heads),
+    and at glibc's defaults the heap kept the holes they left between the forward's kept tensors (measured:
+    ``benchmarks/memory_defaults.py --profile``)."""
     info = model.interp
     out = {}
     for layer, kind in sites:
-        pattern = cache[hook_name(layer, "pattern")].double()  # [b, h, q, k]
-        v = cache[hook_name(layer, "v")].double()[:, :, kv_group(info.n_heads, info.n_kv_heads)]
-        log_a = torch.where(pattern > 0, pattern.clamp_min(1e-300).log(), torch.full_like(pattern, -torch.inf))
-        patched = (log_a + _score_shift(model, cache, layer, kind, shift[(layer, kind)])).softmax(-1)
-        patched = torch.where(pattern > 0, patched, torch.zeros_like(patched))
-        out[(layer, kind)] = torch.einsum("bhij,bjhd->bihd", patched - pattern, v)
+        pattern_all = cache[hook_name(layer, "pattern")]  # [b, h, q, k]
+        v = cache[hook_name(layer, "v")][:, :, kv_group(info.n_heads, info.n_kv_heads)]
+        q, k = _score_operands(model, cache, layer, kind, shift[(layer, kind)])
+        b, heads, n_q, n_k = pattern_all.shape
+        dz = torch.empty((b, n_q, heads, v.shape[-1]), dtype=torch.float64, device=v.device)
+        step = max(1, HEAD_BLOCK_BYTES // max(1, b * n_q * n_k * 8))
+        for lo in range(0, heads, step):
+            hs = slice(lo, lo + step)
+            pattern = pattern_all[:, hs].double()
+            attended = pattern > 0
+            log_a = pattern.clamp_min(1e-300).log_().masked_fill_(~attended, -torch.inf)
+            log_a += torch.einsum("bihd,bjhd->bhij", q[:, :, hs], k[:, :, hs]).mul_(info.score_scale(layer))
+            patched = log_a.softmax(-1).masked_fill_(~attended, 0.0).sub_(pattern)
+            del log_a
+            dz[:, :, hs] = torch.einsum("bhij,bjhd->bihd", patched, v[:, :, hs].double())
+        out[(layer, kind)] = dz
     return out
 
 

@@ -30,7 +30,6 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.ablation import fused
 from interp.ablation.metrics import wide
 from interp.data import Batch
 from interp.models.bridge import InterpBridge
@@ -83,7 +82,6 @@ class IntactLogits:
     lse: Float[Tensor, " n"]  # their logsumexp: log p = z_p - lse
     total_p: Float[Tensor, " n"]  # float64 sum_v p_v, p_v = exp(z_p,v - lse) in float64 (1 up to rounding)
     p_dot_log_p: Float[Tensor, " n"]  # float64 sum_v p_v (z_p,v - lse) (``patched_stack``'s B is taken against it)
-    fused: bool = False  # the two sums came from ``fused.tile_sums`` (``patched_stack`` must then use it too)
 
     @property
     def counts(self) -> Tensor:
@@ -143,28 +141,14 @@ def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
         else:
             z[lo:lo + step] = wide(head(model, part))
         lse[lo:lo + step] = z[lo:lo + step].logsumexp(-1)
-    fused_sums = fused.available(z) and min(TILE_VOCAB, z.shape[1]) <= fused.MAX_TILE  # tiles fit its scratch
-    if fused_sums:  # the kernel patched_stack's tiles will use, over the same tiles (fused's module doc)
-        _fused_intact_sums(z, lse, total_p, p_dot_log_p)
-    else:
-        wide_step = max(1, step // 4)  # two float64 temporaries of a quarter chunk: half a chunk's bytes
-        for lo in range(0, len(rows), wide_step):
-            part = slice(lo, lo + wide_step)
-            log_p = log_p64(z[part], lse[part])
-            p = log_p.exp()
-            total_p[part] = p.sum(-1)
-            p_dot_log_p[part] = p.mul_(log_p).sum(-1)
-    return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse, total_p, p_dot_log_p, fused_sums)
-
-
-def _fused_intact_sums(z: Float[Tensor, "n vocab"], lse: Float[Tensor, " n"], total_p: Float[Tensor, " n"],
-                       p_dot_log_p: Float[Tensor, " n"]) -> None:
-    """P and sum_v p_v (z_p,v - lse) from ``fused.tile_sums`` with z = z_p, ``TILE_VOCAB`` entries at a time."""
-    lse64 = lse.to(torch.float64).contiguous()
-    total_p.zero_()
-    p_dot_log_p.zero_()
-    for lo in range(0, z.shape[1], TILE_VOCAB):
-        fused.tile_sums(z[:, lo:lo + TILE_VOCAB], z, lo, lse64, total_p[None], p_dot_log_p[None])
+    wide_step = max(1, step // 4)  # two float64 temporaries of a quarter chunk: half a chunk's bytes
+    for lo in range(0, len(rows), wide_step):
+        part = slice(lo, lo + wide_step)
+        log_p = log_p64(z[part], lse[part])
+        p = log_p.exp()
+        total_p[part] = p.sum(-1)
+        p_dot_log_p[part] = p.mul_(log_p).sum(-1)
+    return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse, total_p, p_dot_log_p)
 
 
 def log_p64(logits: Float[Tensor, "*stack n tile"], lse: Float[Tensor, " n"], out: Optional[Tensor] = None
@@ -217,9 +201,7 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
     The float32 logits are widened exactly and every difference and sum is float64 (B's two sums share one
     rounding, ``log_p64``, so B is exactly 0 where z = z_p); measured on SmolLM2 the KL is within 1e-3 relative
     of a float64 evaluation where the float32 log-softmax path was off by 1.6e-5 nats (tests/ablation/
-    test_logits.py). Where the intact logits are float32 on the CPU and gcc is at hand, each tile's S and B sums
-    come from one fused pass (``fused.tile_sums``; ``intact_logits`` then forms P and its sum with the same
-    kernel): the same formulas, half the time of torch's eight passes. A patch that raises a logit past float64's
+    test_logits.py). A patch that raises a logit past float64's
     exp range (z - lse_p > 709) or lowers every logit of a row below it (S < 2.2e-308, the smallest normal
     float64: log S -inf or coarse), or an infinite logit (0 x inf in a sum), falls back to ``patched_items``
     for that stack."""
@@ -234,7 +216,6 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
         space = _TileBuffers(x.dtype, device)
         sum_exp, sum_p_log_q = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
         picked = torch.zeros((n, rows), dtype=dtype, device=device)
-        lse64 = intact.lse.to(torch.float64).contiguous()
         for lo in range(0, vocab, tile):
             hi = min(lo + tile, vocab)
             bias = None if unembedding.bias is None else unembedding.bias[lo:hi]
@@ -242,10 +223,7 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
             inside = ((intact.target >= lo) & (intact.target < hi)).nonzero().squeeze(1)
             if len(inside):
                 picked[:, inside] = z[:, inside, intact.target[inside] - lo]
-            if intact.fused:
-                fused.tile_sums(z.view(n * rows, hi - lo), intact.logits, lo, lse64, sum_exp, sum_p_log_q)
-            else:
-                _torch_tile_sums(space, z, intact, lo, hi, sum_exp, sum_p_log_q)
+            _torch_tile_sums(space, z, intact, lo, hi, sum_exp, sum_p_log_q)
         # past exp's range above (S inf) or below (S 0 or subnormal: log S -inf or coarse), or an infinite
         # logit (0 x inf in a sum): the log-softmax path, as before
         if not bool((torch.isfinite(sum_exp) & (sum_exp >= torch.finfo(torch.float64).tiny)
@@ -260,7 +238,8 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
 
 def _torch_tile_sums(space: "_TileBuffers", z: Float[Tensor, "stack rows tile"], intact: IntactLogits, lo: int, hi: int,
                      sum_exp: Float[Tensor, "stack rows"], sum_p_log_q: Float[Tensor, "stack rows"]) -> None:
-    """``fused.tile_sums``' two sums of one tile in torch's arithmetic (``log_p64``), added in place."""
+    """One tile's two sums, S and sum_v p_v (z_v - lse_p) (``patched_stack``), in float64 (``log_p64``), added in
+    place."""
     p = log_p64(intact.logits[:, lo:hi], intact.lse, out=space.take("p", (z.shape[1], hi - lo))).exp_()
     shifted = log_p64(z, intact.lse, out=space.take("shifted", z.shape))  # z - lse_p
     sum_p_log_q += torch.mul(shifted, p, out=space.take("product", shifted.shape)).sum(-1)

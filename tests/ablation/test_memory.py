@@ -182,3 +182,46 @@ def test_the_estimate_runs_on_a_model_with_frozen_weights():
         assert (got["delta"] - trainable["delta"]).abs().max() <= 1e-12
     assert not any(p.requires_grad for p in model.parameters())  # left frozen
     assert all(p.grad is None for p in model.parameters())  # and no weight gradient was formed
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])  # rotary with grouped kv heads; learned positions
+def test_atp_pattern_shift_a_block_of_heads_at_a_time_equals_the_whole_layer_formula(monkeypatch, family):
+    """AtP*'s dz = (softmax(log A + dS) - A) V, taken a block of query heads at a time (in place, to keep the heap
+    small), equals the whole layer's formula written out here in float64 (every head at once), bit for bit within
+    float64 rounding, whatever the block (one head, two, all)."""
+    from interp.ablation import attribution
+    from interp.analysis.scores import apply_rotary
+    from interp.record.heads import kv_group
+    from interp.hooks import hook_name
+    from interp.record.patching import bias_shift
+
+    model = interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu")
+    info = model.interp
+    cache: dict = {}
+    read = ("q", "k", "v", "pattern") + (("cos", "sin") if info.rotary else ())
+    hooks = [(hook_name(1, n), attribution._store(cache, hook_name(1, n))) for n in read]
+    with torch.no_grad():
+        model.run_with_hooks(tiny_inputs(family, batch=2, pos=9, seed=0), fwd_hooks=hooks)
+    shift = {(1, kind): bias_shift(model, 1, kind, "zero") for kind in ("q", "k")}
+    want = {}
+    for kind in ("q", "k"):
+        q, k = cache[hook_name(1, "q")].double(), cache[hook_name(1, "k")].double()
+        delta = shift[(1, kind)].double()[None, None].expand_as(q if kind == "q" else k)
+        q, k = (delta, k) if kind == "q" else (q, delta)
+        if info.rotary:
+            cos, sin = cache[hook_name(1, "cos")].double(), cache[hook_name(1, "sin")].double()
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        group = kv_group(info.n_heads, info.n_kv_heads)
+        ds = torch.einsum("bihd,bjhd->bhij", q, k[:, :, group]) * info.score_scale(1)
+        pattern = cache[hook_name(1, "pattern")].double()
+        log_a = torch.where(pattern > 0, pattern.clamp_min(1e-300).log(), torch.full_like(pattern, -torch.inf))
+        patched = torch.where(pattern > 0, (log_a + ds).softmax(-1), torch.zeros_like(pattern))
+        want[(1, kind)] = torch.einsum("bhij,bjhd->bihd", patched - pattern,
+                                       cache[hook_name(1, "v")].double()[:, :, group])
+    per_head = 2 * 9 * 9 * 8  # float64 scores of one query head over the batch
+    for block in (1, 2, info.n_heads):
+        monkeypatch.setattr(attribution, "HEAD_BLOCK_BYTES", block * per_head)
+        got = attribution._pattern_dz(model, cache, [(1, "q"), (1, "k")], shift)
+        for site in want:
+            torch.testing.assert_close(got[site], want[site], rtol=1e-13, atol=1e-15)
+            assert got[site].abs().max() > 0  # the shift moves the pattern
