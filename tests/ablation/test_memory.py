@@ -192,7 +192,7 @@ def test_atp_pattern_shift_a_block_of_heads_at_a_time_equals_the_whole_layer_for
     from interp.ablation import attribution
     from interp.analysis.scores import apply_rotary
     from interp.record.heads import kv_group
-    from interp.hooks import hook_name
+    from interp.record.hooks import hook_name
     from interp.record.patching import bias_shift
 
     model = interp.load_model(tiny_hf_model(family, n_layers=2), device="cpu")
