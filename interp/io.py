@@ -213,6 +213,18 @@ def manifest_entries(out: PathLike) -> list[dict]:
     return [e for e in entries or [] if isinstance(e, dict) and isinstance(e.get("files", {}), dict)]
 
 
+def is_our_manifest(manifest: Any) -> bool:
+    """Whether a parsed ``manifest.json`` is one interp wrote: an object of our keys only (``meta``, ``files``,
+    ``commands``), with a ``commands`` list of entries or, the format before it, a ``meta`` object naming its
+    command. Any other file is someone else's, and no command of ours replaces or removes it."""
+    if not isinstance(manifest, dict) or not manifest or set(manifest) - {"meta", "files", "commands"}:
+        return False
+    commands = manifest.get("commands")
+    if commands is not None:
+        return isinstance(commands, list) and all(isinstance(e, dict) and "command" in e for e in commands)
+    return isinstance(manifest.get("meta"), dict) and "command" in manifest["meta"]
+
+
 def write_manifest_entries(out: PathLike, entries: list[dict]) -> Optional[Path]:
     """``out``'s manifest holding ``entries`` (the last one's ``meta`` and ``files`` also at the top, where
     readers of one command's manifest look), written atomically; removed when there are none."""
@@ -239,8 +251,12 @@ def check_output_folder(out: PathLike) -> Path:
         raise OutputError(f"output folder {out}: {above} is not writable: choose another output folder")
     manifest = out / MANIFEST
     try:
-        if manifest.exists() and not isinstance(json.loads(manifest.read_text()), dict):
-            raise ValueError("JSON, but not an object")
+        if manifest.exists() or manifest.is_symlink():
+            found = json.loads(manifest.read_text())
+            if not isinstance(found, dict):
+                raise ValueError("JSON, but not an object")
+            if not is_our_manifest(found):
+                raise ValueError(f"a JSON object with keys {sorted(found)[:6]}, none of the commands interp writes")
     except (OSError, ValueError) as exc:
         raise OutputError(f"{manifest} is not a manifest interp wrote ({_why(exc)}), and a command would replace it: "
                           "move it away, or choose another output folder") from None
