@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 
 class InterpError(Exception):
@@ -63,6 +64,28 @@ class InternalError(InterpError, RuntimeError):
 
 
 _PASS_THROUGH = ("MemoryError", "OutOfMemoryError")  # resources, not bugs: they leave unchanged
+
+
+def _resource(exc: BaseException) -> bool:
+    """Out of memory (host or device) or a warning raised as an error: these leave unchanged, never rewrapped."""
+    return isinstance(exc, Warning) or any(c.__name__ in _PASS_THROUGH for c in type(exc).__mro__)
+
+
+@contextlib.contextmanager
+def boundary(what: str, fix: str, error: type = InputError) -> Iterator[None]:
+    """A construction boundary (a model built from a config or ``model_args``, a table or text file read, a log
+    opened): whatever the third-party library raises inside becomes one ``error`` (an ``InputError`` unless
+    said) naming ``what`` was being built or read, the library's own words, and ``fix``; errors of ours and
+    resource errors (out of memory) pass unchanged. The original is the error's ``__cause__`` (``--debug``)."""
+    try:
+        yield
+    except InterpError:
+        raise
+    except Exception as exc:
+        if _resource(exc):
+            raise
+        words = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise error(f"{what} failed ({type(exc).__name__}{': ' + words[:300] if words else ''}): {fix}") from exc
 
 
 def _describe(value: Any) -> str:
@@ -220,7 +243,7 @@ def public(func: Callable) -> Callable:
         except InterpError:
             raise
         except Exception as exc:
-            if isinstance(exc, Warning) or any(c.__name__ in _PASS_THROUGH for c in type(exc).__mro__):
+            if _resource(exc):
                 raise
             on = ", ".join(f"{k}={_describe(v)}" for k, v in bound.arguments.items())
             raise InternalError(

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional, Union
 import pandas as pd
 from safetensors import SafetensorError
 
-from interp.errors import InterpError
+from interp.errors import InputError, InterpError
 
 PathLike = Union[str, os.PathLike]
 
@@ -155,6 +155,52 @@ def write_table(df: pd.DataFrame, stem: PathLike) -> tuple[Path, Path]:
     with atomic_path(parquet) as tmp:
         df.to_parquet(tmp, index=False)
     return csv, parquet
+
+
+# ----- the one checked reader of text files --------------------------------------------------------------------
+
+
+def _encoding_guess(path: Path) -> tuple[str, str]:
+    """What a file that is not UTF-8 probably is, from its first bytes (a UTF-16 byte-order mark, NUL bytes): the
+    sentence and iconv's name for it."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        head = b""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or head[1:200:2].count(0) > 50 or head[0:200:2].count(0) > 50:
+        return "it looks like UTF-16", "UTF-16"
+    return "it looks like latin-1 (ISO-8859-1), Windows-1252 or another 8-bit encoding", "LATIN1"
+
+
+def not_utf8(path: PathLike, exc: UnicodeDecodeError) -> InputError:
+    """The one message for a text file that is not UTF-8: which file, what encoding it looks like, the fix."""
+    path = Path(path)
+    guess, name = _encoding_guess(path)
+    return InputError(f"{path} is not UTF-8 text ({exc.reason}); {guess}: re-encode it as UTF-8 (e.g. iconv -f {name} "
+                      f"-t UTF-8 {path.name} > utf8.txt, or in Python read it with its encoding and write it with "
+                      "encoding='utf-8')")
+
+
+def text_lines(path: PathLike, newline: Optional[str] = None) -> Iterator[str]:
+    """The lines of a UTF-8 text file (a byte-order mark dropped), read as a stream: the one checked reader every text
+    file of the library goes through. A file that is not UTF-8 is one ``InputError`` naming it and its encoding's
+    likely name; a folder or an unreadable file is one ``InputError`` too."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8-sig", errors="strict", newline=newline) as fh:
+            try:
+                yield from fh
+            except UnicodeDecodeError as exc:
+                raise not_utf8(path, exc) from None
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read as a text file ({exc.strerror or exc}): pass a readable "
+                         "file") from None
+
+
+def read_text(path: PathLike) -> str:
+    """A whole UTF-8 text file, through ``text_lines``'s checks."""
+    return "".join(text_lines(path, newline=""))
 
 
 MANIFEST = "manifest.json"
