@@ -126,6 +126,11 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str, fix:
                  f"{len(extra)} in the file but not the model (e.g. {', '.join(extra[:3])})" if extra else "",
                  f"{len(wrong)} of another shape ({'; '.join(wrong[:3])})" if wrong else ""]
         raise MissingWeightsError(f"the weights do not fit {what}: {', '.join(p for p in parts if p)}. {fix}")
+    cast = [f"{k} ({state[k].dtype})" for k in own if own[k].is_floating_point() and not state[k].is_floating_point()]
+    if cast:  # integers read as weights would be cast to floats without a word: not this model's weights
+        raise MissingWeightsError(f"the weights for {what} hold {len(cast)} integer or boolean tensor(s) where the "
+                                  f"model has floating-point weights (e.g. {', '.join(cast[:3])}): a quantised or "
+                                  f"other file, not these weights. {fix}")
     with torch.no_grad():
         model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
 
