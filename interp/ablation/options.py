@@ -117,7 +117,7 @@ class SweepOptions:
                         flag=True, estimates=_EXACT)
     force_exact: bool = option(False, "none", "run forwards even for variants an identity answers (b_k under "
                                "non-rotary positions, absent biases, b_v folded); by default their rows say why and "
-                               "skip the forward", flag=True, estimates=_EXACT)
+                               "skip the forward (under an estimate too: the variants are estimated)", flag=True)
     reuse_prefix: bool = option(True, "none", "replay the intact layers below a patch instead of recomputing them",
                                 estimates=_EXACT)
     top_k: int = option(5, "none", "heads per kind run exactly under estimate auto", _count(0), flag=True,

@@ -60,7 +60,7 @@ def test_an_unknown_option_names_the_nearest_one():
     (dict(estimate="exact", sample_k=0), "sample_k=0 does not apply with estimate=exact"),
     (dict(estimate="attribution", n_control=50), "n_control=50 does not apply with estimate=attribution"),
     (dict(estimate="atp", n_boot=10), "n_boot=10 does not apply with estimate=atp"),
-    (dict(estimate="attribution", force_exact=True), "force_exact=True does not apply"),
+    (dict(estimate="attribution", reuse_prefix=False), "reuse_prefix=False does not apply"),
     (dict(estimate="exact", n_projections=4), "n_projections=4 does not apply"),
     (dict(kinds=("q",), positions=[0]), r"positions=\[0\] does not apply to kinds \['q'\]"),
     (dict(kinds=("q",), abs_threshold=5.0), "abs_threshold=5.0 does not apply to kinds"),
