@@ -77,7 +77,7 @@ from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_ta
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
 from interp.ablation.memory import auto_stack, estimate_checkpoint, estimate_items
-from interp.ablation.options import SweepOptions, sweep_options
+from interp.ablation.options import OPTION_NAMES, SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
                                    patched_items, patched_stack, tiled_item_sums)
 from interp.record.hooks import block_hook
@@ -725,22 +725,10 @@ def ablate_bias(
     stats: Optional[QKVStats] = None,
     out: Optional[Union[str, Path]] = None,
     layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
-    max_batches: Optional[int] = None,
-    stack: Any = "auto",
-    force_exact: bool = False,
-    reuse_prefix: bool = True,
-    top_k: int = 5,
-    sample_k: int = 5,
-    n_projections: int = 8,
-    n_boot: int = 1000,
-    n_control: int = 19,
-    seed: int = 0,
-    shard: tuple[int, int] = (0, 1),
-    progress: bool = True,
-    overwrite: bool = False,
-    positions: Any = None,
-    abs_threshold: float = 100.0,
-    ratio_threshold: float = 1000.0,
+    max_batches: Optional[int] = None, stack: Any = "auto", force_exact: bool = False, reuse_prefix: bool = True,
+    top_k: int = 5, sample_k: int = 5, n_projections: int = 8, n_boot: int = 1000, n_control: int = 19,
+    seed: int = 0, shard: tuple[int, int] = (0, 1), progress: bool = True, overwrite: bool = False,
+    positions: Any = None, abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
 
@@ -773,11 +761,8 @@ def ablate_bias(
     """
     model = require_bridge(model, "ablate_bias")
     check_not_blank("out", out)
-    opts = sweep_options(method=method, estimate=estimate, max_batches=max_batches, stack=stack,
-                         force_exact=force_exact, reuse_prefix=reuse_prefix, top_k=top_k, sample_k=sample_k,
-                         n_projections=n_projections, n_boot=n_boot, n_control=n_control, seed=seed, shard=shard,
-                         progress=progress, overwrite=overwrite, positions=positions, abs_threshold=abs_threshold,
-                         ratio_threshold=ratio_threshold)
+    given = locals()
+    opts = sweep_options(**{name: given[name] for name in OPTION_NAMES})  # every option, checked once
     opts.check_applies(kinds, out is not None)
     return _ablate(model, data, make_variants(model.interp, kinds, scope, layers, heads), metric, stats, out, opts)
 
