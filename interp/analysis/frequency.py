@@ -608,9 +608,10 @@ def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
     bad = ~np.isfinite(values) & ~empty
     if bad.any():
         where = [cols[j] for j in sorted(set(np.nonzero(bad)[1]))]
-        raise InputError(f"profile has NaN, infinite or non-numeric values in {where} ({int(bad.sum())} entries): "
-                         "cluster_heads would read them as 0 or let one head dominate; pass a complete "
-                         "frequency_profile (drop or fill those heads first)")
+        what = "NaN" if np.isnan(values[bad]).all() else "an infinite value"
+        raise InputError(f"profile has {what} in {where} ({int(bad.sum())} entries; a value that is not a number "
+                         "counts as NaN): cluster_heads would read NaN as 0 and let an infinity dominate; pass a "
+                         "complete frequency_profile (drop or fill those heads first)")
     if {"layer", "head"} <= set(profile.columns) and profile.duplicated(["layer", "head"]).any():
         twice = profile.loc[profile.duplicated(["layer", "head"]), ["layer", "head"]].iloc[0].tolist()
         raise InputError(f"profile has more than one row for layer {twice[0]}, head {twice[1]}: one row per head "
