@@ -8,6 +8,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="$ROOT/.venv/bin/python"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+# setuptools reuses build/lib: a module removed since the last build would ship again from there
+rm -rf "$ROOT/build"
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/wheel" "$ROOT"
 # the wheel ships the library alone: no experiment, training recipe, benchmark, tool or test module
 "$PY" - "$WORK"/wheel/interp-*.whl <<'PYCODE'
