@@ -13,7 +13,7 @@ large as the head's delta; Benjamini-Hochberg across the heads) and under the ol
 (``control_forwards``: draws read plus draws of a head's last stage past its stop, ``control_forwards``).
 
 Cost (``--cost``): ``ablate_bias`` at its defaults (``estimate="auto"``: 5 top and 5 sampled heads per kind run
-exactly) on MiniLM (minilm-l6, 2 batches of 8 python-docs texts) and on the demo's setting (dinov2-s14, 2
+exactly) on MiniLM (minilm-l6, one batch of 8 python-docs texts of 32 tokens) and on the demo's setting (dinov2-s14, 2
 photographs, one batch), new rule against old, same heads: heads tested, control forwards, all patched forwards of the
 exact stage (each head's own one too), seconds (one run each on a shared 2-core CPU: read the forwards), calls.
 Per setting, the heads run exactly with both rules' p and calls: ``docs/results/<model>/ablation_fdr.csv``.
@@ -71,7 +71,7 @@ def calibration(seeds=SEEDS, out: Path | None = None) -> pd.DataFrame:
 
 def cost() -> pd.DataFrame:
     rows = []
-    settings = {"minilm": ("minilm-l6", dict(name="python-docs", batch_size=8, n=16)),
+    settings = {"minilm": ("minilm-l6", dict(name="python-docs", batch_size=8, n=8, seq_len=32)),
                 "demo": ("dinov2-s14", dict(name="photos", batch_size=2, n=2))}
     for setting, (name, data) in settings.items():
         model = interp.load_model(name)
