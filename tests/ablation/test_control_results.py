@@ -19,7 +19,8 @@ from interp.ablation.sweep import control_forwards
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 README = (ROOT / "README.md").read_text()
-MODELS = {"demo": "dinov2-s14", "minilm": "minilm-l6"}
+MODELS = {"minilm": "minilm-l6"}  # the demo's setting: see control_cost.csv
+LABELS = {"demo": "The demo", "minilm": "MiniLM"}
 
 
 def bh_by_hand(p):
@@ -84,3 +85,19 @@ def test_readme_calibration_figures_equal_the_csv():
                                                  new.called_adjusted.sum())
     assert float(share) == round(100 * int(k) / int(n), 1)
     assert (int(forwards), int(forwards_old)) == (new.control_forwards.sum(), old.control_forwards.sum())
+
+
+@pytest.mark.parametrize("setting", list(MODELS))
+def test_readme_cost_and_calls_equal_the_csvs(setting):
+    cost = pd.read_csv(RESULTS / "control_cost.csv").set_index(["setting", "rule"])
+    new, old = cost.loc[(setting, "sequential_bh")], cost.loc[(setting, "fixed_19")]
+    said = " ".join(README.split())
+    text = re.search(rf"\* {LABELS[setting]} at the defaults \([^;]*; `docs/results/{MODELS[setting]}/"
+                     r"ablation_fdr\.csv`\): \*\*(\d+) of the (\d+) heads run exactly stay bias-dependent after the "
+                     r"correction\*\* \((\d+) at p <= 0\.05 before it, (\d+) drew all 199; the old rule called "
+                     r"(\d+)\)\. Control forwards: (\d+) against the old rule's (\d+) \(([\d.]+)x", said)
+    assert text, f"README {setting} bullet not found"
+    *counts, ratio = text.groups()
+    assert [int(v) for v in counts] == [new.called_adjusted, new.heads, new.called_unadjusted, new.heads_at_max,
+                                        old.called_unadjusted, new.control_forwards, old.control_forwards]
+    assert float(ratio) == round(new.control_forwards / old.control_forwards, 1)
