@@ -19,7 +19,7 @@ from interp.ablation.sweep import control_forwards
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 README = (ROOT / "README.md").read_text()
-MODELS = {"minilm": "minilm-l6"}  # the demo's setting: see control_cost.csv
+MODELS = {"demo": "dinov2-s14", "minilm": "minilm-l6"}
 LABELS = {"demo": "The demo", "minilm": "MiniLM"}
 
 
