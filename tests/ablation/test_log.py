@@ -242,9 +242,11 @@ def test_every_option_of_ablate_bias_is_one_checked_field_that_says_how_it_binds
 
     params = inspect.signature(ablate_bias).parameters
     fields = {f.name: f.default for f in dataclasses.fields(SweepOptions)}
-    # the selection, method and estimate by position (None: the field's default), options, and the rest as **keywords
-    assert set(params) == SELECTION | {"method", "estimate", "options", "option_keywords"}
-    assert params["method"].default is None and params["estimate"].default is None
+    # one way to pass options: keywords, each a field of SweepOptions with the field's default (method and estimate
+    # also by position); no options object, no **keywords
+    assert set(params) == SELECTION | set(fields)
+    assert {n: params[n].default for n in fields} == fields
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
     assert set(fields) == set(SweepOptions.BINDS)
     assert set(SweepOptions.BINDS.values()) == {"fingerprint", "key", "none"}
     assert {n for n, how in SweepOptions.BINDS.items() if how == "fingerprint"} == set(CHANGED)
