@@ -184,34 +184,49 @@ def option_checkers(owner: Any, annotations: dict) -> dict:
             continue
         strict = _strict_hint(hint)
         if strict is not _NOT_AN_OPTION:
-            checkers[name] = (TypeAdapter(strict), _hint_text(hint))
+            checkers[name] = (TypeAdapter(strict), _expected(hint))
     return checkers
 
 
 def check_option_types(where: str, checkers: dict, values: dict) -> None:
-    """One ``InputError`` for the first value whose type does not fit its option's annotation (pydantic's words)."""
+    """One ``InputError`` for the first value whose type does not fit its option's annotation, in the words the
+    library's own checks use: ``top_k must be an integer; got 'x' (str)``."""
     from pydantic import ValidationError
 
     for name, value in values.items():
         if name not in checkers:
             continue
-        checker, text = checkers[name]
+        checker, expected = checkers[name]
         try:
             checker.validate_python(_plain(value))
         except ValidationError as exc:
             first = exc.errors()[0]
             at = "".join(f"[{i}]" for i in first["loc"] if isinstance(i, int))
             got = first.get("input", value) if at else value
-            raise InputError(f"{where}: {name}{at}={_describe(got)} ({type(got).__name__}) does not fit "
-                             f"{name}: {text}: {first['msg']}") from None
+            raise InputError(f"{where}: {name}{at} must be {expected}; got {_describe(got)} "
+                             f"({type(got).__name__})") from None
 
 
-def _hint_text(hint: Any) -> str:
-    """An annotation as a reader writes it: ``Optional[int]``, ``tuple[int, int]``, ``bool``."""
-    text = hint.__name__ if isinstance(hint, type) else repr(hint)
-    for old, new in (("typing.", ""), ("NoneType", "None"), ("collections.abc.", ""), ("pathlib.", "")):
-        text = text.replace(old, new)
-    return text
+_WORDS = {bool: "True or False", int: "an integer", float: "a number", str: "a str", Path: "a path",
+          type(None): "None"}
+
+
+def _expected(hint: Any) -> str:
+    """What an annotation asks for, as a sentence says it: ``an integer or None``, ``a pair (an integer, an
+    integer)``, ``True or False``."""
+    if hint in _WORDS:
+        return _WORDS[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is typing.Union or (sys.version_info >= (3, 10) and origin is __import__("types").UnionType):
+        words = [_expected(a) for a in args if a is not type(None)]
+        if set(args) >= {str, Path}:
+            words = [w for w in words if w not in ("a str", "a path")] + ["a path (str or Path)"]
+        return " or ".join(words + (["None"] if type(None) in args else []))
+    if origin is tuple:
+        return f"a tuple of {len(args)} (" + ", ".join(_expected(a) for a in args) + ")"
+    return _hint_text(hint)
 
 
 def public(func: Callable) -> Callable:
