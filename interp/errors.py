@@ -94,6 +94,8 @@ def _describe(value: Any) -> str:
     if getattr(info, "name", None) is not None:
         return f"model {info.name!r}"
     if hasattr(value, "shape") and hasattr(value, "dtype"):
+        if tuple(value.shape) == () and hasattr(value, "item"):  # a numpy / torch scalar: its value and dtype
+            return f"{value.item()!r} as {value.dtype}"
         return f"{type(value).__name__} {value.dtype} {tuple(value.shape)}"
     if isinstance(value, (str, int, float, bool)) or value is None:
         text = repr(value)
