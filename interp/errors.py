@@ -231,6 +231,14 @@ def _expected(hint: Any) -> str:
     return _hint_text(hint)
 
 
+def _hint_text(hint: Any) -> str:
+    """An annotation as a reader writes it: ``Optional[int]``, ``tuple[int, int]``, ``bool``."""
+    text = hint.__name__ if isinstance(hint, type) else repr(hint)
+    for old, new in (("typing.", ""), ("NoneType", "None"), ("collections.abc.", ""), ("pathlib.", "")):
+        text = text.replace(old, new)
+    return text
+
+
 def public(func: Callable) -> Callable:
     """Guard a public function: arguments that do not fit its signature are an ``InputError``
     naming its parameters, and any exception outside ``InterpError`` (KeyboardInterrupt, SystemExit,
