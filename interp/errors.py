@@ -186,7 +186,7 @@ def option_checkers(owner: Any, annotations: dict) -> dict:
             continue
         strict = _strict_hint(hint)
         if strict is not _NOT_AN_OPTION:
-            checkers[name] = (TypeAdapter(strict), _expected(hint))
+            checkers[name] = (TypeAdapter(strict), hint)
     return checkers
 
 
@@ -198,15 +198,29 @@ def check_option_types(where: str, checkers: dict, values: dict) -> None:
     for name, value in values.items():
         if name not in checkers:
             continue
-        checker, expected = checkers[name]
+        checker, hint = checkers[name]
         try:
             checker.validate_python(_plain(value))
         except ValidationError as exc:
             first = exc.errors()[0]
-            at = "".join(f"[{i}]" for i in first["loc"] if isinstance(i, int))
+            indices = [i for i in first["loc"] if isinstance(i, int)]
+            at = "".join(f"[{i}]" for i in indices)
             got = first.get("input", value) if at else value
-            raise InputError(f"{where}: {name}{at} must be {expected}; got {_describe(got)} "
-                             f"({type(got).__name__})") from None
+            whole = f" ({name} must be {_expected(hint)})" if at else ""
+            raise InputError(f"{where}: {name}{at} must be {_expected(_part(hint, indices))}; got {_describe(got)} "
+                             f"({type(got).__name__}){whole}") from None
+
+
+def _part(hint: Any, indices: list) -> Any:
+    """The annotation of ``value[i][j]...`` within ``hint`` (a tuple's items, through ``Optional``)."""
+    for i in indices:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        while len(args) == 1 and typing.get_origin(args[0]) is not None and typing.get_origin(hint) is not tuple:
+            hint, args = args[0], list(typing.get_args(args[0]))
+        if typing.get_origin(hint) is not tuple or i >= len(args):
+            return hint
+        hint = args[i]
+    return hint
 
 
 _WORDS = {bool: "True or False", int: "an integer", float: "a number", str: "a str", Path: "a path",

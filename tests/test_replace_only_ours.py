@@ -25,7 +25,7 @@ def data():
 def test_overwrite_no_keeps_the_log_of_another_seed(gpt2, tmp_path):
     interp.ablate_bias(gpt2, data(), out=tmp_path, seed=0, **RUN)
     before = (tmp_path / "ablation.jsonl").read_bytes()
-    with pytest.raises(InputError, match="overwrite.*bool"):
+    with pytest.raises(InputError, match="overwrite must be True or False"):
         interp.ablate_bias(gpt2, data(), out=tmp_path, seed=5, overwrite="no", **RUN)
     assert (tmp_path / "ablation.jsonl").read_bytes() == before
     with pytest.raises(StaleResultsError, match="seed: 0 there, 5 now"):  # and without it: refused, as before
