@@ -58,7 +58,12 @@ lint: setup
 install-check: setup
 	bash .ci/install_check.sh
 
-# Every tier (unit, integration, slow; tests/conftest.py) and every notebook, on two workers.
+# Every tier (unit, integration, slow; tests/conftest.py) and every notebook, on two workers. Its checks before pytest
+# (models, lint, install-check, docs, browser: one process each, ~50 s of CPU) run side by side on the machine's
+# cores, not one after the other; pytest starts when all of them have passed.
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+MAKEFLAGS += -j4
+endif
 test: models lint install-check docs browser
 	$(PY) -m pytest -q -ra -n 2 --dist worksteal --tier all --nbmake notebooks tests experiments
 
