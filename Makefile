@@ -60,8 +60,9 @@ install-check: setup
 
 # Every tier (unit, integration, slow; tests/conftest.py) and every notebook, on two workers. Its checks before pytest
 # (models, lint, install-check, docs, browser: one process each, ~50 s of CPU) run side by side on the machine's
-# cores, not one after the other; pytest starts when all of them have passed.
-ifneq ($(filter test,$(MAKECMDGOALS)),)
+# cores, not one after the other; pytest starts when all of them have passed. Only for `make test` alone: other goals
+# named beside it (`make clean-cache test`) keep their order.
+ifeq ($(MAKECMDGOALS),test)
 MAKEFLAGS += -j4
 endif
 test: models lint install-check docs browser
