@@ -53,7 +53,7 @@ def main() -> None:
                      ("exact, identities", dict(reuse_prefix=False)), ("exact, identities+prefix", {}),
                      ("attribution", dict(estimate="attribution")), ("atp", dict(estimate="atp"))):
         t = time.perf_counter()
-        runs[name] = ablate_bias(model, data, kinds=("q", "k", "v"), estimate="exact", progress=False, **kw)
+        runs[name] = ablate_bias(model, data, kinds=("q", "k", "v"), progress=False, **{"estimate": "exact", **kw})
         seconds[name] = time.perf_counter() - t
     forced = runs["exact, every forward"]
     new = runs["exact, identities+prefix"]

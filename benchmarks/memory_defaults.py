@@ -170,7 +170,7 @@ def child_demo(args) -> dict:
     import torch
 
     import interp.report.demo as demo
-    import interp.pipeline as pipeline
+    import interp.report.pipeline as pipeline
     from interp.ablation.metrics import run_forward
 
     torch.set_num_threads(args.threads)
