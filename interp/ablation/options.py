@@ -122,9 +122,13 @@ class SweepOptions:
                                 _projections, only="distance")
     n_boot: int = option(1000, "fingerprint", "bootstrap resamples over items for delta_lo/delta_hi (0: none)",
                          flag=True)
-    n_control: int = option(19, "fingerprint", "matched-control draws per exact head: random directions of the "
-                            "method's own displacement norm; control_p <= 0.05 (bias_dependent) needs at least 19; "
+    n_control: int = option(199, "fingerprint", "the most matched-control draws per exact head (random directions "
+                            "of the method's own displacement norm), drawn in rounds until control_stop of them move "
+                            "the metric as much as the head (Besag-Clifford): the smallest p is 1 / (n_control + 1); "
                             "each draw costs a patched forward (0: none)", _count(0), flag=True)
+    control_stop: int = option(5, "fingerprint", "stop drawing a head's control once this many draws move the metric "
+                               "as much as the head does (p = control_stop / draws); 0: always n_control draws",
+                               _count(0), flag=True)
     seed: int = option(0, "fingerprint", "fixes the bootstrap, the random sample, the control's directions and "
                        "method random", flag=True)
     shard: tuple[int, int] = option((0, 1), "fingerprint", "(rank, world): this process runs every world-th variant",
