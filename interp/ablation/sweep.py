@@ -20,17 +20,30 @@ Estimates (the ``estimate`` column):
   drawn at random by ``seed`` among the rest ("sample"): rows of both, to compare, on heads whose
   choice does not depend on the estimate too. An ``exact`` request's rows say "requested".
 
-Matched control (exact rows; ``n_control`` draws, default 19): every exact bias variant is run again
-``n_control`` times with each targeted head's displacement s_h = a' - a replaced by a random direction of the
-same norm ||s_h|| (``interp.record.patching.control_patch_hooks``; draws fixed by ``seed``). With c_1..c_n the control
-deltas: ``control_lo`` / ``control_hi`` = min / max c_d, ``control_p`` = (1 + #{d: |c_d| >= |delta|}) / (n + 1)
-(the Monte Carlo p-value of "a random direction of the same displacement moves the metric as much"),
-``outside_control`` = delta outside [control_lo, control_hi], and ``bias_dependent`` = control_p <= 0.05: the
-head's own bias direction matters, beyond how far the method moves it. The smallest p is 1 / (n + 1), so fewer
-than 19 draws can never call a head bias-dependent. Cost: an exact variant is 1 + ``n_control`` patched
-forwards (stacked, on the same replayed prefix). Implicit kinds (sink_v, massive) have no control (NaN);
-identity rows have controls of exactly 0 by the same identity (control_p 1). Estimated rows carry none
-(bias_dependent missing, not False). ``displacement_norm`` = sqrt(sum_h ||s_h||^2) on every bias row.
+Matched control (exact rows; up to ``n_control`` draws, default 199): every exact bias variant is run again with
+each targeted head's displacement s_h = a' - a replaced by a random direction of the same norm ||s_h||
+(``interp.record.patching.control_patch_hooks``; draw d fixed by ``seed`` and d alone). The draws are taken in stages
+(``control_stages``: ``control_stop``, twice that, ... up to ``n_control``) and read by Besag and Clifford's
+(1991) sequential rule: with c_1, c_2, ... the control deltas in draw order, a head stops at the first n at which
+``control_stop`` (default 5) of c_1..c_n have |c_d| >= |delta|, and then ``control_p`` = control_stop / n;
+otherwise it draws all ``n_control`` and ``control_p`` = (1 + #{d: |c_d| >= |delta|}) / (n_control + 1) (a valid
+p-value either way: P(p <= u) <= u when delta is exchangeable with the draws). Heads well inside the band stop
+after a few draws; heads near or beyond its edge draw on, so p can fall to 1 / (n_control + 1), below what a
+correction across heads asks for. The rule reads only the draws up to its stop, fixed by the seed, so a row does not
+depend on stacking, rounds or batching (draws run past the stop within a stage are not read). ``n_control`` = the
+draws read; ``control_lo`` / ``control_hi`` = their min / max; ``outside_control`` = delta outside that band;
+``delta_z`` = delta / sqrt(mean c_d^2), the effect in units of the control's spread about no change (what the
+p-value compares |delta| against). ``control_stop=0``: every head draws ``n_control`` (the fixed rule).
+
+Many heads, one error rate: ``control_p_adjusted`` is the Benjamini-Hochberg adjusted p across the rows of the
+table that were tested against their control (``adjust_controls``: every exact bias row with a forward, of one call,
+or of the merged table in ``merge_shards``), and ``bias_dependent`` = control_p_adjusted <= 0.05: the false
+discovery rate over the heads called is controlled at 5% (for independent or positively dependent tests), not the
+family-wise error. The head's own bias direction matters, beyond how far the method moves it. Cost: an exact
+variant is 1 + (draws run) patched forwards (stacked, on the same replayed prefix), ``control_forwards``.
+Implicit kinds (sink_v, massive) have no control (NaN); identity rows have controls of exactly 0 by the same
+identity (control_p 1, not counted in the family). Estimated rows carry none (bias_dependent missing, not False).
+``displacement_norm`` = sqrt(sum_h ||s_h||^2) on every bias row.
 What it matches: the displacement's norm, not its effect on the activation's norm. Where the bias dominates
 the activation (``origin_shift``'s shift_ratio well above 1), zeroing shrinks ||a|| while a random displacement of
 the same norm grows it on average, so a call there says "removing this offset matters" more than "this direction
@@ -46,7 +59,7 @@ of *zeroing* (computed too when ``method`` is another), and ``sample_k`` drawn b
 Uncertainty: ``delta_lo`` / ``delta_hi`` (exact rows) are the 95% percentile bootstrap over items
 (``n_boot`` resamples fixed by ``seed``, ``interp.bootstrap``) of the same ratio of per-item sums as the
 delta, so independent of the batching; over batches for a callable metric that returns one scalar per
-batch. ``n_boot``, ``n_control`` and ``seed`` are in the fingerprint.
+batch. ``n_boot``, ``n_control``, ``control_stop`` and ``seed`` are in the fingerprint.
 
 Variants the mathematics answers (b_k under positions that cancel it, absent biases under every method, a
 displacement a' - a of exactly 0, b_v folded) are written without a forward, with the reason in ``identity``.
@@ -100,8 +113,8 @@ from interp.types import Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
            "delta_se", "delta_lo", "delta_hi", "displacement_norm", "control_lo", "control_hi", "delta_z", "control_p",
-           "control_p_adjusted", "n_control", "outside_control", "bias_dependent", "kl", "n_targets", "identity", "exact_because",
-           "below_rounding", "model_fingerprint", "data_fingerprint", "options"]
+           "control_p_adjusted", "n_control", "outside_control", "bias_dependent", "kl", "n_targets", "identity",
+           "exact_because", "below_rounding", "model_fingerprint", "data_fingerprint", "options"]
 ROUND_JOBS = 160  # patched forwards per batch in one round of the exact stage (whole variants; module doc)
 CONTROL_ALPHA = 0.05  # bias_dependent: the Benjamini-Hochberg adjusted control_p at most this (false discovery rate)
 NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "delta_lo": float,
@@ -830,10 +843,12 @@ def ablate_bias(
 
     Columns: layer, head (None where the variant spans several), kind, scope (head | layer | all | custom), method,
     estimate, metric, baseline, ablated, delta (= ablated - baseline), delta_se (standard error over items; exact
-    rows), delta_lo / delta_hi, displacement_norm, the matched control's control_lo / control_hi / control_p /
-    n_control / outside_control / bias_dependent (exact rows: ``n_control`` random directions of the same
-    displacement norm; a head is bias-dependent only when control_p <= 0.05; module doc), kl (exact, with logits;
-    NaN under embedding_cosine, whose forward stops at the last block), n_targets, identity, exact_because,
+    rows), delta_lo / delta_hi, displacement_norm, the matched control's control_lo / control_hi / delta_z /
+    control_p / control_p_adjusted / n_control / outside_control / bias_dependent (exact rows: up to ``n_control``
+    random directions of the same displacement norm, drawn until ``control_stop`` of them move the metric as much,
+    Besag-Clifford; control_p_adjusted: Benjamini-Hochberg across the table's tested heads; a head is
+    bias-dependent only when control_p_adjusted <= 0.05, a false discovery rate of 5%; module doc), kl (exact,
+    with logits; NaN under embedding_cosine, whose forward stops at the last block), n_targets, identity, exact_because,
     below_rounding (float16/bfloat16: |delta| < eps(dtype) x |baseline|), model_fingerprint, data_fingerprint,
     options (JSON: what the row depends on besides model, data and variant; ``SweepOptions``): see the module doc
     for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``seed`` and ``method="random"``.

@@ -177,7 +177,8 @@ UNITS = {"next_token_ce": "nats", "cross_entropy": "nats", "feature_cosine": "co
 def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data: str = "") -> dict[str, plt.Figure]:
     """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads (with the 95% bootstrap interval
     over items where there is one, and each exact head's matched control, ``control_lo`` to ``control_hi``, as a
-    grey band; heads outside it at p <= 0.05, ``bias_dependent``, are starred), estimate vs exact."""
+    grey band; heads called ``bias_dependent``, adjusted p <= 0.05 across the heads, are starred), estimate vs
+    exact."""
     check_table(results, "ablation_figures", ABLATION, ["layer", "head", "kind", "method", "estimate", "metric",
                                                         "delta", "baseline"],
                 keys=["layer", "head", "kind", "method", "estimate", "scope"])
@@ -218,7 +219,7 @@ def _spread(ranked: pd.DataFrame) -> tuple[Optional[np.ndarray], str]:
     return None, ""
 
 
-CONTROL_LABEL = "matched control: {n} random directions,\nsame displacement norm (min to max)"
+CONTROL_LABEL = "matched control: up to {n} random directions,\nsame displacement norm (min to max)"
 
 
 def _control_bands(ax: plt.Axes, ranked: pd.DataFrame) -> None:
