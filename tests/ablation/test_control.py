@@ -262,3 +262,18 @@ def test_the_random_method_displaces_the_bias_by_about_sqrt2_its_norm_and_zero_b
     assert np.allclose(norms["zero"].loc[0].to_numpy(), b.numpy(), rtol=1e-6)
     ratio = (norms["random"] / norms["zero"]).to_numpy()
     assert 1.2 < ratio.mean() < 1.6  # E||r - b|| / ||b|| -> sqrt(2) as d_head grows
+
+
+def test_merge_shards_adjusts_across_the_merged_heads():
+    """Each rank adjusts over its own rows; the merged table over all of them (m = 4, not 2)."""
+    from interp.ablation.sweep import merge_shards
+
+    def frame(heads, p):
+        return adjust_controls(pd.DataFrame(dict(layer=0, head=heads, kind="q", scope="head", method="zero",
+                                                 estimate="exact", n_targets=1, identity="", control_p=p)))
+    ranks = [frame([0, 2], [0.01, 0.5]), frame([1, 3], [0.02, 0.9])]
+    assert ranks[0].control_p_adjusted.tolist() == pytest.approx([0.02, 0.5])  # m = 2 within the rank
+    merged = merge_shards(ranks)
+    assert merged["head"].tolist() == [0, 1, 2, 3]
+    np.testing.assert_allclose(merged.control_p_adjusted, _bh_by_hand(merged.control_p))
+    assert merged.bias_dependent.tolist() == [True, True, False, False]  # 0.01 x 4 / 1, 0.02 x 4 / 2: both 0.04
