@@ -299,7 +299,7 @@ def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: in
                              data_fingerprint=results.data_fingerprint.iloc[0]))
     top = results.assign(a=results.delta.abs()).nlargest(5, "a")
     print(top[["layer", "head", "kind", "scope", "estimate", "delta", "control_lo", "control_hi", "delta_z",
-               "control_p", "control_p_adjusted", "bias_dependent"]].to_string(index=False))
+               "control_p", "control_p_empirical", "control_p_adjusted", "bias_dependent"]].to_string(index=False))
     print(f"wrote {out}")
 
 

@@ -20,30 +20,41 @@ Estimates (the ``estimate`` column):
   drawn at random by ``seed`` among the rest ("sample"): rows of both, to compare, on heads whose
   choice does not depend on the estimate too. An ``exact`` request's rows say "requested".
 
-Matched control (exact rows; up to ``n_control`` draws, default 199): every exact bias variant is run again with
-each targeted head's displacement s_h = a' - a replaced by a random direction of the same norm ||s_h||
-(``interp.record.patching.control_patch_hooks``; draw d fixed by ``seed`` and d alone). The draws are taken in stages
-(``control_stages``: ``control_stop``, twice that, ... up to ``n_control``) and read by Besag and Clifford's
-(1991) sequential rule: with c_1, c_2, ... the control deltas in draw order, a head stops at the first n at which
-``control_stop`` (default 5) of c_1..c_n have |c_d| >= |delta|, and then ``control_p`` = control_stop / n;
-otherwise it draws all ``n_control`` and ``control_p`` = (1 + #{d: |c_d| >= |delta|}) / (n_control + 1) (a valid
-p-value either way: P(p <= u) <= u when delta is exchangeable with the draws). Heads well inside the band stop
-after a few draws; heads near or beyond its edge draw on, so p can fall to 1 / (n_control + 1), below what a
-correction across heads asks for. The rule reads only the draws up to its stop, fixed by the seed, so a row does not
-depend on stacking, rounds or batching (draws run past the stop within a stage are not read). ``n_control`` = the
-draws read; ``control_lo`` / ``control_hi`` = their min / max; ``outside_control`` = delta outside that band;
-``delta_z`` = delta / sqrt(mean c_d^2), the effect in units of the control's spread about no change (what the
-p-value compares |delta| against). ``control_stop=0``: every head draws ``n_control`` (the fixed rule).
+Matched control (exact rows; ``n_control`` draws, default 19): every exact bias variant is run again with each
+targeted head's displacement s_h = a' - a replaced by a random direction of the same norm ||s_h||
+(``interp.record.patching.control_patch_hooks``; draw d fixed by ``seed`` and d alone). With c_1, c_2, ... the
+control deltas in draw order, the draws are taken in stages (``control_stages``: ``control_stop``, twice that, ...
+up to ``n_control``) and a head stops at the first n at which ``control_stop`` (default 5) of c_1..c_n have
+|c_d| >= |delta|: it is inside its band, and its p is Besag and Clifford's (1991) sequential Monte Carlo p,
+control_stop / n. A head that reads all ``n_control`` draws gets, by ``control_p``:
+
+* ``"normal"`` (default): the tail of a normal fitted to its draws, P(|X| >= |delta|) with X the Student-t
+  prediction of one more draw (``normal_tail_p``: mean m, standard deviation s, X = m + s sqrt(1 + 1/n) T_{n-1}).
+  p is no longer floored at 1 / (n_control + 1), so a head far outside its band can pass a correction across
+  many heads at the cost of the old 19 draws. This is a stated model of the control's tail, not a Monte Carlo
+  bound: exact for normal draws, and measured on untrained models (where every head is null) and on the draws of
+  trained ones (``benchmarks/control_calibration.py``, the mathematics page); ``control_p_empirical`` beside it is
+  the Monte Carlo p of the same draws, (1 + #{d: |c_d| >= |delta|}) / (n + 1).
+* ``"sequential"``: the Monte Carlo p alone (stopped: control_stop / n; else (1 + #{d: |c_d| >= |delta|}) /
+  (n_control + 1)), valid without a model of the tail (P(p <= u) <= u when delta is exchangeable with the draws),
+  with ``n_control=199`` so that p can fall to 1 / 200: heads near or beyond their band draw all 199 (about 9
+  times the forwards of the default on the trained zoo models, whose tested heads are mostly beyond it).
+
+The rule reads only the draws up to its stop, fixed by the seed, so a row does not depend on stacking, rounds or
+batching (draws run past the stop within a stage are not read). ``n_control`` = the draws read;
+``control_lo`` / ``control_hi`` = their min / max; ``outside_control`` = delta outside that band; ``delta_z`` =
+(delta - mean c) / sd c, the effect in units of the control's spread (what the normal tail reads).
+``control_stop=0``: every head draws ``n_control``.
 
 Many heads, one error rate: ``control_p_adjusted`` is the Benjamini-Hochberg adjusted p across the rows of the
 table that were tested against their control (``adjust_controls``: every exact bias row with a forward, of one call,
 or of the merged table in ``merge_shards``), and ``bias_dependent`` = control_p_adjusted <= 0.05: the false
 discovery rate over the heads called is controlled at 5% (for independent or positively dependent tests), not the
 family-wise error. The head's own bias direction matters, beyond how far the method moves it. Cost: an exact
-variant is 1 + (draws run) patched forwards (stacked, on the same replayed prefix), ``control_forwards``.
-Implicit kinds (sink_v, massive) have no control (NaN); identity rows have controls of exactly 0 by the same
-identity (control_p 1, not counted in the family). Estimated rows carry none (bias_dependent missing, not False).
-``displacement_norm`` = sqrt(sum_h ||s_h||^2) on every bias row.
+variant is 1 + (draws run) patched forwards (stacked, on the same replayed prefix), ``control_forwards``: at most
+1 + ``n_control``. Implicit kinds (sink_v, massive) have no control (NaN); identity rows have controls of exactly 0
+by the same identity (control_p 1, not counted in the family). Estimated rows carry none (bias_dependent missing,
+not False). ``displacement_norm`` = sqrt(sum_h ||s_h||^2) on every bias row.
 What it matches: the displacement's norm, not its effect on the activation's norm. Where the bias dominates
 the activation (``origin_shift``'s shift_ratio well above 1), zeroing shrinks ||a|| while a random displacement of
 the same norm grows it on average, so a call there says "removing this offset matters" more than "this direction
@@ -59,7 +70,7 @@ of *zeroing* (computed too when ``method`` is another), and ``sample_k`` drawn b
 Uncertainty: ``delta_lo`` / ``delta_hi`` (exact rows) are the 95% percentile bootstrap over items
 (``n_boot`` resamples fixed by ``seed``, ``interp.bootstrap``) of the same ratio of per-item sums as the
 delta, so independent of the batching; over batches for a callable metric that returns one scalar per
-batch. ``n_boot``, ``n_control``, ``control_stop`` and ``seed`` are in the fingerprint.
+batch. ``n_boot``, ``n_control``, ``control_stop``, ``control_p`` and ``seed`` are in the fingerprint.
 
 Variants the mathematics answers (b_k under positions that cancel it, absent biases under every method, a
 displacement a' - a of exactly 0, b_v folded) are written without a forward, with the reason in ``identity``.
@@ -113,14 +124,15 @@ from interp.types import Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
            "delta_se", "delta_lo", "delta_hi", "displacement_norm", "control_lo", "control_hi", "delta_z", "control_p",
-           "control_p_adjusted", "n_control", "outside_control", "bias_dependent", "kl", "n_targets", "identity",
-           "exact_because", "below_rounding", "model_fingerprint", "data_fingerprint", "options"]
+           "control_p_empirical", "control_p_adjusted", "n_control", "outside_control", "bias_dependent", "kl",
+           "n_targets", "identity", "exact_because", "below_rounding", "model_fingerprint", "data_fingerprint",
+           "options"]
 ROUND_JOBS = 160  # patched forwards per batch in one round of the exact stage (whole variants; module doc)
 CONTROL_ALPHA = 0.05  # bias_dependent: the Benjamini-Hochberg adjusted control_p at most this (false discovery rate)
 NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "delta_lo": float,
            "delta_hi": float, "displacement_norm": float, "control_lo": float, "control_hi": float,
-           "delta_z": float, "control_p": float, "control_p_adjusted": float, "n_control": int,
-           "outside_control": "boolean", "bias_dependent": "boolean", "kl": float, "n_targets": int,
+           "delta_z": float, "control_p": float, "control_p_empirical": float, "control_p_adjusted": float,
+           "n_control": int, "outside_control": "boolean", "bias_dependent": "boolean", "kl": float, "n_targets": int,
            "below_rounding": bool}
 
 
@@ -346,24 +358,47 @@ def control_forwards(n_used: int, n_max: int, stop: int) -> int:
     return min(end for end in control_stages(n_max, stop) if end >= n_used)
 
 
-def control_columns(delta: float, controls: Optional[Sequence[float]], stop: int = 0) -> dict:
-    """The matched control's columns from its draws' deltas c_d in draw order (module doc): the draws the
-    sequential rule reads (``used_draws`` with ``stop``; all of them when ``stop`` is 0 or never reached), their
-    band, the Monte Carlo p-value of |delta| among the |c_d| (stop / n when stopped, else (1 + #{|c_d| >= |delta|})
-    / (n + 1)), delta in units of the draws' root mean square (``delta_z``), and whether delta is outside the band.
+def normal_tail_p(delta: float, controls: Sequence[float]) -> float:
+    """P(|X| >= |delta|) for X a new draw from a normal fitted to the control deltas: with m and s their mean and
+    standard deviation (n - 1 in the denominator) over n draws, X = m + s sqrt(1 + 1/n) T, T Student-t with n - 1
+    degrees of freedom (the prediction for one more draw of the same normal, the fit's own uncertainty included).
+    Exact for normal draws; its calibration on draws that are not is measured (mathematics page). NaN for fewer
+    than 3 draws or draws without spread."""
+    from scipy.special import stdtr  # Student-t CDF; scipy comes with scikit-learn; imported here, off the import path
+
+    c = np.asarray(controls, dtype=float)
+    n = len(c)
+    sd = float(c.std(ddof=1)) if n > 1 else 0.0
+    if n < 3 or not sd > 0:
+        return float("nan")
+    m, scale, a = float(c.mean()), sd * np.sqrt(1 + 1 / n), abs(delta)
+    return float(min(1.0, stdtr(n - 1, (m - a) / scale) + stdtr(n - 1, (-a - m) / scale)))
+
+
+def control_columns(delta: float, controls: Optional[Sequence[float]], stop: int = 0,
+                    tail: str = "normal") -> dict:
+    """The matched control's columns from its draws' deltas c_d in draw order (module doc): the draws read
+    (``used_draws`` with ``stop``: all of them when ``stop`` is 0 or never reached), their band, the Monte Carlo
+    p-value of |delta| among the |c_d| (``control_p_empirical``: stop / n when stopped, else
+    (1 + #{|c_d| >= |delta|}) / (n + 1)), ``control_p`` (``tail`` "normal": ``normal_tail_p`` for a head that read
+    every draw, the Monte Carlo p for one stopped inside its band; "sequential": the Monte Carlo p), delta in units
+    of the draws' spread (``delta_z`` = (delta - mean c) / sd c) and whether delta is outside the band.
     ``bias_dependent`` and ``control_p_adjusted`` are read across the table's heads (``adjust_controls``).
     ``controls`` None or empty: no control (NaN, missing calls)."""
     if not controls:
         return dict(control_lo=float("nan"), control_hi=float("nan"), delta_z=float("nan"), control_p=float("nan"),
-                    n_control=0, outside_control=None)
+                    control_p_empirical=float("nan"), n_control=0, outside_control=None)
     c = np.asarray(controls, dtype=float)
     n = used_draws(delta, c, stop, len(c))
     c = c[:n]
     hits = int(np.sum(np.abs(c) >= abs(delta)))
-    p = stop / n if stop > 0 and hits >= stop else (1 + hits) / (n + 1)
-    rms = float(np.sqrt(np.mean(c ** 2)))
+    stopped = stop > 0 and hits >= stop
+    empirical = stop / n if stopped else (1 + hits) / (n + 1)
+    fitted = normal_tail_p(delta, c) if tail == "normal" and not stopped else float("nan")
+    sd = float(c.std(ddof=1)) if n > 1 else 0.0
     return dict(control_lo=float(c.min()), control_hi=float(c.max()),
-                delta_z=delta / rms if rms > 0 else float("nan"), control_p=p, n_control=n,
+                delta_z=(delta - float(c.mean())) / sd if sd > 0 else float("nan"),
+                control_p=empirical if np.isnan(fitted) else fitted, control_p_empirical=empirical, n_control=n,
                 outside_control=bool(delta < c.min() or delta > c.max()))
 
 
@@ -408,13 +443,15 @@ def adjust_controls(df: pd.DataFrame) -> pd.DataFrame:
 
 def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float,
          identity: str = "", spread: tuple[float, float, float] = (float("nan"),) * 3,
-         controls: Optional[Sequence[float]] = None, displacement: float = float("nan"), stop: int = 0) -> dict:
+         controls: Optional[Sequence[float]] = None, displacement: float = float("nan"),
+         rule: tuple[int, str] = (0, "sequential")) -> dict:
     """One result row; ``spread`` = (delta_se, delta_lo, delta_hi) where per-item sums exist (exact rows);
-    ``controls``: the matched control's deltas in draw order (exact and identity rows), read with ``stop``."""
+    ``controls``: the matched control's deltas in draw order (exact and identity rows), read by ``rule`` =
+    (control_stop, control_p) (``control_columns``)."""
     return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
                 estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
                 delta=ablated - run.baseline, delta_se=spread[0], delta_lo=spread[1], delta_hi=spread[2],
-                displacement_norm=displacement, **control_columns(ablated - run.baseline, controls, stop), kl=kl,
+                displacement_norm=displacement, **control_columns(ablated - run.baseline, controls, *rule), kl=kl,
                 n_targets=len(var.targets), identity=identity,
                 below_rounding=bool(not identity and abs(ablated - run.baseline) < run.rounding),
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
@@ -589,7 +626,7 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
             decided.append(var)
             log.add(_row(var, keys[var], method, "exact", run, ablated, kl, spread=tuple(spread),
                          controls=drawn if n_max[var] else None, displacement=_displacement(run, var, stats, opts),
-                         stop=opts.control_stop))
+                         rule=(opts.control_stop, opts.control_p)))
         active, lo = [v for v in active if v not in decided], end
         if not active:
             break
@@ -642,7 +679,7 @@ def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, estimate: st
     for var in [v for v in todo if reasons[v]]:
         controls = [0.0] * opts.n_control if _has_control(var, method) else None
         log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var], controls=controls,
-                     displacement=_displacement(run, var, stats, opts), stop=opts.control_stop))
+                     displacement=_displacement(run, var, stats, opts), rule=(opts.control_stop, opts.control_p)))
     return [v for v in todo if not reasons[v]]
 
 
@@ -844,14 +881,16 @@ def ablate_bias(
     Columns: layer, head (None where the variant spans several), kind, scope (head | layer | all | custom), method,
     estimate, metric, baseline, ablated, delta (= ablated - baseline), delta_se (standard error over items; exact
     rows), delta_lo / delta_hi, displacement_norm, the matched control's control_lo / control_hi / delta_z /
-    control_p / control_p_adjusted / n_control / outside_control / bias_dependent (exact rows: up to ``n_control``
-    random directions of the same displacement norm, drawn until ``control_stop`` of them move the metric as much,
-    Besag-Clifford; control_p_adjusted: Benjamini-Hochberg across the table's tested heads; a head is
-    bias-dependent only when control_p_adjusted <= 0.05, a false discovery rate of 5%; module doc), kl (exact,
-    with logits; NaN under embedding_cosine, whose forward stops at the last block), n_targets, identity, exact_because,
+    control_p / control_p_empirical / control_p_adjusted / n_control / outside_control / bias_dependent (exact
+    rows: up to ``n_control`` random directions of the same displacement norm, a head stopping once
+    ``control_stop`` of them move the metric as much; control_p from the tail of a normal fitted to the draws,
+    ``control_p="normal"``, or their Monte Carlo p, ``"sequential"``; control_p_adjusted: Benjamini-Hochberg across
+    the table's tested heads; a head is bias-dependent only when control_p_adjusted <= 0.05, a false discovery rate
+    of 5%, not a family-wise error; module doc), kl (exact, with logits; NaN under embedding_cosine, whose forward
+    stops at the last block), n_targets, identity, exact_because,
     below_rounding (float16/bfloat16: |delta| < eps(dtype) x |baseline|), model_fingerprint, data_fingerprint,
     options (JSON: what the row depends on besides model, data and variant; ``SweepOptions``): see the module doc
-    for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``seed`` and ``method="random"``.
+    for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``control_p``, ``seed`` and ``method="random"``.
     Options: ``options=SweepOptions(...)`` (``interp.ablation.options``: every field, its default, how it binds the
     results), or its fields as keywords (``method`` and ``estimate`` also by position; None: the default), or both
     when they agree: a keyword that differs from ``options`` is refused, as is a name that is no field.

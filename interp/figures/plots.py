@@ -264,7 +264,7 @@ def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: 
     ax.axvline(0.0, color="k", lw=0.8)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))  # small deltas: short tick labels
     ax.set_xlabel(f"delta {metric} (ablated - intact, {UNITS.get(metric, 'metric units')}){spread}")
-    ax.set_ylabel("layer, head, kind (* outside its matched control, p <= 0.05)")
+    ax.set_ylabel("layer, head, kind (* bias-dependent: matched control, BH-adjusted p <= 0.05)")
     ax.set_title(f"{model_name}: the {len(ranked)} largest effects of {method}-ablating a head's bias ({estimate})\n"
                  + _ablation_subtitle(df, data), fontsize=10)
     if len(ranked):

@@ -8,6 +8,7 @@ sections out: tables (CSV + Parquet), figures (PNG), ``report.html`` and ``summa
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -414,7 +415,8 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
                    # the heads run exactly, each with its matched control (the heatmap above: every head, estimated)
                    top_tables=[TopTable("ablation", ("layer", "head", "kind", "delta", "delta_lo", "delta_hi",
                                                      "control_lo", "control_hi", "delta_z", "control_p",
-                                                     "control_p_adjusted", "bias_dependent"),
+                                                     "control_p_empirical", "control_p_adjusted",
+                                                     "bias_dependent"),
                                         "delta", "The largest effects of the heads run exactly, with their matched "
                                         "control (click a column to sort)",
                                         query=f"scope == 'head' and estimate == 'exact' and method == '{first.method}' "
@@ -433,20 +435,26 @@ def control_numbers(per_head: pd.DataFrame) -> dict:
         return {}
     kinds = {k: dict(tested=int(len(g)), bias_dependent=int(g.bias_dependent.fillna(False).sum()))
              for k, g in tested.groupby("kind")}
+    first = tested.options.iloc[0] if "options" in tested else None
+    options = json.loads(first) if isinstance(first, str) else {}  # the rule its p was read by
     return dict(n_control=int(tested.n_control.max()), n_control_min=int(tested.n_control.min()), kinds=kinds,
                 tested=int(len(tested)), bias_dependent=int(tested.bias_dependent.fillna(False).sum()),
-                uncorrected=int((tested.control_p <= 0.05).sum()))
+                uncorrected=int((tested.control_p <= 0.05).sum()), control_p=options.get("control_p", "normal"),
+                control_stop=int(options.get("control_stop", 0)))
 
 
 def _control_text(control: dict) -> str:
     if not control:
         return " No matched control was run (estimated rows only, or n_control=0): no head is called bias-dependent."
     per_kind = ", ".join(f"{k}: {v['bias_dependent']} of {v['tested']}" for k, v in control["kinds"].items())
+    stop = control.get("control_stop", 0)
+    stops = f" (a head stops once {stop} draws move the metric as much as it does)" if stop else ""
+    read = ("its p read from the tail of a normal fitted to its draws" if control.get("control_p") == "normal" else
+            "its p the Monte Carlo p of its draws")
     return (f" Matched control: each exact head rerun with random directions of the same displacement norm, "
-            f"{_draws(control)} (drawn in rounds until enough move the metric as much as the head, Besag-Clifford); "
-            f"bias-dependent, with the false discovery rate across the {control['tested']} heads held at 5% "
-            f"(Benjamini-Hochberg adjusted p ≤ 0.05): {per_kind} ({control['uncorrected']} at p ≤ 0.05 "
-            "before the adjustment).")
+            f"{_draws(control)}{stops}, {read}; bias-dependent, with the false discovery rate across the "
+            f"{control['tested']} heads held at 5% (Benjamini-Hochberg adjusted p ≤ 0.05): {per_kind} "
+            f"({control['uncorrected']} at p ≤ 0.05 before the adjustment).")
 
 
 def _draws(control: dict) -> str:
@@ -459,7 +467,7 @@ def _headline_control(numbers: dict) -> str:
     if not control:
         return " No matched control was run, so no head is called bias-dependent."
     return (f" {control['bias_dependent']} of {control['tested']} heads run exactly move it more than random "
-            "directions of the same displacement norm (adjusted p ≤ 0.05 across those heads).")
+            "directions of the same displacement norm (Benjamini-Hochberg adjusted p ≤ 0.05 across those heads).")
 
 
 def _estimate_text(numbers: dict) -> str:
@@ -477,7 +485,7 @@ def _estimate_text(numbers: dict) -> str:
 def ablation_step(ctx: Context) -> list[Section]:
     """Zero-ablation of every head's bias; the heads run exactly carry their matched control (``n_control``
     random directions of the same displacement norm, ``ablate_bias``'s default). Quick mode runs 2 top and 2 sampled
-    heads per kind exactly (each costs 20 forwards with its control)."""
+    heads per kind exactly (each costs at most 20 forwards with its control)."""
     batches = ctx.first()
     quick = dict(top_k=min(ctx.top_k, 2), sample_k=2) if ctx.quick else dict(top_k=ctx.top_k)  # quick: 2 + 2 exact
     options = SweepOptions(method="zero", estimate=ctx.ablation_estimate, **quick)
