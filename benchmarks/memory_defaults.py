@@ -169,7 +169,7 @@ def child_demo(args) -> dict:
 
     import torch
 
-    import interp.demo as demo
+    import interp.report.demo as demo
     import interp.pipeline as pipeline
     from interp.ablation.metrics import run_forward
 

@@ -235,7 +235,6 @@ def _distributed(device: Optional[str]) -> tuple[int, int, Optional[str]]:
 def _cmd_ablate(args: argparse.Namespace) -> int:
     """Bias ablations; under torchrun each rank runs its share of the variants into
     ``--out/rank{r}`` (its own resumable log) and rank 0 merges them."""
-    import dataclasses
     import itertools
 
     import pandas as pd
@@ -249,10 +248,12 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     rank, world, device = _distributed(args.device)
-    options = SweepOptions(**flag_values(args), method=args.method, shard=(rank, world), max_batches=args.max_batches,
-                           progress=rank == 0)
     # attribution first: it refuses an unfit metric at once, before a long exact sweep
     estimates = ["attribution", "exact"] if args.estimate == "both" else [args.estimate]
+    # the flags through the API's one door (types, ranges), and refused where they apply to none of the estimates
+    options = SweepOptions(**flag_values(args), method=args.method, estimate=estimates[-1], shard=(rank, world),
+                           max_batches=args.max_batches, progress=rank == 0)
+    options.check_applies(kinds, out=True, estimates=tuple(estimates))
     model = _load(args, device)
     # what the sweep reads (it holds its batches in memory): counted for the manifest
     data = list(itertools.islice(iter_batches(model, _data_source(model, args)), args.max_batches))
@@ -262,8 +263,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
         begin_outputs(out, "ablate")
     frames = [
         ablate_bias(model, data, kinds=kinds, scope=args.scope, metric=args.metric, out=mine, layers=args.layers,
-                    heads=args.heads, options=dataclasses.replace(
-                        options, estimate=est, overwrite=args.overwrite and i == 0))
+                    heads=args.heads, **{**options.keywords(est), "overwrite": args.overwrite and i == 0})
         for i, est in enumerate(estimates)
     ]
     results = pd.concat(frames[::-1], ignore_index=True)  # exact rows first

@@ -63,6 +63,7 @@ from interp.data import Batch, iter_batches, open_data
 from interp.data.builtin import python_docs_text
 from interp.data.sources import BUILTIN
 from interp.errors import InputError, public
+from interp.io import read_text
 from interp.record.fingerprint import data_fingerprint, model_fingerprint
 from interp.record.heads import bias_spec
 from interp.io import write_table
@@ -136,11 +137,15 @@ def _texts(data: Any, n_items: Optional[int], max_chars: int) -> Optional[list[s
     if isinstance(data, str) and data == "python-docs":
         return _paragraphs(python_docs_text(), n, max_chars)
     if isinstance(data, (str, os.PathLike)) and str(data).endswith(".txt") and Path(data).is_file():
-        return _paragraphs(Path(data).read_text(), n, max_chars)
+        return _paragraphs(read_text(data), n, max_chars)
     if isinstance(data, str) and data in BUILTIN:
         raise InputError(f"data {data!r} holds images, and these are language models: pass text (python-docs, a "
                          ".txt file or a list of strings)")
     if isinstance(data, (list, tuple)) and data and all(isinstance(t, str) for t in data):
+        if max_chars != TEXT_MAX_CHARS:
+            raise InputError(f"max_chars={max_chars!r} does not apply to a list of strings (each is read whole, as "
+                             "given; max_chars cuts the paragraphs of python-docs or a .txt file): cut the strings "
+                             "yourself, or leave it out")
         return [t for t in data if t.strip()][:n_items]
     return None
 
@@ -148,6 +153,11 @@ def _texts(data: Any, n_items: Optional[int], max_chars: int) -> Optional[list[s
 def _text_batches(models: dict[str, InterpBridge], data: Any, n_items: Optional[int], max_chars: int,
                   batch_size: int) -> tuple[dict[str, list[Batch]], str, str]:
     texts = _texts(data, n_items, max_chars)
+    if texts is None and (n_items is not None or max_chars != TEXT_MAX_CHARS):  # not ignored: refused
+        given = ", ".join(f"{k}={v!r}" for k, v in (("n_items", n_items), ("max_chars", max_chars))
+                          if v is not None and not (k == "max_chars" and v == TEXT_MAX_CHARS))
+        raise InputError(f"{given} do(es) not apply to token ids (they pick and cut paragraphs of text): every batch "
+                         "given is read whole; leave it out, or pass the text itself")
     if texts is None:  # token ids: one meaning only where every model has the same tokenizer
         vocabs = {(None if m.tokenizer is None else tuple(sorted(m.tokenizer.get_vocab().items())))
                   for m in models.values()}
@@ -197,6 +207,9 @@ def shared_batches(models: dict[str, InterpBridge], data: Any, *, n_items: Optio
     """(label -> that model's batches of the same items, source fingerprint, description). Every model must
     read the same number of items, one per text or image; else one error."""
     text = next(iter(models.values())).interp.modality == "text"
+    if not text and max_chars != TEXT_MAX_CHARS:
+        raise InputError(f"max_chars={max_chars!r} does not apply to images (it cuts paragraphs of text for language "
+                         "models): leave it out (--max-chars too)")
     out, source, what = (_text_batches(models, data, n_items, max_chars, batch_size) if text
                          else _image_batches(models, data, n_items, batch_size))
     counts = {label: sum(int(b.inputs.shape[0]) for b in batches) for label, batches in out.items()}

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional, Union
 import pandas as pd
 from safetensors import SafetensorError
 
-from interp.errors import InterpError
+from interp.errors import InputError, InterpError
 
 PathLike = Union[str, os.PathLike]
 
@@ -157,6 +157,52 @@ def write_table(df: pd.DataFrame, stem: PathLike) -> tuple[Path, Path]:
     return csv, parquet
 
 
+# ----- the one checked reader of text files --------------------------------------------------------------------
+
+
+def _encoding_guess(path: Path) -> tuple[str, str]:
+    """What a file that is not UTF-8 probably is, from its first bytes (a UTF-16 byte-order mark, NUL bytes): the
+    sentence and iconv's name for it."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        head = b""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or head[1:200:2].count(0) > 50 or head[0:200:2].count(0) > 50:
+        return "it looks like UTF-16", "UTF-16"
+    return "it looks like latin-1 (ISO-8859-1), Windows-1252 or another 8-bit encoding", "LATIN1"
+
+
+def not_utf8(path: PathLike, exc: UnicodeDecodeError) -> InputError:
+    """The one message for a text file that is not UTF-8: which file, what encoding it looks like, the fix."""
+    path = Path(path)
+    guess, name = _encoding_guess(path)
+    return InputError(f"{path} is not UTF-8 text ({exc.reason}); {guess}: re-encode it as UTF-8 (e.g. iconv -f {name} "
+                      f"-t UTF-8 {path.name} > utf8.txt, or in Python read it with its encoding and write it with "
+                      "encoding='utf-8')")
+
+
+def text_lines(path: PathLike, newline: Optional[str] = None) -> Iterator[str]:
+    """The lines of a UTF-8 text file (a byte-order mark dropped), read as a stream: the one checked reader every text
+    file of the library goes through. A file that is not UTF-8 is one ``InputError`` naming it and its encoding's
+    likely name; a folder or an unreadable file is one ``InputError`` too."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8-sig", errors="strict", newline=newline) as fh:
+            try:
+                yield from fh
+            except UnicodeDecodeError as exc:
+                raise not_utf8(path, exc) from None
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read as a text file ({exc.strerror or exc}): pass a readable "
+                         "file") from None
+
+
+def read_text(path: PathLike) -> str:
+    """A whole UTF-8 text file, through ``text_lines``'s checks."""
+    return "".join(text_lines(path, newline=""))
+
+
 MANIFEST = "manifest.json"
 _begun: dict[Path, str] = {}  # folders this process has begun, with the command writing there (the first start counts)
 _written: dict[Path, dict[str, None]] = {}  # per begun folder: the files this process wrote there, in order
@@ -213,6 +259,18 @@ def manifest_entries(out: PathLike) -> list[dict]:
     return [e for e in entries or [] if isinstance(e, dict) and isinstance(e.get("files", {}), dict)]
 
 
+def is_our_manifest(manifest: Any) -> bool:
+    """Whether a parsed ``manifest.json`` is one interp wrote: an object of our keys only (``meta``, ``files``,
+    ``commands``), with a ``commands`` list of entries or, the format before it, a ``meta`` object naming its
+    command. Any other file is someone else's, and no command of ours replaces or removes it."""
+    if not isinstance(manifest, dict) or not manifest or set(manifest) - {"meta", "files", "commands"}:
+        return False
+    commands = manifest.get("commands")
+    if commands is not None:
+        return isinstance(commands, list) and all(isinstance(e, dict) and "command" in e for e in commands)
+    return isinstance(manifest.get("meta"), dict) and "command" in manifest["meta"]
+
+
 def write_manifest_entries(out: PathLike, entries: list[dict]) -> Optional[Path]:
     """``out``'s manifest holding ``entries`` (the last one's ``meta`` and ``files`` also at the top, where
     readers of one command's manifest look), written atomically; removed when there are none."""
@@ -239,8 +297,12 @@ def check_output_folder(out: PathLike) -> Path:
         raise OutputError(f"output folder {out}: {above} is not writable: choose another output folder")
     manifest = out / MANIFEST
     try:
-        if manifest.exists() and not isinstance(json.loads(manifest.read_text()), dict):
-            raise ValueError("JSON, but not an object")
+        if manifest.exists() or manifest.is_symlink():
+            found = json.loads(manifest.read_text())
+            if not isinstance(found, dict):
+                raise ValueError("JSON, but not an object")
+            if not is_our_manifest(found):
+                raise ValueError(f"a JSON object with keys {sorted(found)[:6]}, none of the commands interp writes")
     except (OSError, ValueError) as exc:
         raise OutputError(f"{manifest} is not a manifest interp wrote ({_why(exc)}), and a command would replace it: "
                           "move it away, or choose another output folder") from None

@@ -249,7 +249,7 @@ CASES = [
         "layers", 3))), "layers missing or of the wrong type"),
     ("stats layer beyond the model", lambda c: QKVStats.load(c.stats_with("l9.st", lambda t, m: m.__setitem__(
         "layers", [0, 9]))), "do not fit together"),
-    ("stats path None", lambda c: QKVStats.load(None), "takes the path"),
+    ("stats path None", lambda c: QKVStats.load(None), "path must be a path \\(str or Path\\); got None"),
     ("stats path a folder", lambda c: QKVStats.load(c.tmp), "no statistics file at .*a folder"),
     # ---- model folders, checked before anything is built --------------------------------------------------
     ("weights truncated to 200 bytes", lambda c: interp.load_model(c.folder("t200", truncate=200), device="cpu"),
@@ -359,7 +359,7 @@ CASES = [
     ("stack zero", lambda c: lm_sweep(c, stack=0), "stack must be"),
     ("n_boot negative", lambda c: lm_sweep(c, n_boot=-1), "n_boot must be an integer >= 0"),
     ("n_boot a float", lambda c: interp.score_decomposition(c.vit, [c.x], n_boot=10.0, progress=False), "n_boot must be"),
-    ("seed a string", lambda c: lm_sweep(c, method="random", seed="1"), "seed must be an integer >= 0"),
+    ("seed a string", lambda c: lm_sweep(c, method="random", seed="1"), "seed must be an integer; got '1' \\(str\\)"),
     ("sample_k negative", lambda c: lm_sweep(c, estimate="auto", sample_k=-1), "sample_k must be"),
     ("origin intervals n_boot None", lambda c: interp.origin_shift(c.vit, c.stats, data=[c.x], n_boot=None),
      "n_boot must be"),
@@ -368,7 +368,7 @@ CASES = [
     ("n_projections a string", lambda c: interp.ablate_bias(c.vit, [c.x], estimate="atp_distance",
                                                             n_projections="x", progress=False), "n_projections"),
     ("attention_weights layer as a string", lambda c: interp.attention_weights(c.vit, "0"),
-     "layer must be an integer in 0..1 .*got str '0'"),
+     "layer must be an integer; got '0' \\(str\\)"),
     ("attention_weights integer dtype", lambda c: interp.attention_weights(c.vit, 0, dtype=torch.int64),
      "dtype must be one of"),
     ("builtin_batches batch_size 0", lambda c: interp.builtin_batches(c.vit, "digits", batch_size=0),
@@ -379,7 +379,7 @@ CASES = [
     ("resolve_data seq_len a float", lambda c: interp.resolve_data(c.lm, c.tmp / "i.jsonl", seq_len=2.5),
      "seq_len must be an integer"),
     ("resolve_data rank a string", lambda c: interp.resolve_data(c.vit, c.tmp, rank="0"), "rank"),
-    ("kv_group of a model", lambda c: interp.kv_group(c.vit, 2), "two head counts"),
+    ("kv_group of a model", lambda c: interp.kv_group(c.vit, 2), "n_heads must be an integer; got model 'ViTModel'"),
     ("kv_group not a multiple", lambda c: interp.kv_group(6, 4), "multiple"),
     ("origin_shift another model's stats", lambda c: interp.origin_shift(c.lm, c.stats), "another model"),
     ("ablate mean with another model's stats", lambda c: lm_sweep(c, method="mean", stats=c.stats), "another model"),
@@ -395,11 +395,11 @@ CASES = [
      "k must be a positive"),
     ("cluster_heads of statistics", lambda c: interp.cluster_heads(c.stats), "DataFrame"),
     ("cluster_heads alpha a string", lambda c: interp.cluster_heads(c.profile(), alpha="0.05"),
-     "alpha must be a number in \\(0, 1\\); got '0.05' \\(str\\)"),
+     "alpha must be a number; got '0.05' \\(str\\)"),
     ("cluster_heads k a float", lambda c: interp.cluster_heads(c.profile(), k=3.0),
-     "k must lie in .*got 3.0 \\(float\\)"),
+     "k must be an integer or None; got 3.0 \\(float\\)"),
     ("cluster_heads k a bool", lambda c: interp.cluster_heads(c.profile(), k=True),
-     "k must lie in .*got True \\(bool\\)"),
+     "k must be an integer or None; got True \\(bool\\)"),
     ("cluster_heads n_null a numpy float", lambda c: interp.cluster_heads(c.profile(), n_null=np.float64(5)),
      "n_null must be an integer"),
     ("cluster_heads seed negative", lambda c: interp.cluster_heads(c.profile(), seed=-1),
@@ -419,7 +419,7 @@ CASES = [
     ("register_family of a name", lambda c: interp.register_family("gpt2"), "takes an interp.Family"),
     ("bias_invariances float64 a string", lambda c: interp.bias_invariances(c.lm, [c.ids], float64="no"),
      "float64 must be True or False"),
-    ("unknown keyword", lambda c: interp.record_qkv(c.vit, [c.x], layer=0), "unexpected keyword argument 'layer'"),
+    ("unknown keyword", lambda c: interp.record_qkv(c.vit, [c.x], layer=0), "has no option 'layer' \\(did you mean 'layers'\\?\\)"),
     ("missing argument", lambda c: interp.origin_shift(c.vit), "missing a required argument: 'stats'"),
 ]
 
@@ -480,7 +480,7 @@ def test_bad_input_through_the_defining_modules_is_our_error(ctx, monkeypatch):
         exc = raised(call)
         # the guard names the parameters; ablate_bias, which takes its options as keywords, names SweepOptions'
         assert isinstance(exc, InputError) and (
-            "parameters are" in str(exc) or "its options are the fields of SweepOptions" in str(exc)), exc
+            "parameters are" in str(exc) or "has no option" in str(exc)), exc
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("division by zero")
@@ -498,7 +498,7 @@ def test_a_wrong_keyword_names_the_parameters(name):
 
 MODEL_FIRST = [n for n in PUBLIC if next(iter(inspect.signature(getattr(interp, n)).parameters), "") == "model"]
 FILLERS = {"data": [torch.zeros(1, 3, 32, 32)], "stats": None, "layer": 0, "targets": [(0, 0, "q")], "method": "zero",
-           "batch": None}
+           "batch": None, "name": "digits"}
 
 
 @pytest.mark.parametrize("name", MODEL_FIRST)

@@ -101,7 +101,7 @@ from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_ta
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
 from interp.ablation.memory import auto_stack, estimate_checkpoint, estimate_items
-from interp.ablation.options import SweepOptions, sweep_options
+from interp.ablation.options import OPTION_NAMES, SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
                                    patched_items, patched_stack, tiled_item_sums)
 from interp.record.hooks import block_hook
@@ -866,15 +866,18 @@ def ablate_bias(
     data: Any,
     kinds: Sequence[str] = ("q", "k", "v"),
     scope: Union[str, Iterable[Target]] = "head",
-    method: Optional[Method] = None,
+    method: Method = "zero",
     metric: Union[str, Callable] = "auto",
-    estimate: Optional[Estimate] = None,
+    estimate: Estimate = "auto",
     *,
     stats: Optional[QKVStats] = None,
     out: Optional[Union[str, Path]] = None,
     layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
-    options: Optional[SweepOptions] = None,
-    **option_keywords: Any,
+    max_batches: Optional[int] = None, stack: Any = "auto", force_exact: bool = False, reuse_prefix: bool = True,
+    top_k: int = 5, sample_k: int = 5, n_projections: int = 8, n_boot: int = 1000, n_control: int = 19,
+    control_stop: int = 5, control_p: str = "normal", seed: int = 0, shard: tuple[int, int] = (0, 1),
+    progress: bool = True, overwrite: bool = False,
+    positions: Any = None, abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
 
@@ -891,9 +894,11 @@ def ablate_bias(
     below_rounding (float16/bfloat16: |delta| < eps(dtype) x |baseline|), model_fingerprint, data_fingerprint,
     options (JSON: what the row depends on besides model, data and variant; ``SweepOptions``): see the module doc
     for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``control_p``, ``seed`` and ``method="random"``.
-    Options: ``options=SweepOptions(...)`` (``interp.ablation.options``: every field, its default, how it binds the
-    results), or its fields as keywords (``method`` and ``estimate`` also by position; None: the default), or both
-    when they agree: a keyword that differs from ``options`` is refused, as is a name that is no field.
+    Options are keywords (``method`` and ``estimate`` also by position), each declared once in
+    ``interp.ablation.options.SweepOptions`` (its default, how it binds the results, where it applies): a value of
+    the wrong type (``overwrite="no"``, ``top_k=2.0``), a name that is no option (the nearest is named) and a value
+    other than the default where the option does not apply (``top_k`` under ``estimate="exact"``, ``n_control``
+    under attribution, ``positions`` without sink_v, ``overwrite`` without ``out``) are each one ``InputError``.
     ``metric`` is "auto" (the family's default), next_token_ce, cross_entropy, embedding_cosine, feature_cosine,
     or a callable ``f(output, batch) -> scalar tensor``.
     ``estimate``: see the module doc. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
@@ -909,8 +914,9 @@ def ablate_bias(
     """
     model = require_bridge(model, "ablate_bias")
     check_not_blank("out", out)
-    given = {k: v for k, v in dict(method=method, estimate=estimate).items() if v is not None}
-    opts = sweep_options(options, **given, **option_keywords)
+    given = locals()
+    opts = sweep_options(**{name: given[name] for name in OPTION_NAMES})  # every option, checked once
+    opts.check_applies(kinds, out is not None)
     return _ablate(model, data, make_variants(model.interp, kinds, scope, layers, heads), metric, stats, out, opts)
 
 

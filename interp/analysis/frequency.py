@@ -48,6 +48,7 @@ from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.info import ModelInfo
 from interp.models.loading import untrained_copy
+from interp.record.fingerprint import DataHasher
 from interp.record.patching import bias_patch_hooks, check_method
 
 N_BINS = 8
@@ -270,7 +271,9 @@ def _profile_rows(info: ModelInfo, acc: dict[int, dict[str, Any]]) -> pd.DataFra
                        distance_unit="pixels" if info.modality == "vision" else "tokens")
             row.update({f"bin_{i}": float(bins[h, i]) for i in range(bins.shape[1])})
             rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.attrs["model"] = info.name  # which model's heads: halves of another model's profile are refused
+    return table
 
 
 def _profile_batches(model: InterpBridge, batches: Any, layers: Sequence[int], hooks_for_layer=None,
@@ -289,12 +292,17 @@ def _profile_batches(model: InterpBridge, batches: Any, layers: Sequence[int], h
 
 
 def item_terms(model: InterpBridge, data: Any, layers: Sequence[int], max_batches: Optional[int] = None,
-               progress: bool = True) -> list[dict[int, dict[str, Any]]]:
+               progress: bool = True, hasher: Optional[DataHasher] = None) -> list[dict[int, dict[str, Any]]]:
     """Each item's own accumulated profile terms (one forward pass over ``data``): any subset of the items
-    gives its profile exactly by summing its items' terms (``profile_of_items``)."""
+    gives its profile exactly by summing its items' terms (``profile_of_items``); ``hasher`` sees each batch."""
     items: list[dict[int, dict[str, Any]]] = []
     names = [hook_name(l, n) for l in layers for n in ("z", "pattern")]
-    stream_batches(model, data, max_batches, names, _consumer(model.interp, layers, {}, items),
+    consume = _consumer(model.interp, layers, {}, items)
+
+    def hashed(batch: Batch, store: dict[str, Tensor]) -> None:
+        hasher.update(batch)
+        consume(batch, store)
+    stream_batches(model, data, max_batches, names, consume if hasher is None else hashed,
                    desc="frequency profile (per item)", progress=progress)
     return items
 
@@ -530,15 +538,24 @@ def _test_features(X: np.ndarray, layers: Optional[np.ndarray], null: str) -> tu
 
 
 def replication(halves: Sequence[tuple[pd.DataFrame, pd.DataFrame]], k: int, method: str, seed: int,
-                null: str = "gaussian_covariance") -> np.ndarray:
+                null: str = "gaussian_covariance", heads: Optional[np.ndarray] = None,
+                model: Optional[str] = None) -> np.ndarray:
     """Per split, the adjusted Rand index between the k families fitted on each half's profile on its own (on
-    its within-layer residuals under the ``within_layer`` null)."""
+    its within-layer residuals under the ``within_layer`` null); the halves must hold the profile's ``heads``
+    ([layer, head] rows) of its ``model`` (``.attrs``), when given."""
     out = []
     for a, b in halves:
         if not isinstance(a, pd.DataFrame) or not isinstance(b, pd.DataFrame) or \
                 not np.array_equal(a[["layer", "head"]].to_numpy(), b[["layer", "head"]].to_numpy()):
             raise InputError("halves must be pairs of profiles of the same heads in the same order (family_test "
                              "builds them from disjoint halves of the data)")
+        if heads is not None and not np.array_equal(a[["layer", "head"]].to_numpy(), heads):
+            raise InputError("halves must be profiles of the profile's own heads (the same layers and heads in the "
+                             "same order): family_test builds them from disjoint halves of the same data")
+        names = {t.attrs.get("model") for t in (a, b)} | {model}
+        if len(names - {None}) > 1:
+            raise InputError(f"halves come from another model than the profile ({', '.join(sorted(names - {None}))})"
+                             ": pair a profile with halves of its own model (family_test does)")
         labels = [_fit_clusters(_test_features(_cluster_features(h, method), h["layer"].to_numpy(), null)[0], k,
                                 method, seed) for h in (a, b)]
         out.append(adjusted_rand_score(*labels))
@@ -568,7 +585,8 @@ def _family_test(X: np.ndarray, Xc: np.ndarray, profile: pd.DataFrame, best: tup
     p = (1 + int((null <= observed + 1e-12).sum())) / (1 + n_null)
     spread = float(null.std())
     separation = family_separation(profile, best[2])
-    ari = replication(halves, k, method, seed, kind) if halves else np.array([np.nan])
+    own = profile[["layer", "head"]].to_numpy() if {"layer", "head"} <= set(profile.columns) else None
+    ari = replication(halves, k, method, seed, kind, own, profile.attrs.get("model")) if halves else np.array([np.nan])
     lo, mid, hi = np.percentile(ari, [2.5, 50, 97.5]) if halves else (np.nan,) * 3
     replicated = (not halves) or lo >= REPLICATION_BAR
     return dict(separation=separation, cluster_index=observed, null_cluster_index=float(null.mean()),
@@ -742,12 +760,17 @@ def _cluster_features(profile: pd.DataFrame, method: str) -> np.ndarray:
         raise InputError("profile has no feature columns: pass the output of frequency_profile")
     if len(profile) < 3:
         raise InputError(f"need at least 3 heads to cluster, got {len(profile)}")
-    values = profile[cols].to_numpy(dtype=float)
+    values = profile[cols].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
     bad = [c for c, ok in zip(cols, np.isfinite(values).all(0)) if not ok]
     if bad:
-        raise InputError(f"profile has NaN or infinite values in {bad}: cluster_heads uses every feature and drops "
-                         "none; pass a complete frequency_profile (its spectral bins are defined for every input of "
-                         "at least 2 tokens or patches), or drop those heads or columns yourself first")
+        raise InputError(f"profile has NaN or infinite values in {bad} (a value that is not a number counts as NaN): "
+                         "cluster_heads uses every feature and drops none; pass a complete frequency_profile (its "
+                         "spectral bins are defined for every input of at least 2 tokens or patches), or drop those "
+                         "heads or columns yourself first")
+    if {"layer", "head"} <= set(profile.columns) and profile.duplicated(["layer", "head"]).any():
+        twice = profile.loc[profile.duplicated(["layer", "head"]), ["layer", "head"]].iloc[0].tolist()
+        raise InputError(f"profile has more than one row for layer {twice[0]}, head {twice[1]}: one row per head "
+                         "(a concatenation of two profiles? cluster each on its own)")
     X = StandardScaler().fit_transform(values)
     varies = X.std(0) > 1e-9  # constant columns (every head equal) carry nothing; a null draw would give them
     return X[:, varies] if varies.any() else X  # rounding noise, standardised to variance 1 (n_features counts)
@@ -769,7 +792,12 @@ def spread_interval(model: InterpBridge, data: Any, *, column: str = "hf_ratio",
         raise InputError(f"column must be a frequency_profile feature (hf_ratio, mean_attention_distance, entropy, "
                          f"sink_mass); got {column!r}")
     info = model.interp
-    items = item_terms(model, data, check_layers(layers, info), max_batches, progress)
+    layers = check_layers(layers, info)  # sorted, each once, as every analyzer reads a selection
+    if len(layers) * info.n_heads < 2:
+        raise InputError(f"spread_interval is a spread over heads: it needs at least 2, and {info.name} has "
+                         f"{len(layers) * info.n_heads} in the layers asked for; pass more layers")
+    hasher = DataHasher()
+    items = item_terms(model, data, layers, max_batches, progress, hasher=hasher)
     if len(items) < 2:
         raise InputError(f"spread_interval resamples items: it needs at least 2, got {len(items)}; pass more data")
     spread = float(profile_of_items(info, items)[column].std())
@@ -777,8 +805,8 @@ def spread_interval(model: InterpBridge, data: Any, *, column: str = "hf_ratio",
                       for idx in resample_indices(len(items), n_boot, seed)])
     lo, hi = np.percentile(boots, PERCENTILES) if n_boot else (np.nan, np.nan)
     row = pd.DataFrame([dict(model=info.name, column=column, spread=spread, spread_lo=float(lo), spread_hi=float(hi),
-                             n_items=len(items), n_heads=info.n_layers * info.n_heads if layers is None else
-                             len(layers) * info.n_heads, n_boot=n_boot, seed=seed)])
+                             n_items=len(items), n_heads=len(layers) * info.n_heads, n_boot=n_boot, seed=seed,
+                             data_fingerprint=hasher.hexdigest())])
     row.attrs["boots"] = tuple(float(b) for b in boots)  # a tuple: tables with it still concatenate
     return row
 
@@ -794,6 +822,11 @@ def spread_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame
                              f"(their resamples travel in .attrs['boots']); {name} is not one: pass the table "
                              "spread_interval returned, not a concatenation or a table read back from a file")
     a, b = first.iloc[0], second.iloc[0]
+    data = [t.get("data_fingerprint") for t in (a, b)]
+    if None not in data and data[0] != data[1]:
+        raise InputError(f"spread_difference pairs two spread_interval rows over the same items, and these were "
+                         f"computed on different data (data_fingerprint {data[0]} vs {data[1]}): run both on the same "
+                         "data (the same items in the same order) with one seed")
     if (a.n_items, a.n_boot, a.seed, a.column) != (b.n_items, b.n_boot, b.seed, b.column):
         raise InputError("spread_difference pairs two spread_interval rows over the same items: they differ in "
                          f"(n_items, n_boot, seed, column): {(a.n_items, a.n_boot, a.seed, a.column)} vs "

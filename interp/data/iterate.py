@@ -175,7 +175,7 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
     if isinstance(data, (Tensor, Batch, dict)):
         return [data]
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
-        return [data]  # one (input_ids, attention_mask) or (pixel_values, labels) pair, not two batches
+        return [_one_pair(data)]  # one (input_ids, attention_mask) or (pixel_values, labels) pair, not two batches
     texts = text_list(data)
     if texts is not None:  # a list (tuple, Series) of texts: one batch, checked here once
         kept, dropped = checked_texts(texts)
@@ -185,6 +185,22 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
     if isinstance(data, Iterable):
         return data
     raise InputError(f"data must be a dataset name, a tensor or an iterable of batches; got {type(data).__name__}")
+
+
+def _one_pair(data: tuple) -> tuple:
+    """A tuple of two tensors as one batch, (input_ids, attention_mask) or (pixel_values, labels); two image
+    batches, or two batches of token ids whose second is no 0/1 mask, are refused (they look like two batches)."""
+    first, second = data
+    two = ("a tuple of two tensors is read as one batch, (input_ids, attention_mask) or (pixel_values, labels): pass "
+           "a list [batch, batch] for two batches")
+    if first.dim() == 4 and second.dim() == 4:
+        raise InputError(f"data is a tuple of two image batches {tuple(first.shape)} and {tuple(second.shape)}, but "
+                         f"{two}")
+    if second.shape == first.shape and not second.is_floating_point() and second.numel() and not bool(
+            ((second == 0) | (second == 1)).all()):
+        raise InputError(f"data is a tuple of two tensors of token ids {tuple(first.shape)}, the second not a 0/1 "
+                         f"attention mask, and {two}")
+    return data
 
 
 @public

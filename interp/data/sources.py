@@ -37,7 +37,8 @@ from torch import Tensor
 
 from interp.data.batch import Batch, image_norm, normalise, pil_pixels, square_resize
 from interp.types import NORMALIZE
-from interp.errors import InputError, public
+from interp.errors import InputError, boundary, public
+from interp.io import text_lines
 from interp.models.bridge import InterpBridge, require_bridge
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
@@ -244,19 +245,14 @@ def _tokenise(model: InterpBridge, texts: Iterable[str], src: Optional[DataSourc
 
 
 def _text_file(path: Path) -> Iterator[str]:
-    """Paragraphs (blank-line separated) of a UTF-8 text file, read as a stream."""
+    """Paragraphs (blank-line separated) of a UTF-8 text file, read as a stream (``interp.io.text_lines``)."""
     paragraph: list[str] = []
-    with open(path, encoding="utf-8-sig", errors="strict") as fh:
-        try:
-            for line in fh:
-                if line.strip():
-                    paragraph.append(line)
-                elif paragraph:
-                    yield "".join(paragraph)
-                    paragraph = []
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start} of a chunk): "
-                             "re-encode it as UTF-8") from None
+    for line in text_lines(path):
+        if line.strip():
+            paragraph.append(line)
+        elif paragraph:
+            yield "".join(paragraph)
+            paragraph = []
     if paragraph:
         yield "".join(paragraph)
 
@@ -285,37 +281,54 @@ def _check_column(path: Path, column: Optional[str], names: list[str], what: str
 def _parquet_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    _check_column(path, column, pf.schema_arrow.names, what)
+    damaged = ("check that the file is whole and is Parquet (pandas.read_parquet reads it), or write it again "
+               "(df.to_parquet(path))")
+    with boundary(f"reading {path} as a Parquet table", damaged):
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+    _check_column(path, column, names, what)
     row = 0
-    for record_batch in pf.iter_batches(columns=[column], batch_size=256):
-        for value in record_batch.column(0).to_pylist():
+    with boundary(f"reading column {column!r} of {path}", damaged):
+        batches = pf.iter_batches(columns=[column], batch_size=256)
+    while True:
+        with boundary(f"reading column {column!r} of {path} after row {row}", damaged):
+            record_batch = next(batches, None)
+            values = None if record_batch is None else record_batch.column(0).to_pylist()
+        if values is None:
+            return
+        for value in values:
             row += 1
             yield f"row {row}", value
 
 
 def _csv_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        _check_column(path, column, list(reader.fieldnames or []), what)
-        for row in reader:
-            yield f"line {reader.line_num}", row[column]
+    reader = csv.reader(text_lines(path, newline=""))
+    header = next(reader, None) or []
+    _check_column(path, column, header, what)
+    at = header.index(column)
+    for row in reader:
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise InputError(f"{path} line {reader.line_num} has {len(row)} fields where its header has {len(header)}"
+                             " (a comma inside a text that is not quoted?): quote fields that hold commas, "
+                             '"like, this" (csv.writer and DataFrame.to_csv do), or write the table as Parquet')
+        yield f"line {reader.line_num}", row[at]
 
 
 def _jsonl_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[str, Any]]:
-    with open(path, encoding="utf-8-sig") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row, keys = _json_line(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path} line {number} is not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path} line {number} is a JSON {type(row).__name__}, not an object: each line "
-                                 f"must be an object with a {column!r} field")
-            _check_column(path, column, keys, what, f" line {number}")
-            yield f"line {number}", row[column]
+    for number, line in enumerate(text_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row, keys = _json_line(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path} line {number} is not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path} line {number} is a JSON {type(row).__name__}, not an object: each line "
+                             f"must be an object with a {column!r} field")
+        _check_column(path, column, keys, what, f" line {number}")
+        yield f"line {number}", row[column]
 
 
 def _json_line(line: str) -> tuple[Any, list[str]]:

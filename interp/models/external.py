@@ -31,7 +31,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from interp.errors import InputError, MissingWeightsError, UnknownSourceError
+from interp.errors import InputError, MissingWeightsError, UnknownSourceError, boundary
 
 LIBRARIES = ("timm", "open_clip")
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
@@ -126,6 +126,11 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str, fix:
                  f"{len(extra)} in the file but not the model (e.g. {', '.join(extra[:3])})" if extra else "",
                  f"{len(wrong)} of another shape ({'; '.join(wrong[:3])})" if wrong else ""]
         raise MissingWeightsError(f"the weights do not fit {what}: {', '.join(p for p in parts if p)}. {fix}")
+    cast = [f"{k} ({state[k].dtype})" for k in own if own[k].is_floating_point() and not state[k].is_floating_point()]
+    if cast:  # integers read as weights would be cast to floats without a word: not this model's weights
+        raise MissingWeightsError(f"the weights for {what} hold {len(cast)} integer or boolean tensor(s) where the "
+                                  f"model has floating-point weights (e.g. {', '.join(cast[:3])}): a quantised or "
+                                  f"other file, not these weights. {fix}")
     with torch.no_grad():
         model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
 
@@ -171,10 +176,14 @@ def _args_text(args: dict) -> str:
 
 
 def _create(timm: Any, name: str, args: dict) -> nn.Module:
-    try:
-        return timm.create_model(name, pretrained=False, **args)
-    except TypeError as exc:
-        raise InputError(f"timm's {name} does not take these model_args ({_args_text(args)}): {exc}") from None
+    # timm's own checks (an assert, a ValueError, a division by a zero size) become the boundary's InputError
+    with boundary(f"building timm's {name} with model_args {_args_text(args)}",
+                  "pass values this architecture takes (e.g. num_heads dividing embed_dim, positive sizes), or leave "
+                  "model_args out for timm's defaults"):
+        try:
+            return timm.create_model(name, pretrained=False, **args)
+        except TypeError as exc:
+            raise InputError(f"timm's {name} does not take these model_args ({_args_text(args)}): {exc}") from None
 
 
 def timm_folder(path: Path) -> nn.Module:
@@ -189,11 +198,10 @@ def timm_folder(path: Path) -> nn.Module:
     if file is None:
         raise MissingWeightsError(f"{path} is a timm folder ({arch}) without weights: it needs "
                                   f"{' or '.join(TIMM_FOLDER_WEIGHTS)} (timm.models.save_for_hf writes them)")
-    try:
+    with boundary(f"{path / 'config.json'} building timm's {arch}", "repair config.json (model_args must be an "
+                  "object of constructor arguments) or save the model again with timm.models.save_for_hf",
+                  UnknownSourceError):
         model = timm.create_model(f"local-dir:{path}", pretrained=False)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise UnknownSourceError(f"{path / 'config.json'} does not build timm's {arch} ({exc}): save the model "
-                                 "again with timm.models.save_for_hf") from None
     load_state(model, read_state_dict(file), f"timm's {arch} as {path / 'config.json'} describes it",
                "Save config.json and the weights together again (timm.models.save_for_hf(model, folder))")
     return model.eval()
@@ -209,10 +217,10 @@ def open_clip_model(name: str, weights: Any = None, model_args: Optional[dict] =
     if name not in open_clip.list_models():
         raise _unknown_name("open_clip", name, open_clip.list_models())
     state = read_state_dict(weights) if weights is not None else None
-    try:
+    with boundary(f"building open_clip's {name} with model_args {_args_text(model_args or {})}",
+                  "pass arguments open_clip.create_model takes, with values this architecture takes, or leave "
+                  "model_args out"):
         clip = open_clip.create_model(name, pretrained=None, device="cpu", **(model_args or {}))
-    except TypeError as exc:
-        raise InputError(f"open_clip's {name} does not take these model_args: {exc}") from None
     if state is None:
         _random_init_warning(f"open_clip:{name}")
     elif any(k.startswith("visual.") for k in state):
@@ -232,12 +240,9 @@ def open_clip_folder(path: Path) -> nn.Module:
     if _find_checkpoint_in_dir(path) is None:
         raise MissingWeightsError(f"{path} is an open_clip folder without weights: it needs "
                                   "open_clip_model.safetensors (open_clip's save_for_hf writes it)")
-    try:
+    with boundary(f"{path} loading as an open_clip model", "save it again with open_clip's save_for_hf",
+                  UnknownSourceError):
         clip = open_clip.create_model(f"local-dir:{path}", device="cpu", weights_only=True)
-    except (ValueError, KeyError, RuntimeError, FileNotFoundError) as exc:
-        raise UnknownSourceError(f"{path} does not load as an open_clip model ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}): save it again with open_clip's "
-                                 "save_for_hf") from None
     return _tower(clip)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 import transformers
 
-from interp.errors import MissingWeightsError, UnknownSourceError, UnsupportedModelError
+from interp.errors import MissingWeightsError, UnknownSourceError, UnsupportedModelError, boundary
 
 HEADER_LIMIT = 100 * 2**20  # a safetensors header larger than this is damage, not metadata
 SLACK_PARAMS = 1_000_000  # parameters a model may hold beyond its weights file (a fresh head, buffers)
@@ -76,11 +76,10 @@ def check_architecture(path: Path, raw: dict, cls: type) -> None:
 
 def load_config(path: Path) -> Any:
     """The HF config of a folder whose config.json passed ``read_config_json``."""
-    try:
+    with boundary(f"reading {path / 'config.json'} as a transformers config", "repair it (each field of the type "
+                  "transformers expects: an integer as a number, not text), or re-save the model with "
+                  "model.save_pretrained(folder)", UnknownSourceError):
         return transformers.AutoConfig.from_pretrained(path)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise UnknownSourceError(f"{path / 'config.json'} could not be read as a config ({exc}): repair it, or "
-                                 "re-save the model with model.save_pretrained(folder)") from None
 
 
 def _header(file: Path) -> dict[str, list[int]]:

@@ -20,7 +20,7 @@ from transformer_lens.model_bridge.generalized_components.base import Generalize
 
 from interp.checks import check_count, check_dtype
 from interp.errors import (
-    InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError, public,
+    InputError, MissingWeightsError, OfflineError, UnknownSourceError, UnsupportedModelError, boundary, public,
 )
 from interp.models import external, folder
 from interp.models.audit import check_config
@@ -97,14 +97,16 @@ def _load_local_dir(path: Path, *, tokenizer: Any, device: Device, dtype: Option
     family = require_family(cfg.model_type, arch, cfg)
     if not family.inferred:
         check_config(family, config=cfg)  # a config the audit refuses fails before its weights are read
-    folder.check_sizes(path, cls, cfg, dtype or torch.float32)
-    try:
-        hf_model = cls.from_pretrained(path, attn_implementation="eager", use_safetensors=True,
-                                       dtype=dtype or torch.float32)
-    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
-        raise MissingWeightsError(f"the weights in {path} do not load into {arch} ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0]}): save config.json and weights together again "
-                                  "(model.save_pretrained(folder))") from None
+    with boundary(f"building {arch} from {path / 'config.json'}", "repair config.json or save config.json and "
+                  "weights together again (model.save_pretrained(folder))", UnknownSourceError):
+        folder.check_sizes(path, cls, cfg, dtype or torch.float32)
+        try:
+            hf_model = cls.from_pretrained(path, attn_implementation="eager", use_safetensors=True,
+                                           dtype=dtype or torch.float32)
+        except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
+            raise MissingWeightsError(f"the weights in {path} do not load into {arch} ({type(exc).__name__}: "
+                                      f"{str(exc).splitlines()[0]}): save config.json and weights together again "
+                                      "(model.save_pretrained(folder))") from None
     if tokenizer is None and ((path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()):
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     processor = None
@@ -184,9 +186,17 @@ def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] 
     library's config, nothing downloaded; ``weights``: a ``.safetensors`` or ``.pth`` state dict,
     read without unpickling; ``model_args``: constructor arguments, e.g. ``{"img_size": 32}``;
     see ``interp.models.external``), an in-memory HF / timm / open_clip model (wrapped in place),
-    or a hub id (online only). ``device`` defaults to CUDA when available.
+    or a hub id (online only). ``device`` defaults to CUDA when available. A model this function already
+    loaded is returned as it is, and an option given with it (which would not apply) is refused.
     """
     if isinstance(source, InterpBridge):
+        given = [n for n, v in dict(device=device, dtype=dtype, tokenizer=tokenizer, weights=weights,
+                                    model_args=model_args).items() if v is not None]
+        if given:  # the model is returned as it is: these would be ignored
+            raise InputError(f"load_model got a model it already loaded, which it returns as it is: "
+                             f"{', '.join(given)} do(es) not apply to it. For another dtype or device use "
+                             "interp.clone_model(model, dtype=...) or model.to(device); for other weights or "
+                             "arguments load the source again")
         return source
     device = check_device(device)
     dtype = check_dtype(dtype)

@@ -18,7 +18,6 @@ import pandas as pd
 
 from interp.figures import plots
 from interp.figures.interactive import Heatmap, TopTable
-from interp.ablation.options import SweepOptions
 from interp.ablation.sweep import ablate_bias
 from interp.analysis.frequency import (
     N_RANDOM, cluster_heads, family_test, frequency_profile, frequency_shift_under_ablation, one_family,
@@ -488,9 +487,9 @@ def ablation_step(ctx: Context) -> list[Section]:
     heads per kind exactly (each costs at most 20 forwards with its control)."""
     batches = ctx.first()
     quick = dict(top_k=min(ctx.top_k, 2), sample_k=2) if ctx.quick else dict(top_k=ctx.top_k)  # quick: 2 + 2 exact
-    options = SweepOptions(method="zero", estimate=ctx.ablation_estimate, **quick)
-    results = ablate_bias(ctx.model, batches, kinds=("q", "k", "v"), options=options,
-                          out=ctx.out)  # its log (ablation.jsonl) beside the one table, ablation.csv
+    chosen = quick if ctx.ablation_estimate == "auto" else {}  # top_k and sample_k apply under auto only
+    results = ablate_bias(ctx.model, batches, kinds=("q", "k", "v"), method="zero", estimate=ctx.ablation_estimate,
+                          out=ctx.out, **chosen)  # its log (ablation.jsonl) beside the one table, ablation.csv
     return [summarise_ablation(results, ctx.name, ctx.data_label(batches))]
 
 

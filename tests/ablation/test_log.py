@@ -8,7 +8,7 @@ import torch
 import interp
 import interp.record.fingerprint
 from interp.ablation import ablate_bias
-from interp.errors import StaleResultsError
+from interp.errors import InputError, StaleResultsError
 from interp.models import tiny_hf_model, tiny_inputs
 
 
@@ -215,7 +215,7 @@ def test_atp_distance_with_other_projections_is_refused(tmp_path):
     """Found in issue 23's second pass: n_projections was not in the fingerprint, so a rerun with 16 random
     projections resumed the rows estimated with 2."""
     bert = interp.load_model(tiny_hf_model("bert", seed=1), device="cpu")
-    run = dict(kinds=("q",), estimate="atp_distance", out=tmp_path, progress=False, n_boot=10)
+    run = dict(kinds=("q",), estimate="atp_distance", out=tmp_path, progress=False)
     ablate_bias(bert, [tiny_inputs("bert")], n_projections=2, **run)
     with pytest.raises(StaleResultsError, match="n_projections: 2 there, 16 now"):
         ablate_bias(bert, [tiny_inputs("bert")], n_projections=16, **run)
@@ -244,9 +244,11 @@ def test_every_option_of_ablate_bias_is_one_checked_field_that_says_how_it_binds
 
     params = inspect.signature(ablate_bias).parameters
     fields = {f.name: f.default for f in dataclasses.fields(SweepOptions)}
-    # the selection, method and estimate by position (None: the field's default), options, and the rest as **keywords
-    assert set(params) == SELECTION | {"method", "estimate", "options", "option_keywords"}
-    assert params["method"].default is None and params["estimate"].default is None
+    # one way to pass options: keywords, each a field of SweepOptions with the field's default (method and estimate
+    # also by position); no options object, no **keywords
+    assert set(params) == SELECTION | set(fields)
+    assert {n: params[n].default for n in fields} == fields
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
     assert set(fields) == set(SweepOptions.BINDS)
     assert set(SweepOptions.BINDS.values()) == {"fingerprint", "key", "none"}
     assert {n for n, how in SweepOptions.BINDS.items() if how == "fingerprint"} == set(CHANGED)
@@ -263,9 +265,10 @@ def test_a_changed_fingerprint_option_is_refused_on_resume(models, name, tmp_pat
     first, value, words = CHANGED[name]
     kw = dict(kinds=("q",), layers=[0], out=tmp_path, progress=False, estimate="exact", **first)
     ablate_bias(a, data(), **kw)
-    if words is None:  # n_projections: a task metric's rows do not depend on it, so they resume
+    if words is None:  # n_projections: no distance estimate runs under exact, so another value is refused there
         lines = (tmp_path / "ablation.jsonl").read_text()
-        ablate_bias(a, data(), n_projections=3, **kw)
+        with pytest.raises(InputError, match="n_projections=3 does not apply with estimate=exact"):
+            ablate_bias(a, data(), n_projections=3, **kw)
         assert (tmp_path / "ablation.jsonl").read_text() == lines
         return  # with a distance metric it is refused: test_atp_distance_with_other_projections_is_refused
     with pytest.raises(StaleResultsError, match=words.replace("(", r"\(").replace(")", r"\)")):

@@ -132,7 +132,7 @@ def test_one_pass_estimate_in_parts_equals_the_whole_batch_and_the_full_head(mon
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
     data = [interp.Batch(ids, mask), interp.Batch(tiny_inputs(family, batch=3, pos=9, seed=1))]
-    keywords = dict(kinds=("q", "k", "v"), estimate=estimate, n_boot=0, progress=False)
+    keywords = dict(kinds=("q", "k", "v"), estimate=estimate, progress=False)
     tiled = sweep._tiled_metric
     seen = []
 
@@ -167,7 +167,7 @@ def test_the_estimate_runs_on_a_model_with_frozen_weights():
 
     model = interp.load_model(tiny_hf_model("gpt2", n_layers=3), device="cpu").to(torch.float64)
     data = [interp.Batch(tiny_inputs("gpt2", batch=2, pos=8, seed=0))]
-    keywords = dict(kinds=("q", "k", "v"), estimate="atp", n_boot=0, progress=False)
+    keywords = dict(kinds=("q", "k", "v"), estimate="atp", progress=False)
     trainable = interp.ablate_bias(model, data, **keywords)
     model.requires_grad_(False)
     frozen = interp.ablate_bias(model, data, **keywords)

@@ -300,7 +300,7 @@ BAD = [
     ("query past the end", "gpt2", lambda: ids(), dict(query=40), "outside this input's 7 positions"),
     ("cls on a model without one", "gpt2", lambda: ids(), dict(query="cls"), "no class token.*query='mean'"),
     ("top_k of zero", "gpt2", lambda: ids(), dict(top_k=0), "top_k must be an integer >= 1"),
-    ("float64 not a bool", "gpt2", lambda: ids(), dict(float64="yes"), "float64 must be True or False"),
+    ("float64 not a bool", "gpt2", lambda: ids(), dict(float64="yes"), "float64 must be True or False; got 'yes' \\(str\\)"),
     ("an unreadable object", "gpt2", lambda: object(), {}, "data must be .*got object"),
     # open_data decides what a string is (issue 31): a path that does not exist is never a prompt
     ("a missing path to a language model", "gpt2", lambda: "prompts/today.txt", {}, "no such file or folder"),

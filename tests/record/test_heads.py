@@ -70,8 +70,8 @@ def test_a_numpy_or_torch_integer_names_a_layer(qwen, layer):
 
 
 @pytest.mark.parametrize("layer,words", [
-    (np.float64(1.0), "layer must be an integer in 0..1 .*got float64"), (True, "got bool True"),
-    ("1", "got str '1'"), (np.int64(2), "layer 2 out of range"), (-1, "layer -1 out of range")])
+    (np.float64(1.0), "layer must be an integer; got 1.0 as float64 \\(float64\\)"),
+    (True, "layer must be an integer; got True \\(bool\\)"), ("1", "layer must be an integer; got '1' \\(str\\)"), (np.int64(2), "layer 2 out of range"), (-1, "layer -1 out of range")])
 def test_a_layer_that_is_not_an_index_in_range_is_refused(qwen, layer, words):
     with pytest.raises(InputError, match=words):
         attention_weights(qwen[1], layer)

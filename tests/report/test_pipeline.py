@@ -84,8 +84,8 @@ def test_manifest_is_written_last_and_lists_every_file(written):
 def test_a_new_run_removes_the_old_manifest_first(tmp_path):
     from interp.report.html import begin_outputs
 
-    (tmp_path / "manifest.json").write_text("{}")
-    begin_outputs(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"meta": {"command": "report"}, "files": {}}')  # ours, one command
+    begin_outputs(tmp_path, "report")
     assert not (tmp_path / "manifest.json").exists()
 
 
