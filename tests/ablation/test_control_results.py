@@ -88,3 +88,22 @@ def test_the_defaults_sweep_adjusts_its_heads_and_costs_at_most_the_old_forwards
     assert cost.control_forwards <= 1.2 * cost.old_control_forwards  # the brief: at most about the old cost
     assert cost.called_adjusted == heads.bias_dependent.sum() and cost.called_old == heads.old_called.sum()
     assert cost.called_adjusted >= 1  # a head far outside its band passes the correction at 19 draws
+
+
+def test_the_findings_quote_the_minilm_sweep_at_the_defaults():
+    heads = pd.read_csv(RESULTS / "minilm-l6" / "ablation_fdr.csv")
+    cost = pd.read_csv(RESULTS / "control_cost.csv").set_index("model").loc["minilm-l6"]
+    text = paragraph((ROOT / "docs" / "findings.md").read_text(), "Those calls were made one head at a time",
+                     "The old control")
+    m = re.search(r"\*\*(\d+) of the (\d+) largest and (\d+) of the (\d+) stay bias-dependent after the correction\*\* "
+                  r"\(the largest adjusted p among them ([\d.]+), L(\d+) H(\d+) ([qkv]), just outside its band\), for "
+                  r"(\d+) control forwards where 19 draws a head ran (\d+)\.", text)
+    assert m, text
+    top = heads.assign(a=heads.delta.abs()).nlargest(10, "a")
+    called = heads[heads.bias_dependent]
+    edge = called.loc[called.control_p_adjusted.idxmax()]
+    assert edge.delta < edge.control_lo or edge.delta > edge.control_hi  # outside its band, as said
+    expected = [top.bias_dependent.sum(), len(top), len(called), len(heads), edge.control_p_adjusted, edge.layer,
+                edge["head"], edge.kind, cost.control_forwards, cost.old_control_forwards]
+    for quoted, value in zip(m.groups(), expected):
+        assert quoted == value if isinstance(value, str) else agrees(quoted, value), (quoted, value)
