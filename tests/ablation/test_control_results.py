@@ -107,3 +107,22 @@ def test_the_findings_quote_the_minilm_sweep_at_the_defaults():
                 edge["head"], edge.kind, cost.control_forwards, cost.old_control_forwards]
     for quoted, value in zip(m.groups(), expected):
         assert quoted == value if isinstance(value, str) else agrees(quoted, value), (quoted, value)
+
+
+def test_the_mathematics_page_quotes_the_cost_on_minilm_and_the_demo():
+    cost = pd.read_csv(RESULTS / "control_cost.csv").set_index("model")
+    text = paragraph(MATHEMATICS, "On trained models at the defaults", "**Many heads")
+    m = re.search(r": (\d+) heads run exactly each\), .*?MiniLM ran (\d+) control forwards \(([\d.]+) of the old (\d+)\) "
+                  r"and calls (\d+) of (\d+) heads after the adjustment, the demo's DINOv2 on 2 photographs (\d+) "
+                  r"\(([\d.]+)\) and (\d+) of (\d+); the old rule called (\d+) and (\d+) without any adjustment\. .*?"
+                  r"\(down to (1e-\d+)\)", text)
+    assert m, text
+    mini, demo = cost.loc["minilm-l6"], cost.loc["dinov2-s14"]
+    smallest = min(pd.read_csv(RESULTS / model / "ablation_fdr.csv").control_p.min() for model in cost.index)
+    expected = [mini.heads, mini.control_forwards, mini.ratio, mini.old_control_forwards, mini.called_adjusted,
+                mini.heads, demo.control_forwards, demo.ratio, demo.called_adjusted, demo.heads, mini.called_old,
+                demo.called_old]
+    assert mini.heads == demo.heads and demo["items"] == 2
+    for quoted, value in zip(m.groups(), expected):
+        assert agrees(quoted, value), (quoted, value)
+    assert 10 ** -22 < smallest <= 10 ** -20 and m.group(13) == "1e-21"  # quoted as its order of magnitude
