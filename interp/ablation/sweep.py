@@ -32,8 +32,8 @@ control_stop / n. A head that reads all ``n_control`` draws gets, by ``control_p
   prediction of one more draw (``normal_tail_p``: mean m, standard deviation s, X = m + s sqrt(1 + 1/n) T_{n-1}).
   p is no longer floored at 1 / (n_control + 1), so a head far outside its band can pass a correction across
   many heads at the cost of the old 19 draws. This is a stated model of the control's tail, not a Monte Carlo
-  bound: exact for normal draws, and measured on untrained models (where every head is null) and on the draws of
-  trained ones (``benchmarks/control_calibration.py``, the mathematics page); ``control_p_empirical`` beside it is
+  bound: exact for normal draws, and measured on untrained models, where every head is null
+  (``benchmarks/control_calibration.py``, the mathematics page); ``control_p_empirical`` beside it is
   the Monte Carlo p of the same draws, (1 + #{d: |c_d| >= |delta|}) / (n + 1).
 * ``"sequential"``: the Monte Carlo p alone (stopped: control_stop / n; else (1 + #{d: |c_d| >= |delta|}) /
   (n_control + 1)), valid without a model of the tail (P(p <= u) <= u when delta is exchangeable with the draws),
