@@ -9,9 +9,9 @@ displacement norm), and, on the same exact heads (chosen by one rule whatever th
 delta, the control band, control_p, bias_dependent and the random replacement's delta (``random_delta``).
 
 The CSV was written under the earlier rule: 19 fixed draws, each head called at its own control_p <= 0.05. The
-draws are the same with ``control_stop=0`` (below); a rerun now adjusts bias_dependent across the heads
-(Benjamini-Hochberg). The defaults' table (sequential draws, adjusted p) is ``docs/results/minilm-l6/
-ablation_fdr.csv`` (``benchmarks/control_calibration.py --cost``).
+draws are the same with ``control_stop=0`` (below); a rerun now reads control_p from the normal tail and adjusts
+bias_dependent across the heads (Benjamini-Hochberg). The defaults' table (early stop, normal tail, adjusted p) is
+``docs/results/minilm-l6/ablation_fdr.csv`` (``benchmarks/control_calibration.py --cost``).
 """
 
 from __future__ import annotations
