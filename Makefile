@@ -58,7 +58,13 @@ lint: setup
 install-check: setup
 	bash .ci/install_check.sh
 
-# Every tier (unit, integration, slow; tests/conftest.py) and every notebook, on two workers.
+# Every tier (unit, integration, slow; tests/conftest.py) and every notebook, on two workers. Its checks before pytest
+# (models, lint, install-check, docs, browser: one process each, ~50 s of CPU) run side by side on the machine's
+# cores, not one after the other; pytest starts when all of them have passed. Only for `make test` alone: other goals
+# named beside it (`make clean-cache test`) keep their order.
+ifeq ($(MAKECMDGOALS),test)
+MAKEFLAGS += -j4
+endif
 test: models lint install-check docs browser
 	$(PY) -m pytest -q -ra -n 2 --dist worksteal --tier all --nbmake notebooks tests experiments
 

@@ -210,7 +210,7 @@ def test_ablate_writes_one_table(tmp_path):
     from interp.cli import main as cli_main
 
     assert cli_main(["ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1", "--kinds", "q",
-                     "--layers", "0", "--estimate", "both", "--out", str(tmp_path)]) == 0
+                     "--layers", "0", "--estimate", "both", "--n-control", "0", "--out", str(tmp_path)]) == 0
     tables = sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".csv", ".parquet"))
     assert tables == ["ablation.csv", "ablation.parquet"]
     rows = pd.read_csv(tmp_path / "ablation.csv")
@@ -266,10 +266,11 @@ def _api_tables(command, model, data):
                 "implicit_value_bias": interp.implicit_value_bias(model, data, progress=False),
                 "massive_activations": interp.massive_activations(model, data, progress=False)}
     return {"ablation": interp.ablate_bias(model, data, kinds=("q", "v"), estimate="exact", layers=[1], n_boot=20,
-                                           progress=False)}
+                                           n_control=2, progress=False)}
 
 
-FLAGS = {"ablate": ["--kinds", "q,v", "--estimate", "exact", "--layers", "1", "--n-boot", "20"],
+# 2 control draws a head: the control columns are compared all the same (the default 19: 17 more forwards a head)
+FLAGS = {"ablate": ["--kinds", "q,v", "--estimate", "exact", "--layers", "1", "--n-boot", "20", "--n-control", "2"],
          "frequency": ["--layers", "1", "--heads", "0,1"]}
 
 

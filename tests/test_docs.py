@@ -573,17 +573,6 @@ def test_readme_ablation_scale_equals_its_csv():
         assert agrees(quoted, by_label.loc[label, "ratio_floor"]), (quoted, label)
 
 
-def test_changelog_peaks_after_the_intact_sums_fix_equal_their_csv():
-    """CHANGELOG's peaks for 83a1394 (the float64 intact sums a quarter chunk at a time) are
-    ablation_peaks_cpu.csv's."""
-    row = pd.read_csv(RESULTS / "scale" / "ablation_peaks_cpu.csv").iloc[-1]
-    text = " ".join((ROOT / "CHANGELOG.md").read_text().split())
-    assert_quoted(text, r"are ([\d.]+) MB for the call \(([\d.]+)x a forward\), ([\d.]+) MB for the one-pass "
-                  r"estimate, ([\d.]+) MB for the first call",
-                  (row.ablate_peak_mb, row.memory_ratio, row.estimate_peak_mb, row.ablate_cold_peak_mb),
-                  "the peaks after the fix")
-
-
 def test_readme_ablation_at_112m_equals_its_csv_and_profile():
     """docs/performance.md's ablate_bias figures at 112m@512 are ablation_cpu.csv's 112m row of the C kernel's last commit
     (floor ratio, peaks, patched forwards, stack) and the tiled head's seconds are ablation_profile_fused_112m.txt's

@@ -1,7 +1,7 @@
 """The documentation site (mkdocs.yml; `make docs` builds it in strict mode, `make test` runs that build): the API
 page is generated from ``interp.__all__`` and names every public name, each with a docstring of its own; the CLI
 page is generated from the parser; README stays a user's page; and no page a user reads cites an issue number or
-a commit hash."""
+a commit hash (CHANGELOG.md included: it says what changed for a user, not how the work went)."""
 
 import ast
 import dataclasses
@@ -31,9 +31,9 @@ def citations(text: str) -> list[str]:
 
 
 def user_texts() -> dict[str, str]:
-    """What a user reads: README, the docs pages (not the results data), the notebooks' cells (sources, as kept and
-    as rendered) and the docstrings of the installed package (the experiments' scripts keep their lab notes)."""
-    texts = {"README.md": (ROOT / "README.md").read_text()}
+    """What a user reads: README, CHANGELOG, the docs pages (not the results data), the notebooks' cells (sources, as
+    kept and as rendered) and the docstrings of the installed package (the experiments' scripts keep their lab notes)."""
+    texts = {name: (ROOT / name).read_text() for name in ("README.md", "CHANGELOG.md")}
     for page in sorted((ROOT / "docs").rglob("*.md")):
         if "results" not in page.relative_to(ROOT / "docs").parts:
             texts[str(page.relative_to(ROOT))] = page.read_text()
@@ -59,7 +59,8 @@ def test_the_scan_finds_issue_numbers_and_commit_hashes_and_spares_numbers():
 
 def test_no_page_a_user_reads_cites_an_issue_or_a_commit():
     found = {where: hits for where, text in user_texts().items() if (hits := citations(text))}
-    assert not found, f"issue numbers or commit hashes where a user reads (history goes to CHANGELOG.md): {found}"
+    assert not found, (f"issue numbers or commit hashes where a user reads (CHANGELOG.md says what changed for a "
+                       f"user, in a user's words): {found}")
 
 
 def test_readme_is_a_users_page():

@@ -219,7 +219,7 @@ def test_auto_runs_implicit_kinds_exactly_beside_bias_rows_and_resumes(tmp_path)
     hf = tiny_hf_model("gpt2")
     model = interp.load_model(copy.deepcopy(hf), device="cpu")
     batches = [padded(sequences()[:2]), padded(sequences()[2:])]
-    kw = dict(kinds=("v", "sink_v"), progress=False, out=tmp_path)
+    kw = dict(kinds=("v", "sink_v"), n_control=0, progress=False, out=tmp_path)  # the v rows' control: not the point
     auto = interp.ablate_bias(model, batches, estimate="auto", **kw)
     implicit = auto[auto.kind == "sink_v"]
     assert (implicit.estimate == "exact").all() and (implicit.exact_because == "exact only").all()

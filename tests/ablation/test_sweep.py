@@ -25,7 +25,8 @@ def test_zero_k_bias_changes_nothing_except_under_rotary(family):
     # large biases so the rotary effect of b_k is well above rounding on a random model
     model = interp.load_model(tiny_hf_model(family, bias_scale=3.0), device="cpu")
     metric = "next_token_ce" if family in ("gpt2", "qwen2") else ("embedding_cosine" if family == "bert" else "feature_cosine")
-    df = ablate_bias(model, lm_batches(family), kinds=("k",), scope="layer", metric=metric, progress=False, estimate="exact")
+    df = ablate_bias(model, lm_batches(family), kinds=("k",), scope="layer", metric=metric, progress=False, estimate="exact",
+                     n_control=0)
     if family == "qwen2":
         assert df.delta.abs().max() > 1e-4, df  # b_k is not inert under rotary (>= 10x the tolerance)
     else:
@@ -179,7 +180,8 @@ def test_identities_answer_without_forwards_and_agree_with_forced_forwards(monke
 
 def test_no_identity_is_claimed_under_rotary_and_absent_biases_are_said():
     qwen = interp.load_model(interp.tiny_hf_model("qwen2", bias_scale=2.0), device="cpu")
-    table = interp.ablate_bias(qwen, [interp.tiny_inputs("qwen2")], kinds=("k",), progress=False, estimate="exact")
+    table = interp.ablate_bias(qwen, [interp.tiny_inputs("qwen2")], kinds=("k",), progress=False, estimate="exact",
+                               n_control=0)
     assert (table.identity == "").all() and (table.delta.abs() > 0).any()
     beit = interp.load_model(interp.tiny_hf_model("beit"), device="cpu")
     table = interp.ablate_bias(beit, [interp.tiny_inputs("beit")], kinds=("k",), progress=False, estimate="exact")
@@ -196,7 +198,7 @@ def test_atp_star_recomputes_the_pattern_and_beats_plain_attribution_where_the_s
     model = interp.load_model(interp.tiny_hf_model(family, bias_scale=2.0), device="cpu")
     data = [interp.tiny_inputs(family, batch=4, pos=12, seed=s) for s in range(2)]
     kw = dict(kinds=("q", "k"), force_exact=True, progress=False)
-    exact = interp.ablate_bias(model, data, estimate="exact", **kw)
+    exact = interp.ablate_bias(model, data, estimate="exact", n_control=0, **kw)  # deltas only: no matched control
     plain = interp.ablate_bias(model, data, estimate="attribution", **kw)
     atp = interp.ablate_bias(model, data, estimate="atp", **kw)
     assert (atp.estimate == "atp").all()
@@ -302,7 +304,7 @@ def test_delta_standard_error_equals_the_spread_of_per_item_deltas():
     sweep per sequence: d_i = delta_i n_i, se = sqrt(N/(N-1) sum (d_i - delta n_i)^2) / sum n_i."""
     model = interp.load_model(interp.tiny_hf_model("gpt2"), device="cpu")
     data = lm_batches("gpt2")
-    kw = dict(kinds=("q",), estimate="exact", progress=False)
+    kw = dict(kinds=("q",), estimate="exact", n_control=0, progress=False)  # deltas only: no matched control
     both = ablate_bias(model, data, **kw)
     items = [x[None] for b in data for x in (b.inputs if hasattr(b, "inputs") else b)]
     singles = [ablate_bias(model, [x], **kw) for x in items]
@@ -330,8 +332,8 @@ def test_a_model_in_training_mode_with_dropout_is_refused():
         with pytest.raises(interp.InterpError, match=r"model\.eval\(\)"):
             call()
     model.eval()
-    a = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact")
-    b = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact")
+    a = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact", n_control=0)
+    b = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact", n_control=0)
     assert a.delta.tolist() == b.delta.tolist()
 
 
@@ -343,21 +345,21 @@ def test_training_mode_without_dropout_gives_the_eval_numbers():
             module.p = 0.0
     model = interp.load_model(hf, device="cpu")
     batch = interp.tiny_inputs("gpt2", batch=2, pos=8, seed=0)
-    evaluated = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact")
+    evaluated = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact", n_control=0)
     model.train()
-    trained = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact")
+    trained = interp.ablate_bias(model, [batch], kinds=("q",), progress=False, estimate="exact", n_control=0)
     assert trained.delta.tolist() == evaluated.delta.tolist()
 
 
 def test_bfloat16_deltas_below_rounding_are_flagged():
     model = interp.load_model(interp.tiny_hf_model("gpt2", seed=0, bias_scale=1e-4), device="cpu", dtype=torch.bfloat16)
     batch = interp.tiny_inputs("gpt2", batch=2, pos=8, seed=0)
-    df = interp.ablate_bias(model, [batch], kinds=("q", "v"), progress=False, estimate="exact")
+    df = interp.ablate_bias(model, [batch], kinds=("q", "v"), progress=False, estimate="exact", n_control=0)
     eps = torch.finfo(torch.bfloat16).eps
     assert (df.below_rounding == (df.delta.abs() < eps * df.baseline.abs())).all()
     assert df.below_rounding.any()  # biases of 1e-4 change the loss by far less than bfloat16 resolves
     full = interp.ablate_bias(interp.load_model(interp.tiny_hf_model("gpt2", seed=0, bias_scale=1e-4), device="cpu"),
-                              [batch], kinds=("q", "v"), progress=False, estimate="exact")
+                              [batch], kinds=("q", "v"), progress=False, estimate="exact", n_control=0)
     assert not full.below_rounding.any()  # float32: no flag
 
 
@@ -370,7 +372,7 @@ def test_atp_star_reads_gpt2_inverse_layer_scaling():
         block.attn.scale_attn_by_inverse_layer_idx = True
     model = interp.load_model(hf.double(), device="cpu")
     data = [interp.tiny_inputs("gpt2", batch=4, pos=12, seed=s) for s in range(2)]
-    exact = interp.ablate_bias(model, data, kinds=("q",), estimate="exact", progress=False)
+    exact = interp.ablate_bias(model, data, kinds=("q",), estimate="exact", n_control=0, progress=False)
     atp = interp.ablate_bias(model, data, kinds=("q",), estimate="atp", progress=False)
     ratio = (atp.delta / exact.delta).groupby(atp.layer).median()  # 2.0 at layer 1, 3.0 at layer 2 before
     np.testing.assert_allclose(ratio, 1.0, atol=0.05)

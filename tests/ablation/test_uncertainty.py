@@ -52,7 +52,7 @@ def test_delta_interval_equals_brute_force_resampling_of_items(gpt2):
     that resample's delta; the percentiles of those equal delta_lo / delta_hi of one sweep."""
     items = _items(6)
     data = [torch.stack(items[:2]), torch.stack(items[2:])]  # batches of 2 and 4
-    kw = dict(kinds=("q",), estimate="exact", progress=False, layers=[0])
+    kw = dict(kinds=("q",), estimate="exact", n_control=0, progress=False, layers=[0])  # no matched control: deltas
     df = ablate_bias(gpt2, data, n_boot=10, seed=3, **kw)
     keys = [item_keys(Batch(x[None]))[0] for x in items]
 
@@ -69,7 +69,7 @@ def test_delta_interval_equals_brute_force_resampling_of_items(gpt2):
 
 
 def test_delta_interval_shrinks_with_more_items(gpt2):
-    kw = dict(kinds=("q",), estimate="exact", progress=False, n_boot=300, seed=0, layers=[0])
+    kw = dict(kinds=("q",), estimate="exact", n_control=0, progress=False, n_boot=300, seed=0, layers=[0])
     few = ablate_bias(gpt2, [torch.stack(_items(6, seed=1))], **kw)
     many = ablate_bias(gpt2, [torch.stack(_items(48, seed=1))], **kw)
     width = lambda df: (df.delta_hi - df.delta_lo).to_numpy()  # noqa: E731
@@ -79,7 +79,7 @@ def test_delta_interval_shrinks_with_more_items(gpt2):
 
 def test_intervals_are_deterministic_given_the_seed(gpt2):
     data = [torch.stack(_items(5))]
-    kw = dict(kinds=("v",), estimate="exact", progress=False, layers=[1])
+    kw = dict(kinds=("v",), estimate="exact", n_control=0, progress=False, layers=[1])
     a, b, c = (ablate_bias(gpt2, data, seed=s, n_boot=50, **kw) for s in (4, 4, 5))
     np.testing.assert_array_equal(a.delta_lo, b.delta_lo)
     assert not np.array_equal(a.delta_lo, c.delta_lo)
@@ -111,7 +111,8 @@ def _hand_nll(model, ids, hooks):
 
 def test_random_method_exact_rows_equal_a_hand_written_replacement_hook(gpt2):
     ids = torch.stack(_items(3, seed=2))
-    df = ablate_bias(gpt2, [ids], kinds=("q", "v"), method="random", estimate="exact", seed=9, progress=False)
+    df = ablate_bias(gpt2, [ids], kinds=("q", "v"), method="random", estimate="exact", seed=9, n_control=0,
+                     progress=False)
     base = _hand_nll(gpt2, ids, [])
     for row in df.itertuples():
         layer = int(row.layer)
@@ -129,7 +130,7 @@ def test_random_method_exact_rows_equal_a_hand_written_replacement_hook(gpt2):
 
 def test_random_seed_is_in_the_fingerprint(gpt2, tmp_path):
     data = [torch.stack(_items(2))]
-    kw = dict(kinds=("q",), method="random", estimate="exact", progress=False, layers=[0], out=tmp_path)
+    kw = dict(kinds=("q",), method="random", estimate="exact", n_control=0, progress=False, layers=[0], out=tmp_path)
     ablate_bias(gpt2, data, seed=1, **kw)
     with pytest.raises(StaleResultsError, match="seed"):
         ablate_bias(gpt2, data, seed=2, **kw)
@@ -137,7 +138,7 @@ def test_random_seed_is_in_the_fingerprint(gpt2, tmp_path):
 
 def test_auto_runs_the_top_and_a_seeded_random_sample_exactly(gpt2):
     data = [torch.stack(_items(3))]
-    kw = dict(kinds=("q", "v"), estimate="auto", top_k=1, sample_k=2, progress=False)
+    kw = dict(kinds=("q", "v"), estimate="auto", top_k=1, sample_k=2, n_control=0, progress=False)
     df = ablate_bias(gpt2, data, seed=0, **kw)
     exact = df[df.estimate == "exact"]
     assert sorted(exact.exact_because) == ["sample"] * 4 + ["top"] * 2
@@ -156,7 +157,7 @@ def test_cli_ablate_takes_method_random_seed_n_boot_and_sample_k(tmp_path):
     import pandas as pd
     argv = ["ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1", "--kinds", "q",
             "--layers", "0", "--heads", "0,1", "--method", "random", "--seed", "3", "--n-boot", "40",
-            "--estimate", "auto", "--top-k", "1", "--sample-k", "1", "--out", str(tmp_path)]
+            "--estimate", "auto", "--top-k", "1", "--sample-k", "1", "--n-control", "0", "--out", str(tmp_path)]
     assert cli_main(argv) == 0
     df = pd.read_csv(tmp_path / "ablation.csv")
     exact = df[df.estimate == "exact"]

@@ -20,10 +20,10 @@ def data():
 
 
 def test_scope_column_and_empty_coordinates(lm):
-    heads = ablate_bias(lm, data(), kinds=("q",), scope="head", progress=False, estimate="exact")
-    layers = ablate_bias(lm, data(), kinds=("q",), scope="layer", progress=False, estimate="exact")
-    every = ablate_bias(lm, data(), kinds=("q",), scope="all", progress=False, estimate="exact")
-    custom = ablate_bias(lm, data(), scope=[(0, 1, "q"), (1, 0, "v")], progress=False, estimate="exact")
+    heads = ablate_bias(lm, data(), kinds=("q",), scope="head", progress=False, estimate="exact", n_control=0)
+    layers = ablate_bias(lm, data(), kinds=("q",), scope="layer", progress=False, estimate="exact", n_control=0)
+    every = ablate_bias(lm, data(), kinds=("q",), scope="all", progress=False, estimate="exact", n_control=0)
+    custom = ablate_bias(lm, data(), scope=[(0, 1, "q"), (1, 0, "v")], progress=False, estimate="exact", n_control=0)
     assert (heads.scope == "head").all() and heads["head"].notna().all() and len(heads) == 2 * 4
     assert (layers.scope == "layer").all() and layers["head"].isna().all() and list(layers.layer) == [0, 1]
     assert (every.scope == "all").all() and every[["layer", "head"]].isna().all().all()
@@ -33,9 +33,9 @@ def test_scope_column_and_empty_coordinates(lm):
 
 
 def test_a_second_custom_set_is_not_answered_from_the_first_sets_log(lm, tmp_path):
-    first = ablate_bias(lm, data(), scope=[(0, 1, "q")], out=tmp_path, progress=False, estimate="exact")
-    second = ablate_bias(lm, data(), scope=[(1, 2, "q")], out=tmp_path, progress=False, estimate="exact")
-    alone = ablate_bias(lm, data(), scope=[(1, 2, "q")], progress=False, estimate="exact")
+    first = ablate_bias(lm, data(), scope=[(0, 1, "q")], out=tmp_path, progress=False, estimate="exact", n_control=0)
+    second = ablate_bias(lm, data(), scope=[(1, 2, "q")], out=tmp_path, progress=False, estimate="exact", n_control=0)
+    alone = ablate_bias(lm, data(), scope=[(1, 2, "q")], progress=False, estimate="exact", n_control=0)
     assert second.delta.iloc[0] == pytest.approx(alone.delta.iloc[0], abs=1e-12)
     assert second.delta.iloc[0] != pytest.approx(first.delta.iloc[0], abs=1e-9)
 
@@ -52,7 +52,7 @@ def test_degenerate_choices_are_refused(lm):
 
 
 def test_rows_round_trip_through_csv(lm, tmp_path):
-    df = ablate_bias(lm, data(), kinds=("v",), scope="layer", out=tmp_path, progress=False, estimate="exact")
+    df = ablate_bias(lm, data(), kinds=("v",), scope="layer", out=tmp_path, progress=False, estimate="exact", n_control=0)
     again = pd.read_csv(tmp_path / "ablation.csv")
     assert again["head"].isna().all() and (again.scope == "layer").all()
     assert again.delta.tolist() == pytest.approx(df.delta.tolist())
@@ -61,14 +61,14 @@ def test_rows_round_trip_through_csv(lm, tmp_path):
 def test_layers_and_heads_aim_the_sweep_and_equal_the_full_sweeps_rows():
     model = interp.load_model(interp.tiny_hf_model("qwen2", n_layers=3, n_heads=4, n_kv_heads=2), device="cpu")
     data = [interp.tiny_inputs("qwen2", batch=2, pos=8, seed=0)]
-    full = interp.ablate_bias(model, data, kinds=("q", "k"), estimate="exact", progress=False)
-    aimed = interp.ablate_bias(model, data, kinds=("q", "k"), estimate="exact", layers=[1], heads=[0, 3],
+    full = interp.ablate_bias(model, data, kinds=("q", "k"), estimate="exact", n_control=0, progress=False)
+    aimed = interp.ablate_bias(model, data, kinds=("q", "k"), estimate="exact", n_control=0, layers=[1], heads=[0, 3],
                                progress=False)
     # q: heads 0 and 3 of layer 1; k (2 kv heads): head 0 only
     assert sorted(zip(aimed.kind, aimed.layer, aimed["head"])) == [("k", 1, 0), ("q", 1, 0), ("q", 1, 3)]
     merged = aimed.merge(full, on=["kind", "layer", "head"], suffixes=("", "_full"))
     assert np.allclose(merged.delta, merged.delta_full, atol=1e-7)
-    layer = interp.ablate_bias(model, data, kinds=("q",), scope="layer", estimate="exact", layers=0, heads=[1, 2],
+    layer = interp.ablate_bias(model, data, kinds=("q",), scope="layer", estimate="exact", n_control=0, layers=0, heads=[1, 2],
                                progress=False)
     assert len(layer) == 1 and layer.n_targets.iloc[0] == 2
 

@@ -40,7 +40,8 @@ def test_the_whole_chain_runs_and_keeps_the_registry_promises(name):
     assert len(profile) == info.n_layers * info.n_heads
     assert profile.mean_attention_distance.notna().all() and (profile.sink_mass.between(0, 1)).all()
 
-    table = interp.ablate_bias(model, [x], progress=False, estimate="exact")
+    # 2 control draws a head run the matched control on every family (19, the default, cost 17 more forwards a head)
+    table = interp.ablate_bias(model, [x], progress=False, estimate="exact", n_control=2)
     assert (table[table.kind.isin(absent)].delta == 0).all()  # an absent bias has nothing to remove
     present = table[table.kind.isin(set("qv") - absent)]
     assert present.empty or (present.delta.abs() > 0).any()
@@ -48,5 +49,5 @@ def test_the_whole_chain_runs_and_keeps_the_registry_promises(name):
         k_rows = table[table.kind == "k"]  # answered by the identity (no forward): delta 0 by construction
         assert (k_rows.identity.fillna("") != "").all() and (k_rows.delta == 0).all()
         forced = interp.ablate_bias(model, [x], kinds=("k",), scope="layer", progress=False, estimate="exact",
-                                    force_exact=True)  # a real forward per layer: the identity holds
+                                    force_exact=True, n_control=0)  # a real forward per layer: the identity holds
         assert (forced.identity.fillna("") == "").all() and forced.delta.abs().max() <= 1e-4  # float32 rounding
