@@ -298,8 +298,8 @@ def _write_ablation(results: Any, args: argparse.Namespace, out: Path, world: in
                              model_fingerprint=results.model_fingerprint.iloc[0],
                              data_fingerprint=results.data_fingerprint.iloc[0]))
     top = results.assign(a=results.delta.abs()).nlargest(5, "a")
-    print(top[["layer", "head", "kind", "scope", "estimate", "delta", "control_lo", "control_hi", "control_p",
-               "bias_dependent"]].to_string(index=False))
+    print(top[["layer", "head", "kind", "scope", "estimate", "delta", "control_lo", "control_hi", "delta_z",
+               "control_p", "control_p_empirical", "control_p_adjusted", "bias_dependent"]].to_string(index=False))
     print(f"wrote {out}")
 
 

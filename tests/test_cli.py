@@ -64,7 +64,7 @@ def test_demo_quick_writes_tables_figures_and_report(tmp_path, run_cli, capsys):
     assert exact.kind.value_counts().to_dict() == {"q": 4, "v": 4}  # quick: per kind the top 2 and 2 at random
     assert exact.groupby(["kind", "exact_because"]).size().to_dict() == {
         ("q", "sample"): 2, ("q", "top"): 2, ("v", "sample"): 2, ("v", "top"): 2}
-    assert (exact.n_control == 19).all() and exact.bias_dependent.notna().all()  # each with its matched control
+    assert exact.n_control.between(5, 199).all() and exact.bias_dependent.notna().all()  # each with its matched control
     assert exact.delta_lo.notna().all() and (exact.delta_lo <= exact.delta_hi).all()  # bootstrap over items
     inv = pd.read_csv(tmp_path / "bias_invariances.csv")
     assert (inv.max_abs_diff < 1e-9).all()  # float64: DINOv2's b_k (norm up to ~150) is inert

@@ -32,6 +32,10 @@ from interp.errors import InputError, _unknown_keywords, check_option_types, opt
 from interp.types import ESTIMATES, METHODS, Estimate, Method
 
 
+CONTROL_P = ("normal", "sequential")  # how an exact head's control_p is read (interp.ablation.sweep.control_columns)
+SEQUENTIAL_MIN = 39  # control_p sequential: the fewest n_control allowed (p can reach 1 / 40 = 0.025 at most)
+
+
 def _member(choices: tuple) -> Callable[[str, Any], Any]:
     def check(name: str, value: Any) -> Any:
         if value not in choices:
@@ -129,9 +133,18 @@ class SweepOptions:
                                 _projections, only="distance", estimates=("atp_distance", "auto"))
     n_boot: int = option(1000, "fingerprint", "bootstrap resamples over items for delta_lo/delta_hi of exact rows "
                          "(0: none)", flag=True, estimates=_EXACT)
-    n_control: int = option(19, "fingerprint", "matched-control draws per exact head: random directions of the "
-                            "method's own displacement norm; control_p <= 0.05 (bias_dependent) needs at least 19; "
-                            "each draw costs a patched forward (0: none)", _count(0), flag=True, estimates=_EXACT)
+    n_control: int = option(19, "fingerprint", "matched-control draws per exact head (random directions of the "
+                            "method's own displacement norm; fewer where control_stop ends a head inside its band); "
+                            "under control_p sequential the most draws (pass 199 or so: its smallest p is "
+                            "1 / (n_control + 1)); each draw costs a patched forward (0: none)", _count(0), flag=True,
+                            estimates=_EXACT)
+    control_stop: int = option(5, "fingerprint", "a head's draws stop once this many move the metric as much as the "
+                               "head does (it is inside its band: p = control_stop / draws, Besag-Clifford); "
+                               "0: always n_control draws", _count(0), flag=True, estimates=_EXACT)
+    control_p: str = option("normal", "fingerprint", "the p of a head that draws all n_control: normal (the tail of "
+                            "a normal fitted to its control draws, as a Student-t prediction; the Monte Carlo p "
+                            "beside it) | sequential (the Monte Carlo p alone, Besag-Clifford; with n_control=199)",
+                            _member(CONTROL_P), flag=True, estimates=_EXACT)
     seed: int = option(0, "fingerprint", "fixes the bootstrap, the random sample, the control's directions and "
                        "method random", flag=True)
     shard: tuple[int, int] = option((0, 1), "fingerprint", "(rank, world): this process runs every world-th variant",
@@ -153,6 +166,11 @@ class SweepOptions:
         for f in dataclasses.fields(self):
             if f.metadata["check"] is not None:
                 object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        if self.control_p == "sequential" and 0 < self.n_control < SEQUENTIAL_MIN:
+            raise InputError(f"control_p='sequential' with n_control={self.n_control}: its smallest p is "
+                             f"1 / {self.n_control + 1}, which no correction across heads can pass; pass "
+                             "n_control=199 (heads inside their band still stop after a few draws) or "
+                             "control_p='normal'")
         n_boot, seed = check_bootstrap(self.n_boot, self.seed)
         object.__setattr__(self, "n_boot", n_boot)
         object.__setattr__(self, "seed", seed)

@@ -20,17 +20,41 @@ Estimates (the ``estimate`` column):
   drawn at random by ``seed`` among the rest ("sample"): rows of both, to compare, on heads whose
   choice does not depend on the estimate too. An ``exact`` request's rows say "requested".
 
-Matched control (exact rows; ``n_control`` draws, default 19): every exact bias variant is run again
-``n_control`` times with each targeted head's displacement s_h = a' - a replaced by a random direction of the
-same norm ||s_h|| (``interp.record.patching.control_patch_hooks``; draws fixed by ``seed``). With c_1..c_n the control
-deltas: ``control_lo`` / ``control_hi`` = min / max c_d, ``control_p`` = (1 + #{d: |c_d| >= |delta|}) / (n + 1)
-(the Monte Carlo p-value of "a random direction of the same displacement moves the metric as much"),
-``outside_control`` = delta outside [control_lo, control_hi], and ``bias_dependent`` = control_p <= 0.05: the
-head's own bias direction matters, beyond how far the method moves it. The smallest p is 1 / (n + 1), so fewer
-than 19 draws can never call a head bias-dependent. Cost: an exact variant is 1 + ``n_control`` patched
-forwards (stacked, on the same replayed prefix). Implicit kinds (sink_v, massive) have no control (NaN);
-identity rows have controls of exactly 0 by the same identity (control_p 1). Estimated rows carry none
-(bias_dependent missing, not False). ``displacement_norm`` = sqrt(sum_h ||s_h||^2) on every bias row.
+Matched control (exact rows; ``n_control`` draws, default 19): every exact bias variant is run again with each
+targeted head's displacement s_h = a' - a replaced by a random direction of the same norm ||s_h||
+(``interp.record.patching.control_patch_hooks``; draw d fixed by ``seed`` and d alone). With c_1, c_2, ... the
+control deltas in draw order, the draws are taken in stages (``control_stages``: ``control_stop``, twice that, ...
+up to ``n_control``) and a head stops at the first n at which ``control_stop`` (default 5) of c_1..c_n have
+|c_d| >= |delta|: it is inside its band, and its p is Besag and Clifford's (1991) sequential Monte Carlo p,
+control_stop / n. A head that reads all ``n_control`` draws gets, by ``control_p``:
+
+* ``"normal"`` (default): the tail of a normal fitted to its draws, P(|X| >= |delta|) with X the Student-t
+  prediction of one more draw (``normal_tail_p``: mean m, standard deviation s, X = m + s sqrt(1 + 1/n) T_{n-1}).
+  p is no longer floored at 1 / (n_control + 1), so a head far outside its band can pass a correction across
+  many heads at the cost of the old 19 draws. This is a stated model of the control's tail, not a Monte Carlo
+  bound: exact for normal draws, and measured on untrained models, where every head is null
+  (``benchmarks/control_calibration.py``, the mathematics page); ``control_p_empirical`` beside it is
+  the Monte Carlo p of the same draws, (1 + #{d: |c_d| >= |delta|}) / (n + 1).
+* ``"sequential"``: the Monte Carlo p alone (stopped: control_stop / n; else (1 + #{d: |c_d| >= |delta|}) /
+  (n_control + 1)), valid without a model of the tail (P(p <= u) <= u when delta is exchangeable with the draws),
+  with ``n_control=199`` so that p can fall to 1 / 200: heads near or beyond their band draw all 199 (about 9
+  times the forwards of the default on the trained zoo models, whose tested heads are mostly beyond it).
+
+The rule reads only the draws up to its stop, fixed by the seed, so a row does not depend on stacking, rounds or
+batching (draws run past the stop within a stage are not read). ``n_control`` = the draws read;
+``control_lo`` / ``control_hi`` = their min / max; ``outside_control`` = delta outside that band; ``delta_z`` =
+(delta - mean c) / sd c, the effect in units of the control's spread (what the normal tail reads).
+``control_stop=0``: every head draws ``n_control``.
+
+Many heads, one error rate: ``control_p_adjusted`` is the Benjamini-Hochberg adjusted p across the rows of the
+table that were tested against their control (``adjust_controls``: every exact bias row with a forward, of one call,
+or of the merged table in ``merge_shards``), and ``bias_dependent`` = control_p_adjusted <= 0.05: the false
+discovery rate over the heads called is controlled at 5% (for independent or positively dependent tests), not the
+family-wise error. The head's own bias direction matters, beyond how far the method moves it. Cost: an exact
+variant is 1 + (draws run) patched forwards (stacked, on the same replayed prefix), ``control_forwards``: at most
+1 + ``n_control``. Implicit kinds (sink_v, massive) have no control (NaN); identity rows have controls of exactly 0
+by the same identity (control_p 1, not counted in the family). Estimated rows carry none (bias_dependent missing,
+not False). ``displacement_norm`` = sqrt(sum_h ||s_h||^2) on every bias row.
 What it matches: the displacement's norm, not its effect on the activation's norm. Where the bias dominates
 the activation (``origin_shift``'s shift_ratio well above 1), zeroing shrinks ||a|| while a random displacement of
 the same norm grows it on average, so a call there says "removing this offset matters" more than "this direction
@@ -46,7 +70,7 @@ of *zeroing* (computed too when ``method`` is another), and ``sample_k`` drawn b
 Uncertainty: ``delta_lo`` / ``delta_hi`` (exact rows) are the 95% percentile bootstrap over items
 (``n_boot`` resamples fixed by ``seed``, ``interp.bootstrap``) of the same ratio of per-item sums as the
 delta, so independent of the batching; over batches for a callable metric that returns one scalar per
-batch. ``n_boot``, ``n_control`` and ``seed`` are in the fingerprint.
+batch. ``n_boot``, ``n_control``, ``control_stop``, ``control_p`` and ``seed`` are in the fingerprint.
 
 Variants the mathematics answers (b_k under positions that cancel it, absent biases under every method, a
 displacement a' - a of exactly 0, b_v folded) are written without a forward, with the reason in ``identity``.
@@ -99,15 +123,17 @@ from interp.record.stats import QKVStats
 from interp.types import Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
-           "delta_se", "delta_lo", "delta_hi", "displacement_norm", "control_lo", "control_hi", "control_p",
-           "n_control", "outside_control", "bias_dependent", "kl", "n_targets", "identity", "exact_because",
-           "below_rounding", "model_fingerprint", "data_fingerprint", "options"]
+           "delta_se", "delta_lo", "delta_hi", "displacement_norm", "control_lo", "control_hi", "delta_z", "control_p",
+           "control_p_empirical", "control_p_adjusted", "n_control", "outside_control", "bias_dependent", "kl",
+           "n_targets", "identity", "exact_because", "below_rounding", "model_fingerprint", "data_fingerprint",
+           "options"]
 ROUND_JOBS = 160  # patched forwards per batch in one round of the exact stage (whole variants; module doc)
-CONTROL_ALPHA = 0.05  # bias_dependent: control_p at most this (needs n_control >= 19)
+CONTROL_ALPHA = 0.05  # bias_dependent: the Benjamini-Hochberg adjusted control_p at most this (false discovery rate)
 NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "delta_lo": float,
            "delta_hi": float, "displacement_norm": float, "control_lo": float, "control_hi": float,
-           "control_p": float, "n_control": int, "outside_control": "boolean", "bias_dependent": "boolean", "kl": float,
-           "n_targets": int, "below_rounding": bool}
+           "delta_z": float, "control_p": float, "control_p_empirical": float, "control_p_adjusted": float,
+           "n_control": int, "outside_control": "boolean", "bias_dependent": "boolean", "kl": float, "n_targets": int,
+           "below_rounding": bool}
 
 
 @dataclass
@@ -296,27 +322,136 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, opts: Sweep
     return run
 
 
-def control_columns(delta: float, controls: Optional[Sequence[float]]) -> dict:
-    """The matched control's columns from its draws' deltas c_d (module doc): band, Monte Carlo p-value of
-    |delta| among the |c_d|, and the calls. ``controls`` None or empty: no control (NaN, missing calls)."""
-    if not controls:
-        return dict(control_lo=float("nan"), control_hi=float("nan"), control_p=float("nan"), n_control=0,
-                    outside_control=None, bias_dependent=None)
+def used_draws(delta: float, controls: Sequence[float], stop: int, n_max: int) -> Optional[int]:
+    """How many of a head's control draws (in draw order) its p-value reads under the sequential rule (Besag and
+    Clifford 1991): the first n at which ``stop`` of them have |c_d| >= |delta|; else ``n_max`` once that many are
+    drawn; None while more are needed. The draws are fixed by the seed, so the answer does not depend on how many
+    were drawn past it (the rounds, the stacking)."""
+    if stop > 0:
+        hits = np.cumsum(np.abs(np.asarray(controls, dtype=float)) >= abs(delta))
+        reached = np.flatnonzero(hits >= stop)
+        if len(reached):
+            return int(reached[0]) + 1
+    return n_max if len(controls) >= n_max else None
+
+
+def control_stages(n_max: int, stop: int) -> list[int]:
+    """The draw counts after which the sequential rule is read: stop, 2 stop, 4 stop, ... and ``n_max`` (only
+    ``n_max`` without early stopping). Each stage is one more round of patched forwards for the heads not yet
+    decided."""
+    if n_max <= 0:
+        return []
+    if stop <= 0 or stop >= n_max:
+        return [n_max]
+    ends, n = [], stop
+    while n < n_max:
+        ends.append(n)
+        n *= 2
+    return ends + [n_max]
+
+
+def control_forwards(n_used: int, n_max: int, stop: int) -> int:
+    """The control forwards a head with ``n_used`` draws in its p-value ran: up to the end of the stage in which it
+    was decided (draws of that stage past its stop are run, then not read)."""
+    if n_used <= 0:
+        return 0
+    return min(end for end in control_stages(n_max, stop) if end >= n_used)
+
+
+def normal_tail_p(delta: float, controls: Sequence[float]) -> float:
+    """P(|X| >= |delta|) for X a new draw from a normal fitted to the control deltas: with m and s their mean and
+    standard deviation (n - 1 in the denominator) over n draws, X = m + s sqrt(1 + 1/n) T, T Student-t with n - 1
+    degrees of freedom (the prediction for one more draw of the same normal, the fit's own uncertainty included).
+    Exact for normal draws; its calibration on draws that are not is measured (mathematics page). NaN for fewer
+    than 3 draws or draws without spread."""
+    from scipy.special import stdtr  # Student-t CDF; scipy comes with scikit-learn; imported here, off the import path
+
     c = np.asarray(controls, dtype=float)
-    p = (1 + int(np.sum(np.abs(c) >= abs(delta)))) / (len(c) + 1)
-    return dict(control_lo=float(c.min()), control_hi=float(c.max()), control_p=p, n_control=len(c),
-                outside_control=bool(delta < c.min() or delta > c.max()), bias_dependent=bool(p <= CONTROL_ALPHA))
+    n = len(c)
+    sd = float(c.std(ddof=1)) if n > 1 else 0.0
+    if n < 3 or not sd > 0:
+        return float("nan")
+    m, scale, a = float(c.mean()), sd * np.sqrt(1 + 1 / n), abs(delta)
+    return float(min(1.0, stdtr(n - 1, (m - a) / scale) + stdtr(n - 1, (-a - m) / scale)))
+
+
+def control_columns(delta: float, controls: Optional[Sequence[float]], stop: int = 0,
+                    tail: str = "normal") -> dict:
+    """The matched control's columns from its draws' deltas c_d in draw order (module doc): the draws read
+    (``used_draws`` with ``stop``: all of them when ``stop`` is 0 or never reached), their band, the Monte Carlo
+    p-value of |delta| among the |c_d| (``control_p_empirical``: stop / n when stopped, else
+    (1 + #{|c_d| >= |delta|}) / (n + 1)), ``control_p`` (``tail`` "normal": ``normal_tail_p`` for a head that read
+    every draw, the Monte Carlo p for one stopped inside its band; "sequential": the Monte Carlo p), delta in units
+    of the draws' spread (``delta_z`` = (delta - mean c) / sd c) and whether delta is outside the band.
+    ``bias_dependent`` and ``control_p_adjusted`` are read across the table's heads (``adjust_controls``).
+    ``controls`` None or empty: no control (NaN, missing calls)."""
+    if not controls:
+        return dict(control_lo=float("nan"), control_hi=float("nan"), delta_z=float("nan"), control_p=float("nan"),
+                    control_p_empirical=float("nan"), n_control=0, outside_control=None)
+    c = np.asarray(controls, dtype=float)
+    n = used_draws(delta, c, stop, len(c))
+    c = c[:n]
+    hits = int(np.sum(np.abs(c) >= abs(delta)))
+    stopped = stop > 0 and hits >= stop
+    empirical = stop / n if stopped else (1 + hits) / (n + 1)
+    fitted = normal_tail_p(delta, c) if tail == "normal" and not stopped else float("nan")
+    sd = float(c.std(ddof=1)) if n > 1 else 0.0
+    return dict(control_lo=float(c.min()), control_hi=float(c.max()),
+                delta_z=(delta - float(c.mean())) / sd if sd > 0 else float("nan"),
+                control_p=empirical if np.isnan(fitted) else fitted, control_p_empirical=empirical, n_control=n,
+                outside_control=bool(delta < c.min() or delta > c.max()))
+
+
+def benjamini_hochberg(p: Sequence[float]) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values: q_(i) = min over j >= i of m p_(j) / j (p sorted ascending), at most 1.
+    Calling the heads with q <= alpha controls the false discovery rate at alpha (independent or positively
+    dependent tests)."""
+    p = np.asarray(p, dtype=float)
+    m = len(p)
+    if m == 0:
+        return p
+    order = np.argsort(p, kind="stable")
+    scaled = p[order] * m / np.arange(1, m + 1)
+    adjusted = np.minimum.accumulate(scaled[::-1])[::-1].clip(max=1.0)
+    out = np.empty(m)
+    out[order] = adjusted
+    return out
+
+
+def adjust_controls(df: pd.DataFrame) -> pd.DataFrame:
+    """``control_p_adjusted`` and ``bias_dependent`` of an ``ablate_bias`` table, read across its heads: the rows
+    tested against their matched control (a control_p, no identity) form one family, adjusted by
+    Benjamini-Hochberg; bias_dependent = control_p_adjusted <= 0.05 (the false discovery rate over those rows at
+    5%). Identity rows keep p 1 and are not counted (their null is exact, not tested); rows without a control
+    have neither."""
+    if "control_p" not in df:
+        return df
+    df = df.copy()
+    identity = df["identity"].fillna("") if "identity" in df else pd.Series("", index=df.index)
+    tested = df.control_p.notna() & (identity == "")
+    adjusted = pd.Series(np.nan, index=df.index)
+    adjusted[tested] = benjamini_hochberg(df.control_p[tested].to_numpy(dtype=float))
+    answered = df.control_p.notna() & ~tested
+    adjusted[answered] = df.control_p[answered]
+    df["control_p_adjusted"] = adjusted
+    called = pd.array([None] * len(df), dtype="boolean")
+    has = df.control_p.notna().to_numpy()
+    called[has] = (adjusted[has] <= CONTROL_ALPHA).to_numpy()
+    df["bias_dependent"] = called
+    return df
 
 
 def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float,
          identity: str = "", spread: tuple[float, float, float] = (float("nan"),) * 3,
-         controls: Optional[Sequence[float]] = None, displacement: float = float("nan")) -> dict:
+         controls: Optional[Sequence[float]] = None, displacement: float = float("nan"),
+         rule: tuple[int, str] = (0, "sequential")) -> dict:
     """One result row; ``spread`` = (delta_se, delta_lo, delta_hi) where per-item sums exist (exact rows);
-    ``controls``: the matched control's deltas (exact and identity rows)."""
+    ``controls``: the matched control's deltas in draw order (exact and identity rows), read by ``rule`` =
+    (control_stop, control_p) (``control_columns``)."""
     return dict(_key=key, layer=var.layer, head=var.head, kind=var.kind, scope=var.scope, method=method,
                 estimate=estimate, metric=run.metric_name, baseline=run.baseline, ablated=ablated,
                 delta=ablated - run.baseline, delta_se=spread[0], delta_lo=spread[1], delta_hi=spread[2],
-                displacement_norm=displacement, **control_columns(ablated - run.baseline, controls), kl=kl,
+                displacement_norm=displacement, **control_columns(ablated - run.baseline, controls, *rule), kl=kl,
                 n_targets=len(var.targets), identity=identity,
                 below_rounding=bool(not identity and abs(ablated - run.baseline) < run.rounding),
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
@@ -439,11 +574,11 @@ def _run_group(run: _Run, index: int, intact: _Intact, group: list[_Job], start:
 
 
 def _rounds(jobs: list[_Job]) -> list[list[_Job]]:
-    """The exact stage's jobs in rounds of whole variants (a variant's draws follow it), each at least
+    """One stage's jobs in rounds of whole variants (a variant's jobs stay together), each at least
     ``ROUND_JOBS`` jobs but the last: a round streams every batch once (one intact forward per batch and round)."""
     rounds: list[list[_Job]] = [[]]
     for job in jobs:
-        if job.draw < 0 and len(rounds[-1]) >= ROUND_JOBS:
+        if rounds[-1] and job.var != rounds[-1][-1].var and len(rounds[-1]) >= ROUND_JOBS:
             rounds.append([])
         rounds[-1].append(job)
     return [r for r in rounds if r]
@@ -451,58 +586,71 @@ def _rounds(jobs: list[_Job]) -> list[list[_Job]]:
 
 def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats], log: ResultLog,
            opts: SweepOptions) -> None:
-    """Each variant's patched forwards and its matched control's (``n_control`` draws), stacked ``stack`` at a
-    time. Streamed: per round of variants (``_rounds``), per batch, the intact forward is rerun to record the
-    block outputs the patched forwards replay (prefix reuse) and the intact log-probabilities the KL reads, every
-    stacked forward of the round runs on that batch, and both are dropped before the next batch; a round's rows are
-    logged as soon as it is done."""
+    """Each variant's patched forward and its matched control's draws, stacked ``stack`` at a time, in stages
+    (``control_stages``): the first runs every variant and its first draws; each later one runs the next draws of
+    the variants the sequential rule has not yet decided (``used_draws``: ``control_stop`` draws as large as
+    |delta|, or ``n_control`` draws). Streamed: per round of a stage's jobs (``_rounds``), per batch, the intact
+    forward is rerun to record the block outputs the patched forwards replay (prefix reuse) and the intact
+    log-probabilities the KL reads, every stacked forward of the round runs on that batch, and both are dropped
+    before the next batch; a variant's row is logged as soon as it is decided."""
     method = opts.method
-    draws = {v: opts.n_control if _has_control(v, method) else 0 for v in todo}
-    jobs = [_Job(v, d) for v in todo for d in range(-1, draws[v])]
+    n_max = {v: opts.n_control if _has_control(v, method) else 0 for v in todo}
     units = sum(run.weights_per_item)  # the metric's units over all batches: a control's mean is its sums over them
-    bar = tqdm(total=len(jobs) * len(run.batches), disable=not opts.progress, unit="forward",
-               desc=f"ablate {method} (exact, with {opts.n_control} control draws)")
+    bar = tqdm(total=sum(1 + n for n in n_max.values()) * len(run.batches), disable=not opts.progress,
+               unit="forward", desc=f"ablate {method} (exact, with up to {opts.n_control} control draws)")
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
     stack = opts.stack if opts.stack != "auto" else min(  # the most constrained batch's
         auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact",
                    tiled=_reads_tiles(run))
         for b in run.batches)
-    with torch.no_grad():
+    own: dict[Variant, tuple] = {}
+    controls: dict[Variant, dict[int, float]] = {v: {} for v in todo}
+    active, lo = list(todo), 0
+    for end in control_stages(opts.n_control, opts.control_stop) or [0]:
+        jobs = [_Job(v, d) for v in active for d in ([-1] if lo == 0 else []) + list(range(lo, min(end, n_max[v])))]
         for round_jobs in _rounds(jobs):
-            groups = _groups(round_jobs, stack, opts.reuse_prefix)
-            hooks = [_job_hooks(run, group, stats, opts) for _, group in groups]
-            record = opts.reuse_prefix and any(start for start, _ in groups)
-            sums: dict[_Job, list[Tensor]] = {job: [] for job in round_jobs}
-            kls: dict[_Job, list[Optional[Tensor]]] = {job: [] for job in round_jobs}
-            for index in range(len(run.batches)):
-                intact = _intact_batch(run, index, record, logits)
-                for (start, group), group_hooks in zip(groups, hooks):
-                    for job, (s, kl) in zip(group, _run_group(run, index, intact, group, start, group_hooks)):
-                        sums[job].append(s)
-                        kls[job].append(kl)
-                    bar.update(len(group))
-                del intact
-            _log_round(run, round_jobs, sums, kls, units, draws, keys, stats, log, opts)  # one host sync per round
+            sums, kls = _run_round(run, round_jobs, stack, stats, logits, bar, opts)
+            for job in round_jobs:  # one host sync per round
+                if job.draw >= 0:
+                    controls[job.var][job.draw] = float(torch.cat(sums[job]).sum() / units) - run.baseline
+                    continue
+                kk = kls[job]
+                kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
+                own[job.var] = (*run.ablated_and_se(torch.cat(sums[job])), kl)
+        decided = []
+        for var in active:
+            ablated, *spread, kl = own[var]
+            drawn = [controls[var][d] for d in sorted(controls[var])]
+            if n_max[var] and used_draws(ablated - run.baseline, drawn, opts.control_stop, n_max[var]) is None:
+                continue
+            decided.append(var)
+            log.add(_row(var, keys[var], method, "exact", run, ablated, kl, spread=tuple(spread),
+                         controls=drawn if n_max[var] else None, displacement=_displacement(run, var, stats, opts),
+                         rule=(opts.control_stop, opts.control_p)))
+        active, lo = [v for v in active if v not in decided], end
+        if not active:
+            break
     bar.close()
 
 
-def _log_round(run: _Run, jobs: list[_Job], sums: dict, kls: dict, units: float, draws: dict, keys: dict,
-               stats: Optional[QKVStats], log: ResultLog, opts: SweepOptions) -> None:
-    """The rows of a round's variants: each variant's own forward's result and its control draws' deltas."""
-    controls: dict[Variant, list[float]] = {}
-    for job in jobs:
-        if job.draw >= 0:
-            controls.setdefault(job.var, []).append(float(torch.cat(sums[job]).sum() / units) - run.baseline)
-    for job in jobs:
-        if job.draw >= 0:
-            continue
-        var = job.var
-        kk = kls[job]
-        kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
-        ablated, *spread = run.ablated_and_se(torch.cat(sums[job]))
-        log.add(_row(var, keys[var], opts.method, "exact", run, ablated, kl, spread=tuple(spread),
-                     controls=controls.get(var, []) if draws[var] else None,
-                     displacement=_displacement(run, var, stats, opts)))
+def _run_round(run: _Run, jobs: list[_Job], stack: int, stats: Optional[QKVStats], logits: bool, bar: Any,
+               opts: SweepOptions) -> tuple[dict, dict]:
+    """Per job of one round: its per-item metric sums and KLs (one entry per batch), on the device."""
+    groups = _groups(jobs, stack, opts.reuse_prefix)
+    hooks = [_job_hooks(run, group, stats, opts) for _, group in groups]
+    record = opts.reuse_prefix and any(start for start, _ in groups)
+    sums: dict[_Job, list[Tensor]] = {job: [] for job in jobs}
+    kls: dict[_Job, list[Optional[Tensor]]] = {job: [] for job in jobs}
+    with torch.no_grad():
+        for index in range(len(run.batches)):
+            intact = _intact_batch(run, index, record, logits)
+            for (start, group), group_hooks in zip(groups, hooks):
+                for job, (s, kl) in zip(group, _run_group(run, index, intact, group, start, group_hooks)):
+                    sums[job].append(s)
+                    kls[job].append(kl)
+                bar.update(len(group))
+            del intact
+    return sums, kls
 
 
 def _displacement(run: _Run, var: Variant, stats: Optional[QKVStats], opts: SweepOptions) -> float:
@@ -531,7 +679,7 @@ def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, estimate: st
     for var in [v for v in todo if reasons[v]]:
         controls = [0.0] * opts.n_control if _has_control(var, method) else None
         log.add(_row(var, keys[var], method, estimate, run, run.baseline, 0.0, reasons[var], controls=controls,
-                     displacement=_displacement(run, var, stats, opts)))
+                     displacement=_displacement(run, var, stats, opts), rule=(opts.control_stop, opts.control_p)))
     return [v for v in todo if not reasons[v]]
 
 
@@ -709,7 +857,7 @@ def merge_shards(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     order = {e: i for i, e in enumerate(dict.fromkeys(frames[0].estimate))}
     df = df.assign(_e=df.estimate.map(order), _k=df.kind.map({"q": 0, "k": 1, "v": 2, "sink_v": 3, "massive": 4}))
     df = df.sort_values(["_e", "_k", "layer", "head"], kind="stable", na_position="first")
-    return df.drop(columns=["_e", "_k"]).reset_index(drop=True)
+    return adjust_controls(df.drop(columns=["_e", "_k"]).reset_index(drop=True))  # across the merged heads
 
 
 @public
@@ -727,20 +875,25 @@ def ablate_bias(
     layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
     max_batches: Optional[int] = None, stack: Any = "auto", force_exact: bool = False, reuse_prefix: bool = True,
     top_k: int = 5, sample_k: int = 5, n_projections: int = 8, n_boot: int = 1000, n_control: int = 19,
-    seed: int = 0, shard: tuple[int, int] = (0, 1), progress: bool = True, overwrite: bool = False,
+    control_stop: int = 5, control_p: str = "normal", seed: int = 0, shard: tuple[int, int] = (0, 1),
+    progress: bool = True, overwrite: bool = False,
     positions: Any = None, abs_threshold: float = 100.0, ratio_threshold: float = 1000.0,
 ) -> pd.DataFrame:
     """Patch biases out and measure the metric; one row per variant (and estimate).
 
     Columns: layer, head (None where the variant spans several), kind, scope (head | layer | all | custom), method,
     estimate, metric, baseline, ablated, delta (= ablated - baseline), delta_se (standard error over items; exact
-    rows), delta_lo / delta_hi, displacement_norm, the matched control's control_lo / control_hi / control_p /
-    n_control / outside_control / bias_dependent (exact rows: ``n_control`` random directions of the same
-    displacement norm; a head is bias-dependent only when control_p <= 0.05; module doc), kl (exact, with logits;
-    NaN under embedding_cosine, whose forward stops at the last block), n_targets, identity, exact_because,
+    rows), delta_lo / delta_hi, displacement_norm, the matched control's control_lo / control_hi / delta_z /
+    control_p / control_p_empirical / control_p_adjusted / n_control / outside_control / bias_dependent (exact
+    rows: up to ``n_control`` random directions of the same displacement norm, a head stopping once
+    ``control_stop`` of them move the metric as much; control_p from the tail of a normal fitted to the draws,
+    ``control_p="normal"``, or their Monte Carlo p, ``"sequential"``; control_p_adjusted: Benjamini-Hochberg across
+    the table's tested heads; a head is bias-dependent only when control_p_adjusted <= 0.05, a false discovery rate
+    of 5%, not a family-wise error; module doc), kl (exact, with logits; NaN under embedding_cosine, whose forward
+    stops at the last block), n_targets, identity, exact_because,
     below_rounding (float16/bfloat16: |delta| < eps(dtype) x |baseline|), model_fingerprint, data_fingerprint,
     options (JSON: what the row depends on besides model, data and variant; ``SweepOptions``): see the module doc
-    for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``seed`` and ``method="random"``.
+    for the intervals, ``sample_k``, ``n_boot``, ``n_control``, ``control_p``, ``seed`` and ``method="random"``.
     Options are keywords (``method`` and ``estimate`` also by position), each declared once in
     ``interp.ablation.options.SweepOptions`` (its default, how it binds the results, where it applies): a value of
     the wrong type (``overwrite="no"``, ``top_k=2.0``), a name that is no option (the nearest is named) and a value
@@ -781,7 +934,7 @@ def _ablate(model: InterpBridge, data: Any, variants: list[Variant], metric: met
     if stats is None and needs_means(model, opts.method, targets):  # none for absent biases (shifted by 0)
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, opts.overwrite)
-    df = _sweep_all(run, variants, stats, log, opts)
+    df = adjust_controls(_sweep_all(run, variants, stats, log, opts))
     if out is not None:
         write_table(df, Path(out) / "ablation")
     return df

@@ -177,7 +177,8 @@ UNITS = {"next_token_ce": "nats", "cross_entropy": "nats", "feature_cosine": "co
 def ablation_figures(results: pd.DataFrame, model_name: str, top: int = 12, data: str = "") -> dict[str, plt.Figure]:
     """From ``ablate_bias`` rows: delta heatmaps per kind, the top heads (with the 95% bootstrap interval
     over items where there is one, and each exact head's matched control, ``control_lo`` to ``control_hi``, as a
-    grey band; heads outside it at p <= 0.05, ``bias_dependent``, are starred), estimate vs exact."""
+    grey band; heads called ``bias_dependent``, adjusted p <= 0.05 across the heads, are starred), estimate vs
+    exact."""
     check_table(results, "ablation_figures", ABLATION, ["layer", "head", "kind", "method", "estimate", "metric",
                                                         "delta", "baseline"],
                 keys=["layer", "head", "kind", "method", "estimate", "scope"])
@@ -218,7 +219,7 @@ def _spread(ranked: pd.DataFrame) -> tuple[Optional[np.ndarray], str]:
     return None, ""
 
 
-CONTROL_LABEL = "matched control: {n} random directions,\nsame displacement norm (min to max)"
+CONTROL_LABEL = "matched control: up to {n} random directions,\nsame displacement norm (min to max)"
 
 
 def _control_bands(ax: plt.Axes, ranked: pd.DataFrame) -> None:
@@ -263,7 +264,7 @@ def _top_heads_figure(df: pd.DataFrame, model_name: str, method: str, estimate: 
     ax.axvline(0.0, color="k", lw=0.8)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))  # small deltas: short tick labels
     ax.set_xlabel(f"delta {metric} (ablated - intact, {UNITS.get(metric, 'metric units')}){spread}")
-    ax.set_ylabel("layer, head, kind (* outside its matched control, p <= 0.05)")
+    ax.set_ylabel("layer, head, kind (* bias-dependent: matched control, BH-adjusted p <= 0.05)")
     ax.set_title(f"{model_name}: the {len(ranked)} largest effects of {method}-ablating a head's bias ({estimate})\n"
                  + _ablation_subtitle(df, data), fontsize=10)
     if len(ranked):

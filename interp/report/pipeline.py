@@ -8,6 +8,7 @@ sections out: tables (CSV + Parquet), figures (PNG), ``report.html`` and ``summa
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -372,7 +373,8 @@ def rank_agreement(both: pd.DataFrame, prefix: str, n_boot: int, seed: int) -> d
 def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -> Section:
     """The ablation step's section, from ``ablate_bias`` rows (one method; one estimate, or a one-pass
     estimate of every head plus exact rows for the top heads). Headline numbers come from exact rows
-    where there are any; a head is called bias-dependent only outside its matched control (``control_p``)."""
+    where there are any; a head is called bias-dependent only outside its matched control, its p adjusted across the
+    heads run exactly (``control_p_adjusted``, Benjamini-Hochberg)."""
     per_head = results[results.scope == "head"]
     # the best-known delta per head: exact where it was run, else the estimate (or the identity's 0)
     best = (per_head.assign(_estimated=per_head.estimate != "exact").sort_values("_estimated", kind="stable")
@@ -411,7 +413,9 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
                                      title=f"{model_name}: effect of removing each head's bias ({every})")],
                    # the heads run exactly, each with its matched control (the heatmap above: every head, estimated)
                    top_tables=[TopTable("ablation", ("layer", "head", "kind", "delta", "delta_lo", "delta_hi",
-                                                     "control_lo", "control_hi", "control_p", "bias_dependent"),
+                                                     "control_lo", "control_hi", "delta_z", "control_p",
+                                                     "control_p_empirical", "control_p_adjusted",
+                                                     "bias_dependent"),
                                         "delta", "The largest effects of the heads run exactly, with their matched "
                                         "control (click a column to sort)",
                                         query=f"scope == 'head' and estimate == 'exact' and method == '{first.method}' "
@@ -420,8 +424,8 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
 
 def control_numbers(per_head: pd.DataFrame) -> dict:
     """The matched control over the exact per-head rows it ran on (identity rows left out: their controls are 0 by
-    the identity, not measured): per kind, heads tested and heads called bias-dependent (control_p <= 0.05), and
-    the number of draws."""
+    the identity, not measured): per kind, heads tested and heads called bias-dependent (Benjamini-Hochberg adjusted
+    control_p <= 0.05), the heads whose unadjusted p is at most 0.05, and the fewest and most draws a head took."""
     if "control_p" not in per_head:
         return {}
     tested = per_head[(per_head.estimate == "exact") & per_head.control_p.notna()
@@ -430,24 +434,39 @@ def control_numbers(per_head: pd.DataFrame) -> dict:
         return {}
     kinds = {k: dict(tested=int(len(g)), bias_dependent=int(g.bias_dependent.fillna(False).sum()))
              for k, g in tested.groupby("kind")}
-    return dict(n_control=int(tested.n_control.max()), kinds=kinds,
-                tested=int(len(tested)), bias_dependent=int(tested.bias_dependent.fillna(False).sum()))
+    first = tested.options.iloc[0] if "options" in tested else None
+    options = json.loads(first) if isinstance(first, str) else {}  # the rule its p was read by
+    return dict(n_control=int(tested.n_control.max()), n_control_min=int(tested.n_control.min()), kinds=kinds,
+                tested=int(len(tested)), bias_dependent=int(tested.bias_dependent.fillna(False).sum()),
+                uncorrected=int((tested.control_p <= 0.05).sum()), control_p=options.get("control_p", "normal"),
+                control_stop=int(options.get("control_stop", 0)))
 
 
 def _control_text(control: dict) -> str:
     if not control:
         return " No matched control was run (estimated rows only, or n_control=0): no head is called bias-dependent."
     per_kind = ", ".join(f"{k}: {v['bias_dependent']} of {v['tested']}" for k, v in control["kinds"].items())
-    return (f" Matched control: each exact head rerun with {control['n_control']} random directions of the same "
-            f"displacement norm; outside that band at p ≤ 0.05 (bias-dependent): {per_kind}.")
+    stop = control.get("control_stop", 0)
+    stops = f" (a head stops once {stop} draws move the metric as much as it does)" if stop else ""
+    read = ("its p read from the tail of a normal fitted to its draws" if control.get("control_p") == "normal" else
+            "its p the Monte Carlo p of its draws")
+    return (f" Matched control: each exact head rerun with random directions of the same displacement norm, "
+            f"{_draws(control)}{stops}, {read}; bias-dependent, with the false discovery rate across the "
+            f"{control['tested']} heads held at 5% (Benjamini-Hochberg adjusted p ≤ 0.05): {per_kind} "
+            f"({control['uncorrected']} at p ≤ 0.05 before the adjustment).")
+
+
+def _draws(control: dict) -> str:
+    lo, hi = control.get("n_control_min", control["n_control"]), control["n_control"]
+    return f"{hi} draws each" if lo == hi else f"{lo} to {hi} draws a head"
 
 
 def _headline_control(numbers: dict) -> str:
     control = numbers["matched_control"]
     if not control:
         return " No matched control was run, so no head is called bias-dependent."
-    return (f" {control['bias_dependent']} of {control['tested']} heads run exactly move it more than "
-            f"{control['n_control']} random directions of the same displacement norm (p ≤ 0.05).")
+    return (f" {control['bias_dependent']} of {control['tested']} heads run exactly move it more than random "
+            "directions of the same displacement norm (Benjamini-Hochberg adjusted p ≤ 0.05 across those heads).")
 
 
 def _estimate_text(numbers: dict) -> str:
@@ -465,7 +484,7 @@ def _estimate_text(numbers: dict) -> str:
 def ablation_step(ctx: Context) -> list[Section]:
     """Zero-ablation of every head's bias; the heads run exactly carry their matched control (``n_control``
     random directions of the same displacement norm, ``ablate_bias``'s default). Quick mode runs 2 top and 2 sampled
-    heads per kind exactly (each costs 20 forwards with its control)."""
+    heads per kind exactly (each costs at most 20 forwards with its control)."""
     batches = ctx.first()
     quick = dict(top_k=min(ctx.top_k, 2), sample_k=2) if ctx.quick else dict(top_k=ctx.top_k)  # quick: 2 + 2 exact
     chosen = quick if ctx.ablation_estimate == "auto" else {}  # top_k and sample_k apply under auto only

@@ -229,6 +229,8 @@ CHANGED = {  # a fingerprint-bound option -> (keywords of the first run, the cha
     "n_boot": (dict(), 10, "n_boot: 1000 there, 10 now"),
     "seed": (dict(), 3, "seed: 0 there, 3 now"),
     "n_control": (dict(), 4, "n_control: 19 there, 4 now"),
+    "control_stop": (dict(), 0, "control_stop: 5 there, 0 now"),
+    "control_p": (dict(n_control=39), "sequential", "control_p: 'normal' there, 'sequential' now"),
     "shard": (dict(), (1, 2), "shard: None there, '1/2' now"),
     "n_projections": (dict(metric=lambda out, batch: out.sum()), None, None),  # bound only for a distance metric
 }
