@@ -27,9 +27,14 @@ class ResultLog:
     ``overwrite=True`` (which replaces a log of another run of ours, never a file someone else wrote).
     """
 
-    def __init__(self, path: Optional[Path], fingerprint: dict, overwrite: bool = False):
+    def __init__(self, path: Optional[Path], fingerprint: dict, overwrite: bool = False,
+                 optional: frozenset = frozenset()):
+        """``optional``: fingerprint keys a run may leave out, the options that apply to some estimates only (a run
+        of another estimate does not fingerprint them: its rows do not depend on them); the log keeps their value
+        from the run that bound them, and every other key must be on both sides and equal."""
         self.path = path
         self.fingerprint = fingerprint
+        self.optional = optional
         self.rows: dict[str, dict] = {}
         if path is None:
             return
@@ -38,6 +43,10 @@ class ResultLog:
             text = _read_text(path)
             header = self._header(path, text)
             lines = [] if overwrite else self._read(path, text, header)
+            if not overwrite:  # an option this run does not fingerprint (it does not apply to its estimate) but
+                # the log's rows were computed with: kept in the header, so a later run is checked against it
+                self.fingerprint = fingerprint = {
+                    **{k: v for k, v in header.items() if k not in fingerprint and k in optional}, **fingerprint}
         with atomic_path(path) as tmp:
             tmp.write_text("".join(line + "\n" for line in [json.dumps({HEADER: fingerprint})] + lines))
 
@@ -86,7 +95,10 @@ class ResultLog:
         return good
 
     def _check(self, path: Path, found: dict) -> None:
-        differ = sorted(k for k in set(found) | set(self.fingerprint) if found.get(k) != self.fingerprint.get(k))
+        # a key on one side only is an option that does not apply to one of the two runs' estimates (attribution
+        # rows do not depend on n_control): not a difference; every key both runs bind must be equal
+        differ = sorted(k for k in set(found) | set(self.fingerprint) if found.get(k) != self.fingerprint.get(k) and (
+            (k in found and k in self.fingerprint) or k not in self.optional))
         if any("#unfingerprintable-" in str(v) for v in (found.get("metric"), self.fingerprint.get("metric"))):
             raise StaleResultsError(f"{path}: the metric captures a value interp cannot hash (an object without a "
                                     "stable content), so its rows cannot be matched to this run's metric: use "

@@ -160,6 +160,7 @@ class SweepOptions:
                                     kinds=("massive",))
 
     BINDS: ClassVar[dict[str, str]]  # field -> "fingerprint" | "key" | "none", from the declarations
+    ESTIMATE_BOUND: ClassVar[frozenset]  # fingerprint fields that apply to some estimates only
 
     def __post_init__(self) -> None:
         check_option_types("SweepOptions", _door(), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
@@ -183,6 +184,8 @@ class SweepOptions:
             if f.metadata["bind"] != "fingerprint" or (only == "distance" and not distance) or (
                     only == "sharded" and self.shard[1] == 1):
                 continue
+            if f.metadata["estimates"] is not None and self.estimate not in f.metadata["estimates"]:
+                continue  # it does not apply to this estimate: its rows do not depend on it (the log keeps it)
             bound[f.name] = f"{self.shard[0]}/{self.shard[1]}" if only == "sharded" else getattr(self, f.name)
         return bound
 
@@ -248,6 +251,8 @@ def _refuse_unknown(init: Callable) -> Callable:
 
 SweepOptions.__init__ = _refuse_unknown(SweepOptions.__init__)  # type: ignore[method-assign]
 SweepOptions.BINDS = {f.name: f.metadata["bind"] for f in dataclasses.fields(SweepOptions)}
+SweepOptions.ESTIMATE_BOUND = frozenset(f.name for f in dataclasses.fields(SweepOptions)
+                                        if f.metadata["bind"] == "fingerprint" and f.metadata["estimates"] is not None)
 OPTION_NAMES = tuple(SweepOptions.BINDS)
 
 

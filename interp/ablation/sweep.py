@@ -933,7 +933,8 @@ def _ablate(model: InterpBridge, data: Any, variants: list[Variant], metric: met
     run.implicit = sites and prepare_sites(model, sites, run.batches, targets)
     if stats is None and needs_means(model, opts.method, targets):  # none for absent biases (shifted by 0)
         stats = record_qkv(model, run.batches, progress=False)
-    log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, opts.overwrite)
+    log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, opts.overwrite,
+                    optional=SweepOptions.ESTIMATE_BOUND)
     df = adjust_controls(_sweep_all(run, variants, stats, log, opts))
     if out is not None:
         write_table(df, Path(out) / "ablation")

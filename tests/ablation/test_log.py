@@ -2,6 +2,7 @@
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -286,3 +287,19 @@ def test_options_that_bind_no_row_resume_the_same_rows(models, tmp_path):
     assert set(again.options) == set(first.options)
     shared = first.merge(again, on=["layer", "head", "kind", "estimate"], suffixes=("", "_again"))
     assert len(shared) >= 4 and (shared.delta == shared.delta_again).all()
+
+
+def test_an_option_one_estimate_ignores_is_still_bound_by_the_rows_of_the_other(models, tmp_path):
+    """`interp ablate --estimate both --n-control 0`: the attribution rows do not depend on n_control, so their run
+    leaves it out of the fingerprint, and the log keeps the exact rows' value: a later exact run with another
+    n_control is refused, even after an attribution run opened the log in between."""
+    a, _ = models
+    kw = dict(kinds=("q",), layers=[0], out=tmp_path, progress=False)
+    ablate_bias(a, data(), estimate="attribution", **kw)
+    exact = ablate_bias(a, data(), estimate="exact", n_control=0, **kw)
+    ablate_bias(a, data(), estimate="attribution", **kw)
+    assert json.loads((tmp_path / "ablation.jsonl").read_text().split("\n")[0])["_fingerprint"]["n_control"] == 0
+    again = ablate_bias(a, data(), estimate="exact", n_control=0, **kw)  # resumed: the same rows
+    pd.testing.assert_frame_equal(again, exact)
+    with pytest.raises(StaleResultsError, match="n_control: 0 there, 2 now"):
+        ablate_bias(a, data(), estimate="exact", n_control=2, **kw)
