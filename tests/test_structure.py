@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interp"
 
 # Lowest layer first. A module may import only from layers strictly below its own.
 LAYERS = [
-    ["interp._version", "interp.errors", "interp.types", "interp.record.hooks"],
+    ["interp._version", "interp._lazy", "interp.errors", "interp.types", "interp.record.hooks"],
     ["interp.record.moments", "interp.figures.plot_checks", "interp.figures.colours"],
     ["interp.checks", "interp.io", "interp.bootstrap", "interp.models.builders", "interp.models.adapters.common", "interp.models.folder",
      "interp.figures.single_input_plots", "interp.models.external"],

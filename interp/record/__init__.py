@@ -3,17 +3,6 @@ weights, and the streaming Q/K/V statistics (``QKVStats``) with their fingerprin
 
 Importing the package imports nothing else; each module loads on first use."""
 
-import importlib as _importlib
-from typing import Any as _Any
+from interp._lazy import lazy_modules as _lazy_modules
 
-
-def __getattr__(name: str) -> _Any:
-    """``interp.record.<module>`` imports the module on first use (nothing is imported with the package)."""
-    try:
-        value = _importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as error:
-        if error.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_modules(__name__, globals())
