@@ -73,12 +73,12 @@ def test_one_epoch_smoke_run_of_every_variant():
     from experiments.training.mnist_vit import VARIANTS, k_biases, train_mnist_vit
 
     for variant in VARIANTS:
-        # the recipe learns (checked on q/k/v, 100 steps of 128); the other variants' structure after 20
+        # the recipe learns (checked on q/k/v, 50 steps of 128); the other variants' structure after 5
         # steps (their accuracy over 5 seeds: the benchmark, and the shipped weights' slow test)
         learns = variant == "qkv"
-        model, acc = train_mnist_vit(variant, seed=0, epochs=1, n_train=12_800 if learns else 2_560,
-                                     n_test=1_000)
-        assert acc > 0.2 or not learns, (variant, acc)  # twice chance after 100 steps (0.31 measured)
+        model, acc = train_mnist_vit(variant, seed=0, epochs=1, n_train=6_400 if learns else 640,
+                                     n_test=1_000 if learns else 100)
+        assert acc > 0.2 or not learns, (variant, acc)  # twice chance after 50 steps (0.25 measured; 0.31 after 100)
         present = [layer.attention.k_proj.bias is not None for layer in model.vit.layers]
         assert all(present) == (variant != "none")
         if variant == "qv":
@@ -108,8 +108,8 @@ def test_the_shipped_variants_reach_their_reported_accuracy(variant):
 
     model = interp.load_model(ZOO_NAMES[variant], device="cpu")
     x, y = mnist(28, "test")
-    with torch.no_grad():
-        hits = sum(int((model(x[i:i + 1000]).argmax(-1) == y[i:i + 1000]).sum()) for i in range(0, 10_000, 1000))
+    with torch.no_grad():  # batches of 100: 0.55x the CPU of batches of 1000 (one thread), the same hits
+        hits = sum(int((model(x[i:i + 100]).argmax(-1) == y[i:i + 100]).sum()) for i in range(0, 10_000, 100))
     seeds = pd.read_csv(RESULTS / "seeds.csv")
     reported = float(seeds[(seeds.seed == 0) & (seeds.variant == variant)].test_accuracy.iloc[0])
     assert abs(hits / 10_000 - reported) <= 0.001, (hits / 10_000, reported)
