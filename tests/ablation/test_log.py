@@ -25,39 +25,39 @@ def models():
 
 def test_another_model_into_the_same_folder_is_refused(models, tmp_path):
     a, b = models
-    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact", n_control=0)
     with pytest.raises(StaleResultsError, match="another run.*model:"):
-        ablate_bias(b, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(b, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact", n_control=0)
 
 
 def test_more_batches_after_fewer_is_refused(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=1, progress=False, estimate="exact")
+    ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=1, progress=False, estimate="exact", n_control=0)
     with pytest.raises(StaleResultsError, match="max_batches: 1 there, 3 now"):
-        ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=3, progress=False, estimate="exact")
+        ablate_bias(a, data(3), kinds=("q",), out=tmp_path, max_batches=3, progress=False, estimate="exact", n_control=0)
 
 
 def test_other_data_is_refused(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact", n_control=0)
     other = [tiny_inputs("gpt2", batch=2, pos=8, seed=s + 10) for s in range(2)]
     with pytest.raises(StaleResultsError, match="data:"):
-        ablate_bias(a, other, kinds=("v",), out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(a, other, kinds=("v",), out=tmp_path, progress=False, estimate="exact", n_control=0)
 
 
 def test_two_lambda_metrics_do_not_collide(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), metric=lambda out, batch: out.float().mean(), out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("q",), metric=lambda out, batch: out.float().mean(), out=tmp_path, progress=False, estimate="exact", n_control=0)
     with pytest.raises(StaleResultsError, match="metric:"):
         ablate_bias(a, data(), kinds=("q",), metric=lambda out, batch: out.float().std(), out=tmp_path,
-                    progress=False, estimate="exact")
+                    progress=False, estimate="exact", n_control=0)
 
 
 def test_overwrite_starts_afresh_and_equals_a_clean_run(models, tmp_path):
     a, b = models
-    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
-    fresh = ablate_bias(b, data(), kinds=("q",), out=tmp_path, overwrite=True, progress=False, estimate="exact")
-    clean = ablate_bias(b, data(), kinds=("q",), progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact", n_control=0)
+    fresh = ablate_bias(b, data(), kinds=("q",), out=tmp_path, overwrite=True, progress=False, estimate="exact", n_control=0)
+    clean = ablate_bias(b, data(), kinds=("q",), progress=False, estimate="exact", n_control=0)
     assert fresh.delta.tolist() == pytest.approx(clean.delta.tolist(), abs=1e-12)
     header = json.loads((tmp_path / "ablation.jsonl").read_text().splitlines()[0])["_fingerprint"]
     assert header["model"] == fresh.model_fingerprint.iloc[0] == interp.record.fingerprint.model_fingerprint(b)
@@ -67,7 +67,7 @@ def test_a_log_without_fingerprint_is_refused(models, tmp_path):
     a, _ = models
     (tmp_path / "ablation.jsonl").write_text(json.dumps({"_key": "x", "delta": 0.5}) + "\n")
     with pytest.raises(StaleResultsError, match="without a fingerprint"):
-        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact", n_control=0)
 
 
 def test_statistics_of_another_model_are_refused(models):
@@ -76,7 +76,7 @@ def test_statistics_of_another_model_are_refused(models):
     with pytest.raises(interp.errors.InputError, match="recorded on another model"):
         interp.origin_shift(a, stats_b)
     with pytest.raises(interp.errors.InputError, match="recorded on another model"):
-        ablate_bias(a, data(), kinds=("q",), method="mean", stats=stats_b, progress=False, estimate="exact")
+        ablate_bias(a, data(), kinds=("q",), method="mean", stats=stats_b, progress=False, estimate="exact", n_control=0)
     stats_a = interp.record_qkv(a, data(), progress=False)
     with pytest.raises(interp.errors.InputError, match="different models"):
         stats_a.merge(stats_b)
@@ -84,13 +84,13 @@ def test_statistics_of_another_model_are_refused(models):
 
 def test_a_damaged_line_in_the_middle_is_named(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact", n_control=0)
     log = tmp_path / "ablation.jsonl"
     lines = log.read_text().splitlines()
     lines[2] = "\udcff garbage"
     log.write_text("\n".join(lines) + "\n", errors="surrogateescape")
     with pytest.raises(StaleResultsError, match="line 3: unreadable"):
-        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(a, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact", n_control=0)
 
 
 def test_ids_and_mask_as_one_pair_are_one_batch(models):
@@ -116,20 +116,20 @@ def _logit_of(out, batch, token):
 
 def test_closure_metrics_capturing_different_values_do_not_collide(models, tmp_path):
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False, estimate="exact", n_control=0)
     with pytest.raises(StaleResultsError, match="metric:"):
-        ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(7), out=tmp_path, progress=False, estimate="exact")
-    resumed = ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(7), out=tmp_path, progress=False, estimate="exact", n_control=0)
+    resumed = ablate_bias(a, data(), kinds=("q",), metric=_metric_for_token(5), out=tmp_path, progress=False, estimate="exact", n_control=0)
     assert len(resumed) == 8  # the same closure value resumes
 
 
 def test_partial_metrics_with_different_arguments_do_not_collide(models, tmp_path):
     import functools
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), metric=functools.partial(_logit_of, token=5), out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("q",), metric=functools.partial(_logit_of, token=5), out=tmp_path, progress=False, estimate="exact", n_control=0)
     with pytest.raises(StaleResultsError, match="metric:"):
         ablate_bias(a, data(), kinds=("q",), metric=functools.partial(_logit_of, token=7), out=tmp_path,
-                    progress=False, estimate="exact")
+                    progress=False, estimate="exact", n_control=0)
 
 
 def test_a_metric_capturing_an_unhashable_object_never_resumes(models, tmp_path):
@@ -137,22 +137,22 @@ def test_a_metric_capturing_an_unhashable_object_never_resumes(models, tmp_path)
     holder = type("Holder", (), {})()
     holder.token = 5
     metric = lambda out, batch: out[..., holder.token].float().mean()  # noqa: E731
-    ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False, estimate="exact", n_control=0)
     with pytest.raises(StaleResultsError, match="cannot hash"):
-        ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(a, data(), kinds=("q",), metric=metric, out=tmp_path, progress=False, estimate="exact", n_control=0)
 
 
 def test_weights_changed_in_place_are_noticed(tmp_path):
     model = interp.load_model(tiny_hf_model("gpt2", seed=0), device="cpu")
-    before = ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
+    before = ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact", n_control=0)
     stats = interp.record_qkv(model, data(), progress=False)
     with torch.no_grad():  # a fine-tuning step in a notebook: the weights change in place
         model.hf_model.transformer.h[0].attn.c_attn.weight.mul_(1.5)
     with pytest.raises(StaleResultsError, match="model:"):
-        ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(model, data(), kinds=("q",), out=tmp_path, progress=False, estimate="exact", n_control=0)
     with pytest.raises(interp.InterpError, match="record them on this model"):
         interp.origin_shift(model, stats)
-    after = ablate_bias(model, data(), kinds=("q",), progress=False, estimate="exact")
+    after = ablate_bias(model, data(), kinds=("q",), progress=False, estimate="exact", n_control=0)
     assert after.model_fingerprint.iloc[0] != before.model_fingerprint.iloc[0]
     assert after.baseline.iloc[0] != before.baseline.iloc[0]
 
@@ -181,10 +181,10 @@ def test_a_global_read_only_inside_a_comprehension_is_part_of_the_metric(models,
     """Found in issue 23's second pass: the global constants were read from the function's own code only, so
     changing SHIFT resumed the old rows."""
     a, _ = models
-    ablate_bias(a, data(), kinds=("q",), metric=_shifted_logits, out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("q",), metric=_shifted_logits, out=tmp_path, progress=False, estimate="exact", n_control=0)
     monkeypatch.setitem(globals(), "SHIFT", 10)
     with pytest.raises(StaleResultsError, match="metric:"):
-        ablate_bias(a, data(), kinds=("q",), metric=_shifted_logits, out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(a, data(), kinds=("q",), metric=_shifted_logits, out=tmp_path, progress=False, estimate="exact", n_control=0)
 
 
 def test_mean_ablation_with_statistics_of_other_data_is_refused(models, tmp_path):
@@ -192,24 +192,24 @@ def test_mean_ablation_with_statistics_of_other_data_is_refused(models, tmp_path
     so statistics of other data resumed the rows patched with the first run's means."""
     a, _ = models
     first, other = (interp.record_qkv(a, d, progress=False) for d in (data(1), data(2)[1:]))
-    ablate_bias(a, data(), kinds=("v",), method="mean", stats=first, out=tmp_path, progress=False, estimate="exact")
+    ablate_bias(a, data(), kinds=("v",), method="mean", stats=first, out=tmp_path, progress=False, estimate="exact", n_control=0)
     with pytest.raises(StaleResultsError, match="stats:"):
         ablate_bias(a, data(), kinds=("v",), method="mean", stats=other, out=tmp_path, progress=False,
-                    estimate="exact")
+                    estimate="exact", n_control=0)
     resumed = ablate_bias(a, data(), kinds=("v",), method="mean", stats=first, out=tmp_path, progress=False,
-                          estimate="exact")
+                          estimate="exact", n_control=0)
     assert len(resumed) == 8
 
 
 def test_a_hook_left_on_the_model_is_part_of_the_run(tmp_path):
     """Found in issue 23's second pass: a permanent hook added between two runs resumed the hook-free rows."""
     model = interp.load_model(tiny_hf_model("gpt2", seed=0), device="cpu")
-    ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")
-    ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")  # TL's own hooks: resumes
+    ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact", n_control=0)
+    ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact", n_control=0)  # TL's own hooks: resumes
     model.blocks[0].attn.hook_pattern.add_hook(lambda t, hook: torch.full_like(t, 1.0 / t.shape[-1]),
                                                is_permanent=True)
     with pytest.raises(StaleResultsError, match="hooks: None there"):
-        ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact")
+        ablate_bias(model, data(), kinds=("v",), out=tmp_path, progress=False, estimate="exact", n_control=0)
 
 
 def test_atp_distance_with_other_projections_is_refused(tmp_path):
@@ -225,15 +225,16 @@ def test_atp_distance_with_other_projections_is_refused(tmp_path):
 # Every option of ablate_bias is one field of SweepOptions, and each says how it reaches the results (issue 31):
 # "fingerprint" options are refused on resume, "key" options run their own rows, "none" options resume the same rows.
 SELECTION = {"model", "data", "kinds", "scope", "metric", "stats", "out", "layers", "heads"}
-CHANGED = {  # a fingerprint-bound option -> (keywords of the first run, the changed value, what the refusal names)
-    "max_batches": (dict(), 1, "max_batches: None there, 1 now"),
-    "n_boot": (dict(), 10, "n_boot: 1000 there, 10 now"),
-    "seed": (dict(), 3, "seed: 0 there, 3 now"),
+CHANGED = {  # a fingerprint-bound option -> (keywords of the first run, the changed value, what the refusal names);
+    # options that are not the control's run without it (n_control=0: no 19 draws per head for a refusal)
+    "max_batches": (dict(n_control=0), 1, "max_batches: None there, 1 now"),
+    "n_boot": (dict(n_control=0), 10, "n_boot: 1000 there, 10 now"),
+    "seed": (dict(n_control=0), 3, "seed: 0 there, 3 now"),
     "n_control": (dict(), 4, "n_control: 19 there, 4 now"),
     "control_stop": (dict(), 0, "control_stop: 5 there, 0 now"),
     "control_p": (dict(n_control=39), "sequential", "control_p: 'normal' there, 'sequential' now"),
-    "shard": (dict(), (1, 2), "shard: None there, '1/2' now"),
-    "n_projections": (dict(metric=lambda out, batch: out.sum()), None, None),  # bound only for a distance metric
+    "shard": (dict(n_control=0), (1, 2), "shard: None there, '1/2' now"),
+    "n_projections": (dict(metric=lambda out, batch: out.sum(), n_control=0), None, None),  # bound only for a distance metric
 }
 
 
