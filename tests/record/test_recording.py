@@ -125,7 +125,9 @@ def test_two_process_gloo_all_reduce_equals_single_process(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     path = tmp_path / "dist.safetensors"
-    mp.spawn(_worker, args=(2, port, str(path)), nprocs=2, join=True)
+    # forked ranks start from this process's imports (spawned ones imported torch, transformers and interp again:
+    # ~15 s of CPU each); gloo, the process group and the model are made in each rank after the fork
+    mp.start_processes(_worker, args=(2, port, str(path)), nprocs=2, join=True, start_method="fork")
     dist_stats = QKVStats.load(path)
     model = interp.load_model(tiny_hf_model("gpt2").double(), device="cpu")
     single = record_qkv(model, padded_batches("gpt2", n_batches=4), progress=False)
