@@ -17,14 +17,43 @@ from interp.record.stats import QKVStats
 
 CMD = [sys.executable, "-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits",
        "--kinds", "q,k,v", "--max-batches", "2", "--n-control", "2"]  # rows with their control draws resume too
-# the killed and resumed processes on one thread, like the uninterrupted reference (``run_cli``): same sums
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+# the killed process runs on one thread, like the uninterrupted reference and the resumed run (``run_cli``): same sums
 
 
 def _killed_at(cmd: list, fault: str) -> None:
-    """Run ``cmd`` with the fault point ``fault`` armed (interp.io.fault_point): it must die by SIGKILL there."""
-    proc = subprocess.run(cmd, capture_output=True, timeout=600, env={**ONE_THREAD, FAULT_ENV: fault})
-    assert proc.returncode == -signal.SIGKILL, f"{fault} was never reached: the kill tested nothing"
+    """Run the CLI command ``cmd`` with the fault point ``fault`` armed (interp.io.fault_point) in a process forked
+    from this one, on one thread: it must die by SIGKILL there. A fork starts from this process's imports (a fresh
+    ``python -m interp.cli`` imported torch, transformers and interp again: ~15 s of CPU a process, for nothing the
+    kill tests); what the killed process leaves on disk is the same."""
+    import time
+
+    import torch
+
+    from interp.cli import main
+
+    assert cmd[:3] == [sys.executable, "-m", "interp.cli"]
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.environ[FAULT_ENV] = fault
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            torch.set_num_threads(1)
+            code = main([str(a) for a in cmd[3:]])
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
+    deadline = time.monotonic() + 600
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise AssertionError(f"{fault}: the forked CLI process did not finish in 600 s")
+    status = done[1]
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, \
+        f"{fault} was never reached: the kill tested nothing (status {status})"
 
 
 def test_sweep_killed_with_sigkill_resumes_to_identical_results(tmp_path, run_cli):
@@ -68,13 +97,14 @@ def _assert_same(a: QKVStats, b: QKVStats) -> None:
                for l in a.layers for k in a.kinds)
 
 
-def test_read_only_output_folder(tmp_path):
+def test_read_only_output_folder(tmp_path, run_cli, capsys):
     df = pd.DataFrame({"a": [1]})
     with pytest.raises(OutputError, match="cannot write to output folder /proc"):
         write_table(df, "/proc/interp-out/table")
-    r = subprocess.run([sys.executable, "-m", "interp.cli", "inventory", "--model", "digits-vit",
-                        "--out", "/proc/interp-out"], capture_output=True, text=True)
-    assert r.returncode == 1 and "cannot write to output folder" in r.stderr and "Traceback" not in r.stderr
+    # the CLI's own handling (interp.cli.main), in this process: a new process only imported torch again (~15 s)
+    code = run_cli(["inventory", "--model", "digits-vit", "--out", "/proc/interp-out"])
+    err = capsys.readouterr().err
+    assert code == 1 and "cannot write to output folder" in err and "Traceback" not in err
 
 
 def test_full_disk_leaves_nothing_half_written(tmp_path, monkeypatch):
