@@ -35,14 +35,13 @@ ROOT = Path(__file__).resolve().parent
 
 # Node-id prefixes (relative to the checkout) of the integration tier, with why.
 INTEGRATION = (
-    "tests/test_faults.py::test_sweep_killed",            # 5 CLI processes, 3 of them SIGKILLed
-    "tests/test_faults.py::test_recording_killed",        # 3 CLI processes
+    "tests/test_faults.py::test_sweep_killed",            # 3 forked CLI processes, SIGKILLed
+    "tests/test_faults.py::test_recording_killed",        # 1 forked CLI process, SIGKILLed
     "tests/record/test_recording.py::test_interp_record_under_torchrun",
     "tests/record/test_recording.py::test_interp_record_on_an_image_folder_under_torchrun",
     "tests/record/test_recording.py::test_two_process_gloo",        # torch.multiprocessing, two ranks
     "tests/ablation/test_sweep.py::test_interp_ablate_under_torchrun",
     "tests/test_cli.py::test_models_lists_the_zoo",       # the CLI in a subprocess
-    "tests/test_cli.py::test_unknown_model_is_one_clear_line",
     "tests/test_cli.py::test_help_answers_without_importing_torch",
     "tests/test_cli.py::test_version_and_debug_anywhere",
     "tests/test_structure.py::test_import_has_no_side_effects",
