@@ -112,3 +112,46 @@ def run_cli():
             torch.set_num_threads(before)
 
     return run
+
+
+def _cli_rank(argv: list) -> tuple:
+    """One rank of ``torchrun_forked``: ``interp.cli.main(argv)`` on one thread (torchrun's per-rank default);
+    returns (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from interp.cli import main
+
+    torch.set_num_threads(1)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def torchrun_forked():
+    """``interp.cli.main(argv)`` on ``nproc`` ranks under torch's elastic agent, the launcher ``torchrun --standalone``
+    runs (its argument parser, the same c10d rendezvous on localhost, the same RANK / LOCAL_RANK / WORLD_SIZE /
+    MASTER_ADDR / MASTER_PORT in each rank), the ranks forked from this process rather than started as new ``python -m
+    interp.cli`` processes: each of those imported torch, transformers and interp again (~15 s of CPU a rank, ~35 s a
+    test). ``tests/record/test_recording.py::test_interp_record_under_torchrun_equals_one_process`` runs the real
+    ``torchrun`` command. Returns {rank: (exit code, stdout, stderr)}."""
+    import signal
+    import uuid
+
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    def run(argv: list, nproc: int = 2) -> dict:
+        config, _, _ = config_from_args(parse_args(
+            ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", str(uuid.uuid4()),
+             "--nproc_per_node", str(nproc), "--start-method", "fork", "-m", "interp.cli"]))
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+        try:  # the agent handles these signals while its ranks run: this process's own handlers come back after
+            return elastic_launch(config, entrypoint=_cli_rank)([str(a) for a in argv])
+        finally:
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
+
+    return run

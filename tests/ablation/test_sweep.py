@@ -262,25 +262,18 @@ def test_layer_mean_replaces_each_head_bias_by_the_layer_average():
     assert (table[table.kind == "k"].identity != "").all() and (table[table.kind == "q"].delta != 0).any()
 
 
-def test_interp_ablate_under_torchrun_equals_one_process(tmp_path, run_cli, capsys):
-    """Each rank runs its share of the variants into its own log; rank 0's merged table is one process's."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
+def test_interp_ablate_under_torchrun_equals_one_process(tmp_path, run_cli, capsys, torchrun_forked):
+    """Each rank runs its share of the variants into its own log; rank 0's merged table is one process's. The ranks
+    run under torchrun's elastic agent, forked from this process (``torchrun_forked``)."""
     import pandas as pd
 
     # 4 exact heads per kind (3 top, 1 drawn), each with 2 control draws: both ranks get exact rows and control
     # draws to shard (the defaults, 5 drawn and 19 draws, ran 320 patched forwards twice for the same property)
     args = ["-m", "interp.cli", "ablate", "--model", "digits-vit", "--data", "digits", "--max-batches", "1",
             "--estimate", "auto", "--top-k", "3", "--sample-k", "1", "--n-control", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torchrun's per-rank default: the same float32 sums
     assert run_cli(args[2:] + ["--out", tmp_path / "one"]) == 0, capsys.readouterr().err[-2000:]  # one thread
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    r2 = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
-                        capture_output=True, text=True, timeout=600, env=env)
-    assert r2.returncode == 0, r2.stderr[-2000:]
+    ranks = torchrun_forked(args[2:] + ["--out", tmp_path / "two"])  # one thread a rank: the same float32 sums
+    assert sorted(ranks) == [0, 1] and all(code == 0 for code, _, _ in ranks.values()), ranks
     one = pd.read_parquet(tmp_path / "one" / "ablation.parquet")
     two = pd.read_parquet(tmp_path / "two" / "ablation.parquet")
     shares = [pd.read_parquet(tmp_path / "two" / f"rank{r}" / "ablation.parquet") for r in range(2)]

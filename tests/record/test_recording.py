@@ -216,12 +216,9 @@ def test_interp_record_under_torchrun_equals_one_process(tmp_path, run_cli):
             torch.testing.assert_close(two.cov(layer, kind), one.cov(layer, kind), rtol=1e-10, atol=1e-13)
 
 
-def test_interp_record_on_an_image_folder_under_torchrun_equals_one_process(tmp_path, run_cli, capsys):
-    """Each rank reads its own batches of the folder (nothing listed twice); the merge equals one process."""
-    import shutil
-    import subprocess
-    import sys
-
+def test_interp_record_on_an_image_folder_under_torchrun_equals_one_process(tmp_path, run_cli, capsys, torchrun_forked):
+    """Each rank reads its own batches of the folder (nothing listed twice); the merge equals one process. The
+    ranks run under torchrun's elastic agent, forked from this process (``torchrun_forked``)."""
     import numpy as np
     from PIL import Image
 
@@ -235,11 +232,9 @@ def test_interp_record_on_an_image_folder_under_torchrun_equals_one_process(tmp_
     args = ["-m", "interp.cli", "record", "--model", "digits-vit", "--data", str(folder), "--batch-size", "4"]
     assert run_cli(args[2:] + ["--out", tmp_path / "one"]) == 0  # one process: this one
     r1 = capsys.readouterr()
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    r2 = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
-                        capture_output=True, text=True, timeout=600)
-    assert r2.returncode == 0, r2.stderr[-2000:]
-    assert "skipped 1 unreadable item(s)" in r1.out and "skipped 1 unreadable item(s)" in r2.stdout
+    ranks = torchrun_forked(args[2:] + ["--out", tmp_path / "two"])
+    assert sorted(ranks) == [0, 1] and all(code == 0 for code, _, _ in ranks.values()), ranks
+    assert "skipped 1 unreadable item(s)" in r1.out and "skipped 1 unreadable item(s)" in ranks[0][1]
     one = QKVStats.load(tmp_path / "one" / "qkv_stats.safetensors")
     two = QKVStats.load(tmp_path / "two" / "qkv_stats.safetensors")
     assert one.count(0) == two.count(0) == 21 * 17
