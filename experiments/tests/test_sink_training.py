@@ -6,9 +6,7 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -83,37 +81,50 @@ def test_another_recipe_is_refused_never_mixed(tmp_path):
     assert recipe_fingerprint(VisionRecipe()) != recipe_fingerprint(VisionRecipe(steps=3))
 
 
-KILLED = textwrap.dedent("""
-    import sys, torch
-    torch.set_num_threads(1)
+def _killed_training(work: Path) -> int:
+    """Train k_slot_v0 (seed 2) into ``work`` in a process forked from this one, each checkpoint save reported
+    ("saved <step>") and held until the test writes a line back; SIGKILL it right after the step-10 checkpoint.
+    Returns the child's wait status. A fork starts from this process's imports (a fresh interpreter imported torch,
+    transformers and the experiment again: ~12 s of CPU, for nothing the kill tests); the kill is as real."""
     import experiments.training.sinks as sinks
-    sys.path.insert(0, {tests!r})
-    from test_sink_training import CORPUS, RECIPE
-    save = sinks._save
-    def slow_save(path, state, model, opt, sched, step, seconds):
-        save(path, state, model, opt, sched, step, seconds)
-        print("saved", step, flush=True)
-        sys.stdin.readline()  # held here until the test says go on (or kills it): no race with a timer
-    sinks._save = slow_save
-    sinks.run_arm(sinks.TextTask("k_slot_v0", 2, RECIPE, CORPUS), {work!r}, "k" * 16)
-""")
+
+    to_test, from_child = os.pipe()
+    to_child, from_test = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: trains until killed, never returns into pytest
+        try:
+            os.close(to_test)
+            os.close(from_test)
+            save = sinks._save
+
+            def slow_save(path, state, model, opt, sched, step, seconds):
+                save(path, state, model, opt, sched, step, seconds)
+                os.write(from_child, f"saved {step}\n".encode())
+                os.read(to_child, 1)  # held here until the test says go on (or kills it): no race with a timer
+
+            sinks._save = slow_save
+            torch.set_num_threads(1)
+            sinks.run_arm(sinks.TextTask("k_slot_v0", 2, RECIPE, CORPUS), work, "k" * 16)
+        finally:
+            os._exit(1)
+    os.close(from_child)
+    os.close(to_child)
+    with os.fdopen(to_test) as reports:
+        for line in reports:
+            if line.strip() == "saved 10":  # the child waits right after this checkpoint: kill it there
+                os.kill(pid, signal.SIGKILL)
+                break
+            os.write(from_test, b"\n")
+    os.close(from_test)
+    return os.waitpid(pid, 0)[1]
 
 
 @pytest.mark.slow
 def test_the_training_resumes_after_sigkill(tmp_path):
     """A real SIGKILL of the training process after its step-10 checkpoint; the rerun ends where an
     uninterrupted run ends, bit for bit."""
-    code = KILLED.format(tests=str(Path(__file__).parent), work=str(tmp_path / "killed"))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    for line in proc.stdout:
-        if line.strip() == "saved 10":  # the child waits right after this checkpoint: kill it there
-            os.kill(proc.pid, signal.SIGKILL)
-            break
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-    proc.wait(timeout=120)
-    assert proc.returncode == -signal.SIGKILL
+    status = _killed_training(tmp_path / "killed")
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     task = TextTask("k_slot_v0", 2, RECIPE, CORPUS)
     assert torch.load(checkpoint_path(tmp_path / "killed", task), weights_only=True)["step"] == 10
     assert not list((tmp_path / "killed").glob(".*.tmp"))  # killed after the save returned: nothing half-written
