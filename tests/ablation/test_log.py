@@ -1,4 +1,5 @@
-"""A results folder never mixes runs: each stale-resume case is refused, overwrite starts afresh."""
+"""A results folder never mixes runs: each stale-resume case is refused, overwrite starts afresh. Sweeps run without
+the matched control (n_control=0: no 19 draws per head) except where the control's own options are the case."""
 
 import json
 
