@@ -28,7 +28,7 @@ LAYERS = [
     ["interp.data.sources"], ["interp.data.builtin"], ["interp.data.iterate"],
     ["interp.data", "interp.fetch"],
     ["interp.record.stats_format"], ["interp.record.stats_dist"], ["interp.record.stats"],
-    ["interp.record.patching", "interp.record.prefix"], ["interp.record.capture"], ["interp.record.recording", "interp.analysis.origin_intervals"],
+    ["interp.record.patching", "interp.record.capture"], ["interp.record.recording", "interp.analysis.origin_intervals"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
      "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log"],
     ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.single_input"], ["interp.analysis.high_norm", "interp.analysis.sink_intervals"],

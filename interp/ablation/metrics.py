@@ -19,7 +19,7 @@ from interp.data import Batch
 from interp.errors import InputError
 from interp.record.hooks import block_hook
 from interp.models.bridge import InterpBridge
-from interp.record.patching import StopForward
+from interp.record.capture import StopForward
 
 DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
 TASK_METRICS = ("next_token_ce", "cross_entropy")

@@ -3,8 +3,8 @@
 Estimates (the ``estimate`` column):
 
 * ``exact``: one patched forward per variant, ``stack`` variants at a time on the batch
-  axis; a variant patched from layer l replays the intact layers 0..l-1
-  (``interp.record.prefix``) instead of recomputing them. Streamed: per round of variants and per batch, the intact
+  axis; a variant patched from layer l replays the intact layers 0..l-1 (``interp.record.capture.replay_blocks``)
+  instead of recomputing them. Streamed: per round of variants and per batch, the intact
   forward is rerun for that batch's block outputs and intact log-probabilities, which every patched forward of
   the round reads and which are dropped before the next batch; a causal LM's next-token metric and KL are taken
   from the final hidden states a chunk of real positions at a time (``interp.ablation.logits``), never from every
@@ -105,7 +105,7 @@ from interp.ablation.options import OPTION_NAMES, SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
                                    patched_items, patched_stack, tiled_item_sums)
 from interp.record.hooks import block_hook
-from interp.record.prefix import first_layer, record_block_outputs, replay_blocks
+from interp.record.capture import record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
 from interp.bootstrap import Resampler, item_keys
@@ -487,7 +487,7 @@ def _groups(todo: list[Variant], stack: int, reuse_prefix: bool) -> list[tuple[i
         return [(0, todo[i:i + stack]) for i in range(0, len(todo), stack)]
     by_start: dict[int, list[Variant]] = {}
     for var in todo:
-        by_start.setdefault(first_layer(var.targets), []).append(var)
+        by_start.setdefault(min(layer for layer, _, _ in var.targets), []).append(var)  # its lowest patched layer
     return [(start, group[i:i + stack]) for start, group in sorted(by_start.items())
             for i in range(0, len(group), stack)]
 

@@ -259,6 +259,3 @@ def slice_batch(batch: Batch, lo: int, hi: int) -> Batch:
         return None if t is None else t[lo:hi]
     return Batch(part(batch.inputs), part(batch.attention_mask), part(batch.labels))
 
-
-class StopForward(Exception):
-    """Raised by a keeper once every activation a forward is read for is kept: nothing after is computed."""
