@@ -30,7 +30,7 @@ LAYERS = [
     ["interp.record.stats_format"], ["interp.record.stats_dist"], ["interp.record.stats"],
     ["interp.record.patching", "interp.record.capture"], ["interp.record.recording", "interp.analysis.origin_intervals"],
     ["interp.analysis.origin", "interp.analysis.scores", "interp.analysis.frequency",
-     "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log"],
+     "interp.ablation.variants", "interp.ablation.metrics", "interp.ablation.log", "interp.ablation.control"],
     ["interp.analysis.sink_parts"], ["interp.analysis.sinks", "interp.analysis.single_input"], ["interp.analysis.high_norm", "interp.analysis.sink_intervals"],
     ["interp.analysis", "interp.ablation.attribution", "interp.ablation.implicit"],
     ["interp.ablation.distance", "interp.ablation.logits"], ["interp.ablation.memory"],

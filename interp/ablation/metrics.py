@@ -165,7 +165,7 @@ def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Ba
 def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: bool) -> tuple[Tensor, Optional[Tensor]]:
     """(output, final hidden states if asked) of one forward of ``batch`` with ``hooks``; the forward checks
     ``batch`` unless it is a ``CheckedBatch`` checked for this model (``iter_batches`` yields them: the sweeps
-    check each batch once, on the host; ``batch_to_device`` and ``repeat_batch`` keep it checked). With
+    check each batch once, on the host; ``batch_to_device`` and ``Batch.repeat`` keep it checked). With
     ``need_hidden`` the forward stops after the last block and the hidden states stand in for the output (no
     unembedding)."""
     store: dict[str, Tensor] = {}
