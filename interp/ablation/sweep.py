@@ -240,7 +240,7 @@ def _run_intact(run: _Run) -> None:
     run.baseline = float(sums.sum() / counts.sum())
     if not math.isfinite(run.baseline):
         raise InputError(_non_finite_baseline(run, sums, counts))
-    run.rounding = rounding_level(run.model, run.baseline)
+    run.rounding = _rounding_level(run.model, run.baseline)
 
 
 def _non_finite_baseline(run: _Run, sums: Tensor, counts: Tensor) -> str:
@@ -289,7 +289,7 @@ def _tiled_baseline(run: _Run, hidden: Tensor, batch: Batch) -> tuple[Tensor, Te
     return patched_stack(run.model, run.unembedding, hidden, intact, 1)[0][0], intact.counts.double()
 
 
-def rounding_level(model: InterpBridge, baseline: float) -> float:
+def _rounding_level(model: InterpBridge, baseline: float) -> float:
     """eps(dtype) x |baseline| for a half-precision model (bfloat16: 2^-7 relative): a delta below it is
     dominated by the model's own rounding, and its row says so (``below_rounding``). 0 for float32/64."""
     dtype = next(model.parameters()).dtype
@@ -336,7 +336,7 @@ def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated:
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
 
 
-def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
+def _identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
     """Why ``var`` provably changes nothing, so that no forward is needed; "" when it must run.
 
     * every target's bias is absent (the architecture has none), whatever the method: nothing to remove or
@@ -553,7 +553,7 @@ def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, estimate: st
     """Log the rows an identity answers (no forward); return the variants left to run. The identity answers the
     matched control too (a random direction of the same displacement is as inert): its draws are exactly 0."""
     method = opts.method
-    reasons = {v: identity_reason(run.model, v, method) or _no_displacement(run, v, stats, opts)
+    reasons = {v: _identity_reason(run.model, v, method) or _no_displacement(run, v, stats, opts)
                or (run.implicit.reason(v.targets) if run.implicit else "") for v in todo}
     for var in [v for v in todo if reasons[v]]:
         controls = [0.0] * opts.n_control if _has_control(var, method) else None
@@ -611,7 +611,7 @@ def _tiled_metric(run: _Run) -> dict:
                 checkpoint=checkpoint)
 
 
-def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:
+def _one_pass_estimate(model: InterpBridge, metric_name: str) -> str:
     """The one-pass estimate ``auto`` ranks by: AtP* (plain attribution where the family refuses score
     recomputation) for task metrics, its second-order projection form for distance metrics."""
     if metric_name in metrics.DISTANCE_METRICS:
@@ -619,7 +619,7 @@ def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:
     return "attribution" if model.interp.spec.score_refusal else "atp"
 
 
-def top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -> list[Variant]:
+def _top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -> list[Variant]:
     """The ``top_k`` variants per kind with the largest estimated |delta| (identity rows excluded)."""
     ranked = estimated.assign(_abs=estimated.delta.abs(), _i=range(len(estimated)))
     ranked = ranked[ranked.identity.fillna("") == ""]
@@ -627,7 +627,7 @@ def top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -
     return [variants[i] for i in sorted(chosen._i)]
 
 
-def sample_variants(estimated: pd.DataFrame, variants: list[Variant], top: list[Variant], sample_k: int,
+def _sample_variants(estimated: pd.DataFrame, variants: list[Variant], top: list[Variant], sample_k: int,
                     seed: int) -> list[Variant]:
     """Up to ``sample_k`` variants per kind drawn at random (``numpy.random.default_rng(seed)``, kinds in
     order) among those the estimate did not rank in its top and no identity answers: exact rows whose
@@ -651,13 +651,13 @@ def _sweep(run: _Run, variants: list[Variant], stats: Optional[QKVStats], log: R
     if opts.estimate != "auto":
         df = _run_estimate(run, variants[rank::world], opts.estimate, stats, log, opts)
         return df.assign(exact_because="requested" if opts.estimate == "exact" else "")
-    one_pass = one_pass_estimate(run.model, run.metric_name)
+    one_pass = _one_pass_estimate(run.model, run.metric_name)
     estimated = _run_estimate(run, variants, one_pass, stats, log, opts)
     # one rule whatever the method: rank by the estimate of zeroing, so that two methods run the same heads
     ranking = estimated if opts.method == "zero" else _run_estimate(
         run, variants, one_pass, stats, log, dataclasses.replace(opts, method="zero"))
-    top = top_variants(ranking, variants, opts.top_k)
-    sample = sample_variants(ranking, variants, top, opts.sample_k, opts.seed)
+    top = _top_variants(ranking, variants, opts.top_k)
+    sample = _sample_variants(ranking, variants, top, opts.sample_k, opts.seed)
     why = {v: "top" for v in top} | {v: "sample" for v in sample}
     chosen = [v for v in variants if v in why][rank::world]
     exact = _run_estimate(run, chosen, "exact", stats, log, opts).assign(exact_because=[why[v] for v in chosen])
@@ -782,9 +782,9 @@ def ablate_bias(
     or a callable ``f(output, batch) -> scalar tensor``.
     ``estimate``: see the module doc. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
     a rerun resumes, a log of another run (weights, data, max_batches, metric, library version) is refused or,
-    with ``overwrite=True``, replaced. A variant an identity answers (``identity_reason``) is not run unless
-    ``force_exact``; its row says why. ``reuse_prefix`` (exact): layers below a patch are replayed from the intact
-    run. ``layers`` / ``heads`` (None: all) aim the sweep at those layers and heads (``make_variants``).
+    with ``overwrite=True``, replaced. A variant an identity answers (its delta is exactly 0: module doc) is not
+    run unless ``force_exact``; its row says why. ``reuse_prefix`` (exact): layers below a patch are replayed from
+    the intact run. ``layers`` / ``heads`` (None: all) aim the sweep at those layers and heads (``make_variants``).
     ``shard=(rank, world)``: this process runs every world-th variant (the one-pass estimate of "auto" runs whole
     on every rank, so all choose the same top heads); ``merge_shards`` joins the ranks' frames into the
     one-process table. ``kinds`` may add the implicit biases ``sink_v`` (a kv head's values at the sink
