@@ -797,27 +797,28 @@ def ablate_bias(
     opts = sweep_options(**{name: given[name] for name in OPTION_NAMES})  # every option, checked once
     opts.check_applies(kinds, out is not None)
     variants = make_variants(model.interp, kinds, scope, layers, heads)
-    sites = _check_patches(model, variants, stats, opts)
-    return _ablate(model, data, variants, sites, metric, stats, out, opts)
+    sites, record_means = _check_patches(model, variants, stats, opts)
+    return _ablate(model, data, variants, sites, record_means, metric, stats, out, opts)
 
 
 def _check_patches(model: InterpBridge, variants: list[Variant], stats: Optional[QKVStats],
-                   opts: SweepOptions) -> Optional[ImplicitSites]:
+                   opts: SweepOptions) -> tuple[Optional[ImplicitSites], bool]:
     """What the variants patch, checked together at the door, so that the hooks of every patched forward are built
     without checking again (``patch_hooks``, ``control_patch_hooks``): the implicit sites (sink_v, massive), the
-    method against the bias targets, and ``stats``, where given, as statistics of this model. The means that
-    ``method="mean"`` needs and were not given are recorded once the data are read (``_ablate``)."""
+    method against the bias targets, and ``stats``, where given, as statistics of this model. Returns the implicit
+    sites and whether the content means that ``method="mean"`` needs are to be recorded (``_ablate``, once the data
+    are read): not given, and some targeted bias is present (an absent one is shifted by 0)."""
     targets = [t for v in variants for t in v.targets]
     sites = check_implicit(model, opts.method, targets, opts.positions, opts.abs_threshold,
                            opts.ratio_threshold)  # before check_method: its messages are about biases
     check_method(opts.method, targets, stats, need_stats=False)
     if stats is not None:
         require_stats(stats).require_model(model)
-    return sites
+    return sites, stats is None and needs_means(model, opts.method, targets)
 
 
 def _ablate(model: InterpBridge, data: Any, variants: list[Variant], sites: Optional[ImplicitSites],
-            metric: metrics.Metric, stats: Optional[QKVStats], out: Optional[Union[str, Path]],
+            record_means: bool, metric: metrics.Metric, stats: Optional[QKVStats], out: Optional[Union[str, Path]],
             opts: SweepOptions) -> pd.DataFrame:
     """``ablate_bias`` once its model, options and patches are checked: the intact run, the sweep, the table."""
     targets = [t for v in variants for t in v.targets]
@@ -825,7 +826,7 @@ def _ablate(model: InterpBridge, data: Any, variants: list[Variant], sites: Opti
     if opts.method == "mean" and stats is not None:  # other data's means give other rows
         run.fingerprint["stats"] = f"{stats.model_fingerprint}/{stats.data_fingerprint}"
     run.implicit = sites and prepare_sites(model, sites, run.batches, targets)
-    if stats is None and needs_means(model, opts.method, targets):  # none for absent biases (shifted by 0)
+    if record_means:
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, opts.overwrite,
                     optional=SweepOptions.ESTIMATE_BOUND)
