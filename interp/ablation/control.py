@@ -3,9 +3,9 @@ draws say about the ablation's delta.
 
 Whatever the method's displacement s_h = a' - a of each targeted head (-b_h for zero, E[XW]_h - b_h for mean,
 ...), draw d moves the head's activation to a' = a + u_h^(d) ||s_h||, with u_h^(d) a uniformly random unit vector
-(``matched_shift``, fixed by (seed, layer, kind, d)): the same displacement norm in a random direction
-(``control_patch_hooks``; ``displacement_norm`` is ||s||). An effect is specific to the bias's direction only
-when it lies outside the deltas of these draws. How many draws a head reads (``used_draws``, in
+(``interp.record.patching.matched_shift``, fixed by (seed, layer, kind, d)): the same displacement norm in a random
+direction (``control_patch_hooks``; ``displacement_norm`` is ||s||). An effect is specific to the bias's direction
+only when it lies outside the deltas of these draws. How many draws a head reads (``used_draws``, in
 ``control_stages``), its p-value (``control_columns``: the Monte Carlo p, or ``normal_tail_p``) and the correction
 across the table's heads (``adjust_controls``: Benjamini-Hochberg) are set out in ``interp.ablation.sweep``'s
 module doc.
@@ -17,24 +17,13 @@ from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from torch import Tensor
 
-from interp.errors import InputError
 from interp.models.bridge import InterpBridge
-from interp.record.patching import Hook, Target, bias_shift, by_site, scaled_directions, shift_hook
+from interp.record.patching import Hook, Target, bias_shift, by_site, matched_shift, shift_hook
 from interp.record.stats import QKVStats
 from interp.types import Method
 
 CONTROL_ALPHA = 0.05  # bias_dependent: the Benjamini-Hochberg adjusted control_p at most this (false discovery rate)
-
-
-def matched_shift(shift: Tensor, layer: int, kind: str, seed: int, draw: int) -> Tensor:
-    """Draw ``draw`` of the matched control of ``shift`` [head_index, d_head]: per head, a uniformly random
-    unit direction (Gaussian, float64, on the host, from (seed, layer, kind, draw): independent of which other
-    heads or variants run, and of ``method="random"``'s stream) scaled to that head's ||shift_h||."""
-    if isinstance(draw, bool) or not isinstance(draw, int) or draw < 0:
-        raise InputError(f"a control draw is an integer >= 0; got {draw!r}")
-    return scaled_directions(shift, [int(seed), int(layer), "qkv".index(kind), int(draw), 1])
 
 
 def control_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method, draw: int,

@@ -812,9 +812,10 @@ def _check_patches(model: InterpBridge, variants: list[Variant], stats: Optional
     sites = check_implicit(model, opts.method, targets, opts.positions, opts.abs_threshold,
                            opts.ratio_threshold)  # before check_method: its messages are about biases
     check_method(opts.method, targets, stats, need_stats=False)
+    record_means = stats is None and needs_means(model, opts.method, targets)
     if stats is not None:
         require_stats(stats).require_model(model)
-    return sites, stats is None and needs_means(model, opts.method, targets)
+    return sites, record_means
 
 
 def _ablate(model: InterpBridge, data: Any, variants: list[Variant], sites: Optional[ImplicitSites],

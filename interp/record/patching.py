@@ -19,9 +19,11 @@ Where the architecture has no bias at a site (``bias_spec``'s ``present`` False:
 leaves a unchanged (a' - a = 0; ``displacement_norm`` 0 and so the matched control's draws too): a bias that is not
 there is neither removed nor replaced by E[XW].
 
-``ablate_bias`` checks its model, targets, method and statistics once, at its door, and builds its hooks with
-``patch_hooks`` (the same hooks, unchecked); its matched control moves the same sites by random directions
-(``interp.ablation.control``, with ``bias_shift``, ``by_site`` and ``shift_hook`` from here).
+The matched control's draw d (``interp.ablation.control``): whatever the method's displacement s_h = a' - a of
+each targeted head (-b_h for zero, E[XW]_h - b_h for mean, ...), a' = a + u_h^(d) ||s_h||, with u_h^(d) a uniformly
+random unit vector (``matched_shift``, fixed by (seed, layer, kind, d)): the same displacement norm in a random
+direction. ``ablate_bias`` checks its model, targets, method and statistics once, at its door, and builds the hooks
+of every patched forward with ``patch_hooks`` (``bias_patch_hooks`` without the checks) and ``shift_hook``.
 """
 
 from __future__ import annotations
@@ -98,10 +100,10 @@ def random_bias(bias: Tensor, layer: int, kind: str, seed: int = 0) -> Tensor:
     """A random direction per head with each head's norm of ``bias`` [head_index, d_head]: Gaussian
     directions drawn in float64 on the host from a generator seeded by (seed, layer, kind), so a
     head's vector does not depend on which other heads or variants are run."""
-    return scaled_directions(bias, [int(seed), int(layer), "qkv".index(kind)])
+    return _scaled_directions(bias, [int(seed), int(layer), "qkv".index(kind)])
 
 
-def scaled_directions(like: Tensor, entropy: list[int]) -> Tensor:
+def _scaled_directions(like: Tensor, entropy: list[int]) -> Tensor:
     """Per row of ``like`` [head_index, d_head], a uniformly random unit direction (Gaussian, float64, on the host,
     from a generator seeded by ``entropy``) scaled to that row's norm; ``like``'s device and dtype."""
     state = np.random.SeedSequence(entropy).generate_state(2)
@@ -132,6 +134,15 @@ def bias_shift(model: InterpBridge, layer: int, kind: str, method: Method,
     return shift
 
 
+
+
+def matched_shift(shift: Tensor, layer: int, kind: str, seed: int, draw: int) -> Tensor:
+    """Draw ``draw`` of the matched control of ``shift`` [head_index, d_head]: per head, a uniformly random
+    unit direction (Gaussian, float64, on the host, from (seed, layer, kind, draw): independent of which other
+    heads or variants run, and of ``method="random"``'s stream) scaled to that head's ||shift_h||."""
+    if isinstance(draw, bool) or not isinstance(draw, int) or draw < 0:
+        raise InputError(f"a control draw is an integer >= 0; got {draw!r}")
+    return _scaled_directions(shift, [int(seed), int(layer), "qkv".index(kind), int(draw), 1])
 
 
 def by_site(targets: Sequence[Target]) -> dict[tuple[int, str], set[int]]:

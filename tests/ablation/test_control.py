@@ -16,10 +16,10 @@ import interp
 from interp.ablation import ablate_bias
 from interp.ablation.options import SweepOptions
 from interp.ablation.control import (CONTROL_ALPHA, adjust_controls, benjamini_hochberg, control_columns,
-                                    control_forwards, control_stages, matched_shift, normal_tail_p, used_draws)
+                                    control_forwards, control_stages, normal_tail_p, used_draws)
 from interp.errors import InputError
 from interp.models import tiny_hf_model, tiny_inputs
-from interp.record.patching import bias_shift
+from interp.record.patching import bias_shift, matched_shift
 
 D_HEAD = 32  # wide heads: a random unit direction has |cos| to a fixed one of about 1/sqrt(32)
 

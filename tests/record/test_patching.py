@@ -8,8 +8,8 @@ import interp
 from interp.errors import InputError
 from interp.models import tiny_hf_model
 from interp.record.heads import attention_weights
-from interp.ablation.control import displacement_norm, matched_shift
-from interp.record.patching import bias_patch_hooks, bias_shift
+from interp.ablation.control import displacement_norm
+from interp.record.patching import bias_patch_hooks, bias_shift, matched_shift
 
 
 @pytest.fixture(scope="module")
