@@ -48,7 +48,7 @@ import torch
 import interp
 import interp.ablation.sweep as sweep
 from interp.ablation.options import SweepOptions
-from interp.ablation.sweep import control_forwards, normal_tail_p
+from interp.ablation.control import control_forwards, normal_tail_p
 from interp.data import builtin_batches
 from interp.models import tiny_hf_model, tiny_inputs
 

@@ -114,6 +114,18 @@ class Batch:
             None if self.labels is None else self.labels.to(device),
         )
 
+    def items(self, lo: int, hi: int) -> "Batch":
+        """Items ``lo:hi`` of this batch (views)."""
+        def part(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t[lo:hi]
+        return Batch(part(self.inputs), part(self.attention_mask), part(self.labels))
+
+    def repeat(self, n: int) -> "Batch":
+        """This batch repeated ``n`` times along the batch axis (stacked variants, variant-major)."""
+        def rep(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t.repeat(n, *([1] * (t.ndim - 1)))
+        return Batch(rep(self.inputs), rep(self.attention_mask), rep(self.labels))
+
 
 _WITNESS = object()  # held by this module only: what ``CheckedBatch._made`` asks for
 _NOT_BUILT = ("a CheckedBatch is made by checking a batch: interp.data.check_batch(model, batch) (iter_batches "
@@ -136,8 +148,8 @@ class CheckedBatch(Batch):
     """A ``Batch`` that passed ``check_batch`` for a model's input sizes and dtype (``check_key``): the one input
     the bridge's forward runs without its own checks, which would synchronise a GPU on every forward.
 
-    Only ``check_batch`` makes one, after the checks; ``to`` and ``repeat`` give checked copies (moved or
-    repeated values are the values checked). ``CheckedBatch(...)``, ``dataclasses.replace`` and assigning a
+    Only ``check_batch`` makes one, after the checks; ``to``, ``items`` and ``repeat`` give checked copies (moved,
+    sliced or repeated values are the values checked). ``CheckedBatch(...)``, ``dataclasses.replace`` and assigning a
     field raise ``InputError``; an in-place write into its tensors voids it (``holds_for`` is then False), and
     the forward checks it like any other batch."""
 
@@ -175,17 +187,11 @@ class CheckedBatch(Batch):
 
     def items(self, lo: int, hi: int) -> "CheckedBatch":
         """Items ``lo:hi`` of this batch (views of the values checked), still checked."""
-        def part(t: Optional[Tensor]) -> Optional[Tensor]:
-            return None if t is None else t[lo:hi]
-        return CheckedBatch._made(Batch(part(self.inputs), part(self.attention_mask), part(self.labels)),
-                                  self._key, _WITNESS)
+        return CheckedBatch._made(super().items(lo, hi), self._key, _WITNESS)
 
     def repeat(self, n: int) -> "CheckedBatch":
         """This batch repeated ``n`` times along the batch axis (stacked variants), still checked."""
-        def rep(t: Optional[Tensor]) -> Optional[Tensor]:
-            return None if t is None else t.repeat(n, *([1] * (t.ndim - 1)))
-        return CheckedBatch._made(Batch(rep(self.inputs), rep(self.attention_mask), rep(self.labels)),
-                                  self._key, _WITNESS)
+        return CheckedBatch._made(super().repeat(n), self._key, _WITNESS)
 
 
 def check_fits_dtype(batch: Batch, dtype: torch.dtype) -> None:

@@ -22,7 +22,6 @@ from interp.errors import InputError, InternalError
 from interp.models import tiny_hf_model
 from interp.models.loading import load_model
 from interp.models.tiny import VOCAB
-from interp.record.patching import repeat_batch
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +289,7 @@ def test_a_batch_checked_for_another_model_is_checked_again(lm):
 
 def test_moving_and_repeating_keep_a_batch_checked_with_its_values(lm):
     checked = check_batch(lm, Batch(_ids(), _mask(), torch.tensor([3, 4])))
-    moved, repeated = batch_to_device(checked, torch.device("cpu")), repeat_batch(checked, 3)
+    moved, repeated = batch_to_device(checked, torch.device("cpu")), checked.repeat(3)
     for made in (moved, repeated, checked.to("cpu"), checked.repeat(2)):
         assert isinstance(made, CheckedBatch) and made.holds_for(lm.interp, torch.float32)
     assert torch.equal(repeated.inputs, checked.inputs.repeat(3, 1))
@@ -298,7 +297,7 @@ def test_moving_and_repeating_keep_a_batch_checked_with_its_values(lm):
     assert torch.equal(repeated.labels, checked.labels.repeat(3))
     assert torch.equal(moved.inputs, checked.inputs) and moved.labels.tolist() == [3, 4]
     assert check_batch(lm, checked) is checked  # already checked for this model: not checked twice
-    plain = repeat_batch(Batch(_ids()), 2)
+    plain = Batch(_ids()).repeat(2)
     assert type(plain) is Batch  # an unchecked batch stays unchecked
 
 

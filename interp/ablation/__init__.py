@@ -1,11 +1,11 @@
 """Patching biases out at inference time and measuring the task: ``ablate_bias``.
 
 By job: ``variants`` (what one ablation patches), ``metrics`` (what it is measured by),
-``options`` (``SweepOptions``: every option, declared once), ``log`` (the resumable sweep log), ``prefix``
-(replaying the intact layers below a patch), ``logits`` (next-token metrics a chunk of positions at a time),
-``attribution`` (first-order and AtP* estimates), ``sweep`` (``ablate_bias`` itself). The hooks are in
-``interp.record.patching``. Names are imported on first use (PEP 562), so the command line reads ``options`` without
-loading torch.
+``options`` (``SweepOptions``: every option, declared once), ``log`` (the resumable sweep log), ``logits``
+(next-token metrics a chunk of positions at a time), ``attribution`` (first-order and AtP* estimates), ``sweep``
+(``ablate_bias`` itself). The bias-patching hooks, which the analyses use too, are in ``interp.record.patching``;
+the intact layers below a patch are replayed by ``interp.record.capture``. Names are imported on first use
+(PEP 562), so the command line reads ``options`` without loading torch.
 """
 
 import importlib as _importlib

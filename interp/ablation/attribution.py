@@ -41,7 +41,7 @@ from interp.errors import InputError
 from interp.record.heads import kv_group
 from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge
-from interp.record.patching import bias_shift, slice_batch
+from interp.record.patching import bias_shift
 from interp.record.stats import QKVStats
 from interp.types import Method
 
@@ -239,7 +239,7 @@ def _parts(job: EstimateInputs, batch: Batch, value: Callable, weight: float) ->
     units = max(weight, 1.0)
     item_sums = job.item_sums
     for lo in range(0, n, step):
-        yield slice_batch(batch, lo, lo + step), lambda out, hidden, ref, b: item_sums(hidden, b)[0].sum() / units
+        yield batch.items(lo, lo + step), lambda out, hidden, ref, b: item_sums(hidden, b)[0].sum() / units
 
 
 def _weighted(job: EstimateInputs, value: Callable, pattern: bool) -> list[float]:

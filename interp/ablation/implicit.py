@@ -193,7 +193,7 @@ def _massive_hook(sites: ImplicitSites, layer: int, method: str) -> Callable[[Te
     return edit
 
 
-def implicit_hooks(sites: ImplicitSites, targets: Sequence[Target], method: str) -> list[Hook]:
+def _implicit_hooks(sites: ImplicitSites, targets: Sequence[Target], method: str) -> list[Hook]:
     """Hooks that patch the implicit ``targets`` (``sink_v`` and ``massive``; others are ignored)."""
     heads: dict[int, list[int]] = {}
     for layer, head, kind in targets:
@@ -215,7 +215,7 @@ def stacked_implicit_hooks(sites: Optional[ImplicitSites], groups: Sequence[Sequ
     rows ``v*B:(v+1)*B`` get variant v's patch (the bias targets' hooks come from ``stacked_patch_hooks``)."""
     if sites is None:
         return []
-    return stack_hooks([implicit_hooks(sites, group, method) for group in groups])
+    return stack_hooks([_implicit_hooks(sites, group, method) for group in groups])
 
 
 def variant_key(var: Variant, method: str, estimate: str, metric: str, sites: Optional[ImplicitSites]) -> str:

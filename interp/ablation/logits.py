@@ -3,7 +3,7 @@
 A stacked patched forward of V variants on a batch [B, T] would hold V x B x T x vocab logits (1 GB at 8 x 2 x 512
 x 32,000 in float32), and the KL from the intact run would recompute the intact log-softmax per variant. Here the
 forward stops after the last block (``run_forward(need_hidden=True)``), and each variant's hidden states h go
-through the final norm and the unembedding (``head``) ``chunk_rows`` positions at a time, only at the positions
+through the final norm and the unembedding (``head``) ``_chunk_rows`` positions at a time, only at the positions
 where a metric is defined (real tokens: attention mask 1):
 
 * next_token_ce: the NLL -log q(x_{t+1} | h_t) at positions t whose token and next token are both real, summed
@@ -64,7 +64,7 @@ def head_matches(model: InterpBridge, hidden: Tensor, out: Tensor) -> bool:
     return _reproduces(lambda h: head(model, h), hidden, out)
 
 
-def chunk_rows(vocab: int) -> int:
+def _chunk_rows(vocab: int) -> int:
     """Positions per chunk: ``CHUNK_BYTES`` of float32 logits."""
     return max(1, CHUNK_BYTES // (4 * max(vocab, 1)))
 
@@ -127,7 +127,7 @@ def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
     z = torch.empty((len(rows), first.shape[-1]), dtype=first.dtype, device=hidden.device)
     lse = torch.empty(len(rows), dtype=first.dtype, device=hidden.device)
     total_p, p_dot_log_p = (torch.empty(len(rows), dtype=torch.float64, device=hidden.device) for _ in range(2))
-    step = chunk_rows(first.shape[-1])
+    step = _chunk_rows(first.shape[-1])
     direct = unembedding is not None and unembedding.weight.dtype == z.dtype
     for lo in range(0, len(rows), step):
         part = flat[rows[lo:lo + step]]
@@ -351,7 +351,7 @@ def patched_items(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
     flat = hidden.reshape(-1, hidden.shape[-1])
     sums = torch.zeros(intact.n_items, dtype=torch.float64, device=hidden.device)
     kl_sum = torch.zeros((), dtype=intact.logits.dtype, device=hidden.device)
-    step = chunk_rows(intact.logits.shape[-1])
+    step = _chunk_rows(intact.logits.shape[-1])
     for lo in range(0, len(intact.rows), step):
         part = slice(lo, lo + step)
         log_q = wide(head(model, flat[intact.rows[part]])).log_softmax(-1)

@@ -40,7 +40,7 @@ TILE_COPIES = 2  # a stacked variant's logits tile and its difference from the i
 BUDGET = 2.0  # the sweep's peak within this many plain forwards' peaks (issue 40's goal)
 
 
-def tokens_per_item(model: InterpBridge, inputs: Any) -> int:
+def _tokens_per_item(model: InterpBridge, inputs: Any) -> int:
     """Sequence length of one item: token ids' width, or a ViT's patches plus its prefix tokens."""
     info = model.interp
     if getattr(inputs, "ndim", 0) == 2:
@@ -66,7 +66,7 @@ def estimate_bytes(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix:
     (``backward_tiled``); bytes (module doc)."""
     info = model.interp
     element = next(model.parameters()).element_size()
-    tokens = tokens_per_item(model, inputs)
+    tokens = _tokens_per_item(model, inputs)
     block = tokens * (3 * info.n_heads * tokens * 4 + 3 * _intermediate(model) * element + 6 * info.d_model * element)
     vocab = info.vocab_size or 0
     head = tokens * vocab * 4 if logits and info.causal else 0

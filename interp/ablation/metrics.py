@@ -19,7 +19,7 @@ from interp.data import Batch
 from interp.errors import InputError
 from interp.record.hooks import block_hook
 from interp.models.bridge import InterpBridge
-from interp.record.patching import StopForward
+from interp.record.capture import StopForward
 
 DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
 TASK_METRICS = ("next_token_ce", "cross_entropy")
@@ -32,14 +32,14 @@ def wide(t: Tensor) -> Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
-def has_classifier(model: InterpBridge) -> bool:
+def _has_classifier(model: InterpBridge) -> bool:
     return "unembed" in model.adapter.component_mapping
 
 
-def auto_metric(model: InterpBridge, batch: Batch) -> str:
+def _auto_metric(model: InterpBridge, batch: Batch) -> str:
     """The family's default metric; cross-entropy for a classifier fed labels."""
     default = model.interp.spec.default_metric
-    if model.interp.modality == "vision" and has_classifier(model) and batch.labels is not None:
+    if model.interp.modality == "vision" and _has_classifier(model) and batch.labels is not None:
         return "cross_entropy"
     return default
 
@@ -48,20 +48,20 @@ def metric_name(model: InterpBridge, metric: Metric, first: Batch) -> str:
     if callable(metric) and not isinstance(metric, str):
         return getattr(metric, "__name__", "custom")
     if metric == "auto":
-        return auto_metric(model, first)
+        return _auto_metric(model, first)
     if metric not in DISTANCE_METRICS + TASK_METRICS:
         raise InputError(f"unknown metric {metric!r}; choose from {DISTANCE_METRICS + TASK_METRICS} or pass a callable")
-    check_metric_fits(model, metric)
+    _check_metric_fits(model, metric)
     return metric
 
 
-def check_metric_fits(model: InterpBridge, metric: str) -> None:
+def _check_metric_fits(model: InterpBridge, metric: str) -> None:
     """Refuse a metric that would measure something other than what its name says on this model."""
     info = model.interp
     if metric == "next_token_ce" and not info.causal:
         raise InputError(f"metric 'next_token_ce' needs a causal language model; {info.name} is a "
                          f"{info.attention} {info.modality} model (default metric: {info.spec.default_metric})")
-    if metric == "cross_entropy" and not (info.modality == "vision" and has_classifier(model)):
+    if metric == "cross_entropy" and not (info.modality == "vision" and _has_classifier(model)):
         raise InputError(f"metric 'cross_entropy' needs an image classifier with its head; {info.name} has none "
                          f"(default metric: {info.spec.default_metric})")
     if metric == "feature_cosine" and info.modality == "text":
@@ -69,7 +69,7 @@ def check_metric_fits(model: InterpBridge, metric: str) -> None:
                          f"language model's other positions; use 'embedding_cosine' or '{info.spec.default_metric}'")
 
 
-def sentence_embedding(hidden: Tensor, mask: Optional[Tensor]) -> Tensor:
+def _sentence_embedding(hidden: Tensor, mask: Optional[Tensor]) -> Tensor:
     """Mean of the final hidden states over real (unpadded) tokens."""
     if mask is None:
         return hidden.mean(1)
@@ -82,7 +82,7 @@ def reference(out: Tensor, hidden: Optional[Tensor], batch: Batch) -> dict[str, 
     ref = {"output": out, "features": out[:, 0] if out.ndim == 3 else out}
     if hidden is not None:
         mask = None if batch.attention_mask is None else batch.attention_mask.to(out.device)
-        ref["embedding"] = sentence_embedding(hidden, mask)
+        ref["embedding"] = _sentence_embedding(hidden, mask)
     return ref
 
 
@@ -122,18 +122,12 @@ def custom_items(value: Any, batch: Batch) -> tuple[Tensor, Tensor]:
                      f"per item [{n}]; got {shape}. Return e.g. torch.as_tensor(value, dtype=torch.float32)")
 
 
-def metric_value(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict, batch: Batch) -> Tensor:
-    """The metric's mean over the batch's units (tokens for next_token_ce, items otherwise)."""
-    sums, counts = metric_items(name, out, hidden, ref, batch)
-    return sums.sum() / counts.sum().clamp(min=1)
-
-
 def distance_features(name: str, out: Tensor, hidden: Optional[Tensor], ref: dict,
                       batch: Batch) -> tuple[Tensor, Tensor]:
     """(features of this run, the intact run's) that a distance metric compares: [batch, d]."""
     if name == "embedding_cosine":
         mask = None if batch.attention_mask is None else batch.attention_mask.to(out.device)
-        return sentence_embedding(hidden, mask), ref["embedding"]
+        return _sentence_embedding(hidden, mask), ref["embedding"]
     if name == "feature_cosine":
         return (out[:, 0] if out.ndim == 3 else out), ref["features"]
     raise InputError(f"{name!r} is not a distance metric ({', '.join(DISTANCE_METRICS)})")
@@ -151,7 +145,7 @@ def kl_weight(model: InterpBridge, batch: Batch) -> float:
 def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Batch) -> Optional[Tensor]:
     """Mean KL(intact || ablated) of the output distribution, nats, as a 0-d tensor on the model's
     device (no host sync); None without logits."""
-    if not model.interp.causal and not (out.ndim == 2 and has_classifier(model)):
+    if not model.interp.causal and not (out.ndim == 2 and _has_classifier(model)):
         return None
     p = wide(base_out).log_softmax(-1)
     q = wide(out).log_softmax(-1)
@@ -165,7 +159,7 @@ def kl_from_intact(model: InterpBridge, base_out: Tensor, out: Tensor, batch: Ba
 def run_forward(model: InterpBridge, batch: Batch, hooks: list, need_hidden: bool) -> tuple[Tensor, Optional[Tensor]]:
     """(output, final hidden states if asked) of one forward of ``batch`` with ``hooks``; the forward checks
     ``batch`` unless it is a ``CheckedBatch`` checked for this model (``iter_batches`` yields them: the sweeps
-    check each batch once, on the host; ``batch_to_device`` and ``repeat_batch`` keep it checked). With
+    check each batch once, on the host; ``batch_to_device`` and ``Batch.repeat`` keep it checked). With
     ``need_hidden`` the forward stops after the last block and the hidden states stand in for the output (no
     unembedding)."""
     store: dict[str, Tensor] = {}

@@ -3,8 +3,8 @@
 Estimates (the ``estimate`` column):
 
 * ``exact``: one patched forward per variant, ``stack`` variants at a time on the batch
-  axis; a variant patched from layer l replays the intact layers 0..l-1
-  (``interp.record.prefix``) instead of recomputing them. Streamed: per round of variants and per batch, the intact
+  axis; a variant patched from layer l replays the intact layers 0..l-1 (``interp.record.capture.replay_blocks``)
+  instead of recomputing them. Streamed: per round of variants and per batch, the intact
   forward is rerun for that batch's block outputs and intact log-probabilities, which every patched forward of
   the round reads and which are dropped before the next batch; a causal LM's next-token metric and KL are taken
   from the final hidden states a chunk of real positions at a time (``interp.ablation.logits``), never from every
@@ -22,7 +22,7 @@ Estimates (the ``estimate`` column):
 
 Matched control (exact rows; ``n_control`` draws, default 19): every exact bias variant is run again with each
 targeted head's displacement s_h = a' - a replaced by a random direction of the same norm ||s_h||
-(``interp.record.patching.control_patch_hooks``; draw d fixed by ``seed`` and d alone). With c_1, c_2, ... the
+(``interp.ablation.control``; draw d fixed by ``seed`` and d alone). With c_1, c_2, ... the
 control deltas in draw order, the draws are taken in stages (``control_stages``: ``control_stop``, twice that, ...
 up to ``n_control``) and a head stops at the first n at which ``control_stop`` (default 5) of c_1..c_n have
 |c_d| >= |delta|: it is inside its band, and its p is Besag and Clifford's (1991) sequential Monte Carlo p,
@@ -96,6 +96,8 @@ from tqdm.auto import tqdm
 
 import interp.ablation.metrics as metrics
 from interp.ablation.attribution import EstimateInputs, atp_star_deltas, attribution_deltas
+from interp.ablation.control import (adjust_controls, control_columns, control_patch_hooks, control_stages,
+                                     displacement_norm, used_draws)
 from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
@@ -105,7 +107,7 @@ from interp.ablation.options import OPTION_NAMES, SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
                                    patched_items, patched_stack, tiled_item_sums)
 from interp.record.hooks import block_hook
-from interp.record.prefix import first_layer, record_block_outputs, replay_blocks
+from interp.record.capture import record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
 from interp.bootstrap import Resampler, item_keys
@@ -116,10 +118,9 @@ from interp.record.fingerprint import callable_identity, data_fingerprint, hooks
 from interp.record.heads import bias_present
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.record.patching import (Target, bias_patch_hooks, check_method, control_patch_hooks, displacement_norm,
-                             needs_means, repeat_batch, stack_hooks)
+from interp.record.patching import Target, check_method, needs_means, patch_hooks, stack_hooks
 from interp.record.recording import record_qkv
-from interp.record.stats import QKVStats
+from interp.record.stats import QKVStats, require_stats
 from interp.types import Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
@@ -128,7 +129,6 @@ COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "ba
            "n_targets", "identity", "exact_because", "below_rounding", "model_fingerprint", "data_fingerprint",
            "options"]
 ROUND_JOBS = 160  # patched forwards per batch in one round of the exact stage (whole variants; module doc)
-CONTROL_ALPHA = 0.05  # bias_dependent: the Benjamini-Hochberg adjusted control_p at most this (false discovery rate)
 NUMERIC = {"baseline": float, "ablated": float, "delta": float, "delta_se": float, "delta_lo": float,
            "delta_hi": float, "displacement_norm": float, "control_lo": float, "control_hi": float,
            "delta_z": float, "control_p": float, "control_p_empirical": float, "control_p_adjusted": float,
@@ -240,7 +240,7 @@ def _run_intact(run: _Run) -> None:
     run.baseline = float(sums.sum() / counts.sum())
     if not math.isfinite(run.baseline):
         raise InputError(_non_finite_baseline(run, sums, counts))
-    run.rounding = rounding_level(run.model, run.baseline)
+    run.rounding = _rounding_level(run.model, run.baseline)
 
 
 def _non_finite_baseline(run: _Run, sums: Tensor, counts: Tensor) -> str:
@@ -289,7 +289,7 @@ def _tiled_baseline(run: _Run, hidden: Tensor, batch: Batch) -> tuple[Tensor, Te
     return patched_stack(run.model, run.unembedding, hidden, intact, 1)[0][0], intact.counts.double()
 
 
-def rounding_level(model: InterpBridge, baseline: float) -> float:
+def _rounding_level(model: InterpBridge, baseline: float) -> float:
     """eps(dtype) x |baseline| for a half-precision model (bfloat16: 2^-7 relative): a delta below it is
     dominated by the model's own rounding, and its row says so (``below_rounding``). 0 for float32/64."""
     dtype = next(model.parameters()).dtype
@@ -297,9 +297,7 @@ def rounding_level(model: InterpBridge, baseline: float) -> float:
 
 
 def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, opts: SweepOptions) -> _Run:
-    host = list(iter_batches(model, data, opts.max_batches))
-    for b in host:
-        b.check(model.interp)  # on the host, once: the forwards below skip their own checks
+    host = list(iter_batches(model, data, opts.max_batches))  # checked on the host, as they are read
     device = next(model.parameters()).device
     batches = [batch_to_device(b, device) for b in host]  # moved once, not per variant
     name = metrics.metric_name(model, metric, batches[0])
@@ -322,125 +320,6 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, opts: Sweep
     return run
 
 
-def used_draws(delta: float, controls: Sequence[float], stop: int, n_max: int) -> Optional[int]:
-    """How many of a head's control draws (in draw order) its p-value reads under the sequential rule (Besag and
-    Clifford 1991): the first n at which ``stop`` of them have |c_d| >= |delta|; else ``n_max`` once that many are
-    drawn; None while more are needed. The draws are fixed by the seed, so the answer does not depend on how many
-    were drawn past it (the rounds, the stacking)."""
-    if stop > 0:
-        hits = np.cumsum(np.abs(np.asarray(controls, dtype=float)) >= abs(delta))
-        reached = np.flatnonzero(hits >= stop)
-        if len(reached):
-            return int(reached[0]) + 1
-    return n_max if len(controls) >= n_max else None
-
-
-def control_stages(n_max: int, stop: int) -> list[int]:
-    """The draw counts after which the sequential rule is read: stop, 2 stop, 4 stop, ... and ``n_max`` (only
-    ``n_max`` without early stopping). Each stage is one more round of patched forwards for the heads not yet
-    decided."""
-    if n_max <= 0:
-        return []
-    if stop <= 0 or stop >= n_max:
-        return [n_max]
-    ends, n = [], stop
-    while n < n_max:
-        ends.append(n)
-        n *= 2
-    return ends + [n_max]
-
-
-def control_forwards(n_used: int, n_max: int, stop: int) -> int:
-    """The control forwards a head with ``n_used`` draws in its p-value ran: up to the end of the stage in which it
-    was decided (draws of that stage past its stop are run, then not read)."""
-    if n_used <= 0:
-        return 0
-    return min(end for end in control_stages(n_max, stop) if end >= n_used)
-
-
-def normal_tail_p(delta: float, controls: Sequence[float]) -> float:
-    """P(|X| >= |delta|) for X a new draw from a normal fitted to the control deltas: with m and s their mean and
-    standard deviation (n - 1 in the denominator) over n draws, X = m + s sqrt(1 + 1/n) T, T Student-t with n - 1
-    degrees of freedom (the prediction for one more draw of the same normal, the fit's own uncertainty included).
-    Exact for normal draws; its calibration on draws that are not is measured (mathematics page). NaN for fewer
-    than 3 draws or draws without spread."""
-    from scipy.special import stdtr  # Student-t CDF; scipy comes with scikit-learn; imported here, off the import path
-
-    c = np.asarray(controls, dtype=float)
-    n = len(c)
-    sd = float(c.std(ddof=1)) if n > 1 else 0.0
-    if n < 3 or not sd > 0:
-        return float("nan")
-    m, scale, a = float(c.mean()), sd * np.sqrt(1 + 1 / n), abs(delta)
-    return float(min(1.0, stdtr(n - 1, (m - a) / scale) + stdtr(n - 1, (-a - m) / scale)))
-
-
-def control_columns(delta: float, controls: Optional[Sequence[float]], stop: int = 0,
-                    tail: str = "normal") -> dict:
-    """The matched control's columns from its draws' deltas c_d in draw order (module doc): the draws read
-    (``used_draws`` with ``stop``: all of them when ``stop`` is 0 or never reached), their band, the Monte Carlo
-    p-value of |delta| among the |c_d| (``control_p_empirical``: stop / n when stopped, else
-    (1 + #{|c_d| >= |delta|}) / (n + 1)), ``control_p`` (``tail`` "normal": ``normal_tail_p`` for a head that read
-    every draw, the Monte Carlo p for one stopped inside its band; "sequential": the Monte Carlo p), delta in units
-    of the draws' spread (``delta_z`` = (delta - mean c) / sd c) and whether delta is outside the band.
-    ``bias_dependent`` and ``control_p_adjusted`` are read across the table's heads (``adjust_controls``).
-    ``controls`` None or empty: no control (NaN, missing calls)."""
-    if not controls:
-        return dict(control_lo=float("nan"), control_hi=float("nan"), delta_z=float("nan"), control_p=float("nan"),
-                    control_p_empirical=float("nan"), n_control=0, outside_control=None)
-    c = np.asarray(controls, dtype=float)
-    n = used_draws(delta, c, stop, len(c))
-    c = c[:n]
-    hits = int(np.sum(np.abs(c) >= abs(delta)))
-    stopped = stop > 0 and hits >= stop
-    empirical = stop / n if stopped else (1 + hits) / (n + 1)
-    fitted = normal_tail_p(delta, c) if tail == "normal" and not stopped else float("nan")
-    sd = float(c.std(ddof=1)) if n > 1 else 0.0
-    return dict(control_lo=float(c.min()), control_hi=float(c.max()),
-                delta_z=(delta - float(c.mean())) / sd if sd > 0 else float("nan"),
-                control_p=empirical if np.isnan(fitted) else fitted, control_p_empirical=empirical, n_control=n,
-                outside_control=bool(delta < c.min() or delta > c.max()))
-
-
-def benjamini_hochberg(p: Sequence[float]) -> np.ndarray:
-    """Benjamini-Hochberg adjusted p-values: q_(i) = min over j >= i of m p_(j) / j (p sorted ascending), at most 1.
-    Calling the heads with q <= alpha controls the false discovery rate at alpha (independent or positively
-    dependent tests)."""
-    p = np.asarray(p, dtype=float)
-    m = len(p)
-    if m == 0:
-        return p
-    order = np.argsort(p, kind="stable")
-    scaled = p[order] * m / np.arange(1, m + 1)
-    adjusted = np.minimum.accumulate(scaled[::-1])[::-1].clip(max=1.0)
-    out = np.empty(m)
-    out[order] = adjusted
-    return out
-
-
-def adjust_controls(df: pd.DataFrame) -> pd.DataFrame:
-    """``control_p_adjusted`` and ``bias_dependent`` of an ``ablate_bias`` table, read across its heads: the rows
-    tested against their matched control (a control_p, no identity) form one family, adjusted by
-    Benjamini-Hochberg; bias_dependent = control_p_adjusted <= 0.05 (the false discovery rate over those rows at
-    5%). Identity rows keep p 1 and are not counted (their null is exact, not tested); rows without a control
-    have neither."""
-    if "control_p" not in df:
-        return df
-    df = df.copy()
-    identity = df["identity"].fillna("") if "identity" in df else pd.Series("", index=df.index)
-    tested = df.control_p.notna() & (identity == "")
-    adjusted = pd.Series(np.nan, index=df.index)
-    adjusted[tested] = benjamini_hochberg(df.control_p[tested].to_numpy(dtype=float))
-    answered = df.control_p.notna() & ~tested
-    adjusted[answered] = df.control_p[answered]
-    df["control_p_adjusted"] = adjusted
-    called = pd.array([None] * len(df), dtype="boolean")
-    has = df.control_p.notna().to_numpy()
-    called[has] = (adjusted[has] <= CONTROL_ALPHA).to_numpy()
-    df["bias_dependent"] = called
-    return df
-
-
 def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated: float, kl: float,
          identity: str = "", spread: tuple[float, float, float] = (float("nan"),) * 3,
          controls: Optional[Sequence[float]] = None, displacement: float = float("nan"),
@@ -457,7 +336,7 @@ def _row(var: Variant, key: str, method: str, estimate: str, run: _Run, ablated:
                 model_fingerprint=run.fingerprint["model"], data_fingerprint=run.fingerprint["data"])
 
 
-def identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
+def _identity_reason(model: InterpBridge, var: Variant, method: Method) -> str:
     """Why ``var`` provably changes nothing, so that no forward is needed; "" when it must run.
 
     * every target's bias is absent (the architecture has none), whatever the method: nothing to remove or
@@ -487,7 +366,7 @@ def _groups(todo: list[Variant], stack: int, reuse_prefix: bool) -> list[tuple[i
         return [(0, todo[i:i + stack]) for i in range(0, len(todo), stack)]
     by_start: dict[int, list[Variant]] = {}
     for var in todo:
-        by_start.setdefault(first_layer(var.targets), []).append(var)
+        by_start.setdefault(min(layer for layer, _, _ in var.targets), []).append(var)  # its lowest patched layer
     return [(start, group[i:i + stack]) for start, group in sorted(by_start.items())
             for i in range(0, len(group), stack)]
 
@@ -517,7 +396,7 @@ def _job_hooks(run: _Run, group: list[_Job], stats: Optional[QKVStats], opts: Sw
         if not plain:
             per_job.append([])
         elif job.draw < 0:
-            per_job.append(bias_patch_hooks(run.model, plain, opts.method, stats, opts.seed))
+            per_job.append(patch_hooks(run.model, plain, opts.method, stats, opts.seed))
         else:
             per_job.append(control_patch_hooks(run.model, plain, opts.method, job.draw, stats, opts.seed))
     implicit = [job.targets if job.draw < 0 else () for job in group]
@@ -557,7 +436,7 @@ def _run_group(run: _Run, index: int, intact: _Intact, group: list[_Job], start:
     replay = (replay_blocks(run.model, intact.outputs, start, n, batch.inputs.shape[0])
               if start and intact.outputs else nullcontext())
     with replay:
-        out, hidden = metrics.run_forward(run.model, repeat_batch(batch, n), hooks, run.need_hidden or run.split_head)
+        out, hidden = metrics.run_forward(run.model, batch.repeat(n), hooks, run.need_hidden or run.split_head)
     if run.split_head and run.unembedding is not None:  # every variant's metric from one tiled unembedding
         stacked = patched_stack(run.model, run.unembedding, out, intact.logits, n)
         return [(s, kl if job.draw < 0 else None) for job, (s, kl) in zip(group, stacked)]
@@ -674,7 +553,7 @@ def _answer_by_identity(run: _Run, todo: list[Variant], keys: dict, estimate: st
     """Log the rows an identity answers (no forward); return the variants left to run. The identity answers the
     matched control too (a random direction of the same displacement is as inert): its draws are exactly 0."""
     method = opts.method
-    reasons = {v: identity_reason(run.model, v, method) or _no_displacement(run, v, stats, opts)
+    reasons = {v: _identity_reason(run.model, v, method) or _no_displacement(run, v, stats, opts)
                or (run.implicit.reason(v.targets) if run.implicit else "") for v in todo}
     for var in [v for v in todo if reasons[v]]:
         controls = [0.0] * opts.n_control if _has_control(var, method) else None
@@ -732,7 +611,7 @@ def _tiled_metric(run: _Run) -> dict:
                 checkpoint=checkpoint)
 
 
-def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:
+def _one_pass_estimate(model: InterpBridge, metric_name: str) -> str:
     """The one-pass estimate ``auto`` ranks by: AtP* (plain attribution where the family refuses score
     recomputation) for task metrics, its second-order projection form for distance metrics."""
     if metric_name in metrics.DISTANCE_METRICS:
@@ -740,7 +619,7 @@ def one_pass_estimate(model: InterpBridge, metric_name: str) -> str:
     return "attribution" if model.interp.spec.score_refusal else "atp"
 
 
-def top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -> list[Variant]:
+def _top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -> list[Variant]:
     """The ``top_k`` variants per kind with the largest estimated |delta| (identity rows excluded)."""
     ranked = estimated.assign(_abs=estimated.delta.abs(), _i=range(len(estimated)))
     ranked = ranked[ranked.identity.fillna("") == ""]
@@ -748,7 +627,7 @@ def top_variants(estimated: pd.DataFrame, variants: list[Variant], top_k: int) -
     return [variants[i] for i in sorted(chosen._i)]
 
 
-def sample_variants(estimated: pd.DataFrame, variants: list[Variant], top: list[Variant], sample_k: int,
+def _sample_variants(estimated: pd.DataFrame, variants: list[Variant], top: list[Variant], sample_k: int,
                     seed: int) -> list[Variant]:
     """Up to ``sample_k`` variants per kind drawn at random (``numpy.random.default_rng(seed)``, kinds in
     order) among those the estimate did not rank in its top and no identity answers: exact rows whose
@@ -772,13 +651,13 @@ def _sweep(run: _Run, variants: list[Variant], stats: Optional[QKVStats], log: R
     if opts.estimate != "auto":
         df = _run_estimate(run, variants[rank::world], opts.estimate, stats, log, opts)
         return df.assign(exact_because="requested" if opts.estimate == "exact" else "")
-    one_pass = one_pass_estimate(run.model, run.metric_name)
+    one_pass = _one_pass_estimate(run.model, run.metric_name)
     estimated = _run_estimate(run, variants, one_pass, stats, log, opts)
     # one rule whatever the method: rank by the estimate of zeroing, so that two methods run the same heads
     ranking = estimated if opts.method == "zero" else _run_estimate(
         run, variants, one_pass, stats, log, dataclasses.replace(opts, method="zero"))
-    top = top_variants(ranking, variants, opts.top_k)
-    sample = sample_variants(ranking, variants, top, opts.sample_k, opts.seed)
+    top = _top_variants(ranking, variants, opts.top_k)
+    sample = _sample_variants(ranking, variants, top, opts.sample_k, opts.seed)
     why = {v: "top" for v in top} | {v: "sample" for v in sample}
     chosen = [v for v in variants if v in why][rank::world]
     exact = _run_estimate(run, chosen, "exact", stats, log, opts).assign(exact_because=[why[v] for v in chosen])
@@ -903,35 +782,52 @@ def ablate_bias(
     or a callable ``f(output, batch) -> scalar tensor``.
     ``estimate``: see the module doc. ``out`` (a folder): finished variants go to ``out/ablation.jsonl`` at once,
     a rerun resumes, a log of another run (weights, data, max_batches, metric, library version) is refused or,
-    with ``overwrite=True``, replaced. A variant an identity answers (``identity_reason``) is not run unless
-    ``force_exact``; its row says why. ``reuse_prefix`` (exact): layers below a patch are replayed from the intact
-    run. ``layers`` / ``heads`` (None: all) aim the sweep at those layers and heads (``make_variants``).
+    with ``overwrite=True``, replaced. A variant an identity answers (its delta is exactly 0: module doc) is not
+    run unless ``force_exact``; its row says why. ``reuse_prefix`` (exact): layers below a patch are replayed from
+    the intact run. ``layers`` / ``heads`` (None: all) aim the sweep at those layers and heads (``make_variants``).
     ``shard=(rank, world)``: this process runs every world-th variant (the one-pass estimate of "auto" runs whole
     on every rank, so all choose the same top heads); ``merge_shards`` joins the ranks' frames into the
     one-process table. ``kinds`` may add the implicit biases ``sink_v`` (a kv head's values at the sink
     ``positions``) and ``massive`` (residual entries past ``abs_threshold`` and ``ratio_threshold`` x median),
     zero or mean, always exact (``interp.ablation.implicit``).
     """
-    model = require_bridge(model, "ablate_bias")
+    model = require_bridge(model, "ablate_bias")  # the one check of the model: what runs below takes the bridge
     check_not_blank("out", out)
     given = locals()
     opts = sweep_options(**{name: given[name] for name in OPTION_NAMES})  # every option, checked once
     opts.check_applies(kinds, out is not None)
-    return _ablate(model, data, make_variants(model.interp, kinds, scope, layers, heads), metric, stats, out, opts)
+    variants = make_variants(model.interp, kinds, scope, layers, heads)
+    sites, record_means = _check_patches(model, variants, stats, opts)
+    return _ablate(model, data, variants, sites, record_means, metric, stats, out, opts)
 
 
-def _ablate(model: InterpBridge, data: Any, variants: list[Variant], metric: metrics.Metric,
-            stats: Optional[QKVStats], out: Optional[Union[str, Path]], opts: SweepOptions) -> pd.DataFrame:
-    """``ablate_bias`` once its options are checked: the intact run, the sweep, the table."""
+def _check_patches(model: InterpBridge, variants: list[Variant], stats: Optional[QKVStats],
+                   opts: SweepOptions) -> tuple[Optional[ImplicitSites], bool]:
+    """What the variants patch, checked together at the door, so that the hooks of every patched forward are built
+    without checking again (``patch_hooks``, ``control_patch_hooks``): the implicit sites (sink_v, massive), the
+    method against the bias targets, and ``stats``, where given, as statistics of this model. Returns the implicit
+    sites and whether the content means that ``method="mean"`` needs are to be recorded (``_ablate``, once the data
+    are read): not given, and some targeted bias is present (an absent one is shifted by 0)."""
     targets = [t for v in variants for t in v.targets]
     sites = check_implicit(model, opts.method, targets, opts.positions, opts.abs_threshold,
                            opts.ratio_threshold)  # before check_method: its messages are about biases
-    check_method(opts.method, targets, stats, need_stats=False)  # recorded below
+    check_method(opts.method, targets, stats, need_stats=False)
+    record_means = stats is None and needs_means(model, opts.method, targets)
+    if stats is not None:
+        require_stats(stats).require_model(model)
+    return sites, record_means
+
+
+def _ablate(model: InterpBridge, data: Any, variants: list[Variant], sites: Optional[ImplicitSites],
+            record_means: bool, metric: metrics.Metric, stats: Optional[QKVStats], out: Optional[Union[str, Path]],
+            opts: SweepOptions) -> pd.DataFrame:
+    """``ablate_bias`` once its model, options and patches are checked: the intact run, the sweep, the table."""
+    targets = [t for v in variants for t in v.targets]
     run = _prepare(model, data, metric, opts)
     if opts.method == "mean" and stats is not None:  # other data's means give other rows
         run.fingerprint["stats"] = f"{stats.model_fingerprint}/{stats.data_fingerprint}"
     run.implicit = sites and prepare_sites(model, sites, run.batches, targets)
-    if stats is None and needs_means(model, opts.method, targets):  # none for absent biases (shifted by 0)
+    if record_means:
         stats = record_qkv(model, run.batches, progress=False)
     log = ResultLog(None if out is None else Path(out) / "ablation.jsonl", run.fingerprint, opts.overwrite,
                     optional=SweepOptions.ESTIMATE_BOUND)

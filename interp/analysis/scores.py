@@ -23,13 +23,12 @@ from torch import Tensor
 
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_heads, check_layers
-from interp.record.capture import BLOCK_OUTPUTS, OUTPUT, run_until_kept, stream_batches
+from interp.record.capture import BLOCK_OUTPUTS, OUTPUT, replay_blocks, run_until_kept, stream_batches
 from interp.data import Batch
 from interp.errors import InputError, UnsupportedModelError, public
 from interp.record.heads import attention_weights, kv_group
 from interp.record.hooks import hook_name, is_block_hook
 from interp.record.patching import bias_patch_hooks
-from interp.record.prefix import replay_blocks
 from interp.models.bridge import InterpBridge, require_bridge
 from interp.models.loading import clone_model
 

@@ -13,6 +13,16 @@
 
 Returns (batches run, data fingerprint): the fingerprint is what decides "the same data" elsewhere
 (``origin_shift`` intervals against the statistics they explain).
+
+Prefix reuse (exact sweeps, the scores' patched forwards): a variant patched at layer l runs only layers l..L-1.
+Layers before the first patched one compute exactly what the intact run computed, so the intact forward records
+what each block returned (``record_block_outputs``) and a patched forward replays those outputs for blocks
+0..l-1 (``replay_blocks``) instead of recomputing them. The replay is a context manager that gives each skipped
+block a ``forward`` of its own for the duration of one forward and deletes it afterwards (the class's own forward
+is never touched), so the model is unchanged outside it. Cost: an exact per-head sweep over L layers runs on
+average (L + 1) / 2 layers per variant instead of L; the sweep records one batch's block outputs at a time
+(L x batch x pos x d_model values) and drops them before the next batch (``interp.ablation.sweep``), so the memory
+does not grow with the data.
 """
 
 from __future__ import annotations
@@ -21,18 +31,20 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from interp.data import Batch, CheckedBatch, iter_batches
 from interp.data.batch import check_fits_dtype  # noqa: F401 - re-exported: the callers' name for it
 from interp.record.fingerprint import DataHasher
 from interp.models.bridge import InterpBridge, refuse_active_dropout
-from interp.record.patching import StopForward
-from interp.record.prefix import record_block_outputs
 
 Consumer = Callable[[CheckedBatch, dict[str, Tensor]], None]
 Hooks = Union[Sequence[tuple[Any, Callable]], Callable[[Batch], Sequence[tuple[Any, Callable]]]]
+
+
+class StopForward(Exception):
+    """Raised by a keeper once every activation a forward is read for is kept: nothing after is computed."""
 
 
 @contextmanager
@@ -99,7 +111,7 @@ def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], h
     (hooks that reduce as the forward passes, and need the batch's mask). ``stop_at_layer`` also hands
     TransformerLens the number of blocks to run. ``keep_output``: the forward runs to the end and the store
     holds its output under ``OUTPUT``; ``block_outputs``: the store holds what each block returned, under
-    ``BLOCK_OUTPUTS`` (``interp.record.prefix.record_block_outputs``: a consumer's patched forwards can replay the
+    ``BLOCK_OUTPUTS`` (``record_block_outputs``: a consumer's patched forwards can replay the
     blocks below their layer). ``data`` may be a list of ``Batch`` to run again.
     """
     info = model.interp
@@ -118,3 +130,66 @@ def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], h
             del store  # not held through the next batch's forward: one batch's activations alive at a time
             n_batches += 1
     return n_batches, hasher.hexdigest()
+
+
+# prefix reuse (module doc): the intact run's block outputs, replayed below a patched layer
+
+def _blocks(model: InterpBridge) -> list[nn.Module]:
+    return [model.blocks[layer] for layer in range(model.interp.n_layers)]
+
+
+@contextmanager
+def record_block_outputs(model: InterpBridge) -> Iterator[list[Any]]:
+    """Inside the block, every forward appends, per layer, what that block returned."""
+    outputs: list[Any] = [None] * model.interp.n_layers
+
+    def keeper(layer: int):
+        def keep(module: nn.Module, args: Any, output: Any) -> None:
+            outputs[layer] = _detach(output)
+        return keep
+
+    handles = [block.register_forward_hook(keeper(layer)) for layer, block in enumerate(_blocks(model))]
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _detach(output: Any) -> Any:
+    if isinstance(output, Tensor):
+        return output.detach()
+    if isinstance(output, tuple):
+        return tuple(_detach(o) for o in output)
+    return output
+
+
+def _repeat_output(output: Any, n: int, batch_size: int) -> Any:
+    """``output`` with every tensor whose leading axis is the batch repeated ``n`` times (variant-major)."""
+    if isinstance(output, Tensor):
+        if output.ndim and output.shape[0] == batch_size and n > 1:
+            return output.repeat(n, *([1] * (output.ndim - 1)))
+        return output
+    if isinstance(output, tuple):
+        return tuple(_repeat_output(o, n, batch_size) for o in output)
+    return output
+
+
+@contextmanager
+def replay_blocks(model: InterpBridge, outputs: list[Any], start: int, n: int, batch_size: int) -> Iterator[None]:
+    """Blocks ``0..start-1`` return their recorded intact outputs (repeated ``n`` times) without computing."""
+    skipped = _blocks(model)[:start]
+    for layer, block in enumerate(skipped):
+        replayed = _repeat_output(outputs[layer], n, batch_size)
+
+        def forward(*args: Any, _out: Any = replayed, **kwargs: Any) -> Any:
+            return _out
+        # an instance attribute that shadows the class's forward until deleted; object.__setattr__
+        # because the bridge's components pass attribute writes through to the HF module they wrap
+        object.__setattr__(block, "forward", forward)
+    try:
+        yield
+    finally:
+        for block in skipped:
+            if "forward" in vars(block):
+                object.__delattr__(block, "forward")

@@ -19,10 +19,11 @@ Where the architecture has no bias at a site (``bias_spec``'s ``present`` False:
 leaves a unchanged (a' - a = 0; ``displacement_norm`` 0 and so the matched control's draws too): a bias that is not
 there is neither removed nor replaced by E[XW].
 
-The matched control (``control_patch_hooks``, draw d): whatever the method's displacement s_h = a' - a of each
-targeted head (-b_h for zero, E[XW]_h - b_h for mean, ...), a' = a + u_h^(d) ||s_h||, with u_h^(d) a uniformly
+The matched control's draw d (``interp.ablation.control``): whatever the method's displacement s_h = a' - a of
+each targeted head (-b_h for zero, E[XW]_h - b_h for mean, ...), a' = a + u_h^(d) ||s_h||, with u_h^(d) a uniformly
 random unit vector (``matched_shift``, fixed by (seed, layer, kind, d)): the same displacement norm in a random
-direction. An effect is specific to the bias's direction only when it lies outside the deltas of these draws.
+direction. ``ablate_bias`` checks its model, targets, method and statistics once, at its door, and builds the hooks
+of every patched forward with ``patch_hooks`` (``bias_patch_hooks`` without the checks) and ``shift_hook``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from interp.data import Batch, CheckedBatch
 from interp.checks import as_index
 from interp.errors import InputError, public
 from interp.record.heads import attention_weights, kv_group, v_fold_vector
@@ -44,7 +44,7 @@ from interp.types import METHODS, Method
 
 Target = tuple[int, int, str]  # (layer, head, kind)
 Hook = tuple[str, Callable[[Tensor, Any], Optional[Tensor]]]
-QKV_KINDS = ("q", "k", "v")
+_QKV_KINDS = ("q", "k", "v")
 
 
 def check_method(method: str, targets: Sequence[Target], stats: Optional[QKVStats], need_stats: bool = True) -> None:
@@ -62,12 +62,12 @@ def needs_means(model: InterpBridge, method: str, targets: Sequence[Target]) -> 
     bias targets here."""
     if method != "mean":
         return False
-    sites = {(layer, kind) for layer, _, kind in targets if kind in QKV_KINDS}
+    sites = {(layer, kind) for layer, _, kind in targets if kind in _QKV_KINDS}
     present = {layer: attention_weights(model, layer).present for layer in {layer for layer, _ in sites}}
     return any(present[layer][kind] for layer, kind in sites)
 
 
-def check_targets(model: InterpBridge, targets: Any, function: str) -> list[Target]:
+def _check_targets(model: InterpBridge, targets: Any, function: str) -> list[Target]:
     """``targets`` as a list of (layer, head, kind) with Python ints, or one InputError naming the bad target and the
     fix: a bare (layer, head, kind) instead of a list, a head that is None, not an integer, or out of range for its
     kind (k and v have ``n_kv_heads`` heads under grouped-query attention). Layers are checked by the callers."""
@@ -87,7 +87,7 @@ def check_targets(model: InterpBridge, targets: Any, function: str) -> list[Targ
         if layer is None or head is None:
             raise InputError(f"{function}: target {tuple(target)!r} needs an integer layer and head (a head of None "
                              f"is not 'every head': list each head, e.g. [(l, h, kind) for h in range(n)])")
-        if kind in QKV_KINDS:
+        if kind in _QKV_KINDS:
             n = info.n_heads if kind == "q" else info.n_kv_heads
             if not 0 <= head < n:
                 raise InputError(f"{function}: target {tuple(target)!r}: head {head} out of range for {kind} "
@@ -134,6 +134,8 @@ def bias_shift(model: InterpBridge, layer: int, kind: str, method: Method,
     return shift
 
 
+
+
 def matched_shift(shift: Tensor, layer: int, kind: str, seed: int, draw: int) -> Tensor:
     """Draw ``draw`` of the matched control of ``shift`` [head_index, d_head]: per head, a uniformly random
     unit direction (Gaussian, float64, on the host, from (seed, layer, kind, draw): independent of which other
@@ -143,22 +145,12 @@ def matched_shift(shift: Tensor, layer: int, kind: str, seed: int, draw: int) ->
     return _scaled_directions(shift, [int(seed), int(layer), "qkv".index(kind), int(draw), 1])
 
 
-def displacement_norm(model: InterpBridge, targets: Sequence[Target], method: Method,
-                      stats: Optional[QKVStats] = None, seed: int = 0) -> float:
-    """||s|| = sqrt(sum over targets of ||a'_h - a_h||^2): how far ``method`` moves the targeted heads'
-    activations (zero: ||b_h||; random: ||r_h - b_h||, about sqrt(2) ||b_h||). 0 for absent biases."""
-    total = 0.0
-    for (layer, kind), heads in _by_site(targets).items():
-        shift = bias_shift(model, layer, kind, method, stats, seed)
-        total += float((shift[sorted(heads)].double() ** 2).sum())
-    return total ** 0.5
-
-
-def _by_site(targets: Sequence[Target]) -> dict[tuple[int, str], set[int]]:
-    by_site: dict[tuple[int, str], set[int]] = {}
+def by_site(targets: Sequence[Target]) -> dict[tuple[int, str], set[int]]:
+    """The targeted heads of each hook site, (layer, kind) -> heads, in the targets' order of sites."""
+    sites: dict[tuple[int, str], set[int]] = {}
     for layer, head, kind in targets:
-        by_site.setdefault((layer, kind), set()).add(head)
-    return by_site
+        sites.setdefault((layer, kind), set()).add(head)
+    return sites
 
 
 def _only_heads(shift: Tensor, heads: set[int]) -> Tensor:
@@ -175,39 +167,37 @@ def _add(delta: Tensor) -> Callable[[Tensor, Any], Tensor]:
     return edit
 
 
+def shift_hook(layer: int, kind: str, shift: Tensor, heads: set[int]) -> Hook:
+    """The hook at (layer, kind) that adds ``shift`` [head_index, d_head] to the activations of ``heads`` (the
+    site's other heads pass unchanged)."""
+    return hook_name(layer, kind), _add(_only_heads(shift, heads))
+
+
 @public
 def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method = "zero",
                      stats: Optional[QKVStats] = None, seed: int = 0) -> list[Hook]:
     """Forward hooks that patch the biases of ``targets`` out (see the module doc for methods;
     ``seed`` fixes ``method="random"``'s directions)."""
-    info = require_bridge(model, "bias_patch_hooks").interp
-    targets = check_targets(model, targets, "bias_patch_hooks")
+    model = require_bridge(model, "bias_patch_hooks")
+    targets = _check_targets(model, targets, "bias_patch_hooks")
     check_method(method, targets, stats, need_stats=needs_means(model, method, targets))
     if stats is not None:
         require_stats(stats).require_model(model)
+    return patch_hooks(model, targets, method, stats, seed)
+
+
+def patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method, stats: Optional[QKVStats] = None,
+                seed: int = 0) -> list[Hook]:
+    """``bias_patch_hooks`` of a bridge, targets, method and statistics already checked (``ablate_bias`` checks
+    them once, at its door, and builds hooks for every patched forward)."""
+    info = model.interp
     hooks: list[Hook] = []
-    for (layer, kind), heads in _by_site(targets).items():
-        delta = _only_heads(bias_shift(model, layer, kind, method, stats, seed), heads)
-        hooks.append((hook_name(layer, kind), _add(delta)))
+    for (layer, kind), heads in by_site(targets).items():
+        hooks.append(shift_hook(layer, kind, bias_shift(model, layer, kind, method, stats, seed), heads))
         if method == "fold":
             group = kv_group(info.n_heads, info.n_kv_heads)
             query_heads = [qh for qh in range(info.n_heads) if group[qh] in heads]
             hooks.append((attn_hook(layer, "o.hook_out"), _add(v_fold_vector(model, layer, query_heads))))
-    return hooks
-
-
-def control_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method, draw: int,
-                        stats: Optional[QKVStats] = None, seed: int = 0) -> list[Hook]:
-    """Hooks of draw ``draw`` of the matched control of ``method`` on ``targets``: each targeted head's
-    activation moved by a random direction of the norm ``method`` would move it by (``matched_shift``;
-    module doc). No b_O fold for ``method="fold"``: its displacement is compensated, so it has no control."""
-    require_bridge(model, "control_patch_hooks")
-    targets = check_targets(model, targets, "control_patch_hooks")
-    check_method(method, targets, stats, need_stats=needs_means(model, method, targets))
-    hooks: list[Hook] = []
-    for (layer, kind), heads in _by_site(targets).items():
-        shift = matched_shift(bias_shift(model, layer, kind, method, stats, seed), layer, kind, seed, draw)
-        hooks.append((hook_name(layer, kind), _add(_only_heads(shift, heads))))
     return hooks
 
 
@@ -238,27 +228,3 @@ def stacked_patch_hooks(model: InterpBridge, groups: Sequence[Sequence[Target]],
     """
     return stack_hooks([bias_patch_hooks(model, group, method, stats, seed) for group in groups])
 
-
-def repeat_batch(batch: Batch, n: int) -> Batch:
-    """``batch`` repeated ``n`` times along the batch axis (for stacked variants); a ``CheckedBatch`` stays
-    checked."""
-    if isinstance(batch, CheckedBatch):
-        return batch.repeat(n)
-
-    def rep(t: Optional[Tensor]) -> Optional[Tensor]:
-        return None if t is None else t.repeat(n, *([1] * (t.ndim - 1)))
-    return Batch(rep(batch.inputs), rep(batch.attention_mask), rep(batch.labels))
-
-
-def slice_batch(batch: Batch, lo: int, hi: int) -> Batch:
-    """Items ``lo:hi`` of ``batch`` (views); a ``CheckedBatch`` stays checked."""
-    if isinstance(batch, CheckedBatch):
-        return batch.items(lo, hi)
-
-    def part(t: Optional[Tensor]) -> Optional[Tensor]:
-        return None if t is None else t[lo:hi]
-    return Batch(part(batch.inputs), part(batch.attention_mask), part(batch.labels))
-
-
-class StopForward(Exception):
-    """Raised by a keeper once every activation a forward is read for is kept: nothing after is computed."""

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import interp
 from interp.ablation import ablate_bias
 from interp.ablation.options import SweepOptions
-from interp.ablation.sweep import (CONTROL_ALPHA, adjust_controls, benjamini_hochberg, control_columns,
-                                  control_forwards, control_stages, normal_tail_p, used_draws)
+from interp.ablation.control import (CONTROL_ALPHA, adjust_controls, benjamini_hochberg, control_columns,
+                                    control_forwards, control_stages, normal_tail_p, used_draws)
 from interp.errors import InputError
 from interp.models import tiny_hf_model, tiny_inputs
 from interp.record.patching import bias_shift, matched_shift

@@ -73,7 +73,7 @@ def test_the_mathematics_page_quotes_the_calibration():
 
 @pytest.mark.parametrize("model", ["minilm-l6", "dinov2-s14"])
 def test_the_defaults_sweep_adjusts_its_heads_and_costs_at_most_the_old_forwards(model):
-    from interp.ablation.sweep import control_forwards
+    from interp.ablation.control import control_forwards
 
     heads = pd.read_csv(RESULTS / model / "ablation_fdr.csv")
     cost = pd.read_csv(RESULTS / "control_cost.csv").set_index("model").loc[model]

@@ -8,7 +8,8 @@ import interp
 from interp.errors import InputError
 from interp.models import tiny_hf_model
 from interp.record.heads import attention_weights
-from interp.record.patching import bias_patch_hooks, bias_shift, control_patch_hooks, displacement_norm, matched_shift
+from interp.ablation.control import displacement_norm
+from interp.record.patching import bias_patch_hooks, bias_shift, matched_shift
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +24,9 @@ def gpt2():
     ([(0, 1)], "each target is \\(layer, head, kind\\)"),
     ("q", "takes a list of"),
 ])
-@pytest.mark.parametrize("function", [bias_patch_hooks, lambda m, t: control_patch_hooks(m, t, "zero", 0)])
-def test_bad_targets_are_one_clear_error(gpt2, targets, words, function):
+def test_bad_targets_are_one_clear_error(gpt2, targets, words):
     with pytest.raises(InputError, match=words):
-        function(gpt2, targets)
+        bias_patch_hooks(gpt2, targets)
 
 
 def test_numpy_integers_are_targets(gpt2):

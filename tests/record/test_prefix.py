@@ -6,7 +6,7 @@ import torch
 
 import interp
 from interp.ablation import ablate_bias
-from interp.record.prefix import record_block_outputs, replay_blocks
+from interp.record.capture import record_block_outputs, replay_blocks
 from interp.models import TINY_FAMILIES, tiny_hf_model, tiny_inputs
 from interp.models.loading import clone_model
 
