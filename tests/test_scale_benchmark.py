@@ -265,7 +265,7 @@ def test_memory_at_the_allocator_defaults_runs_each_row_in_its_own_process(tmp_p
     assert ((table.total_mb - table.forward_mb - table.above_forward_mb).abs() < 1e-3).all()
     assert ((table.total_mb / table.forward_mb - table.ratio).abs() < 1e-4 * table.ratio).all()
     profile = pd.read_csv(tmp_path / "memory_profile_t.csv")
-    assert {"forward", "_run_intact", "estimate (atp)", "_exact", "patched_stack"} <= set(profile.phase)
+    assert {"forward", "_run_intact", "estimate (atp)", "_exact", "patched_stacks"} <= set(profile.phase)
     for allocator, rows in profile.groupby("allocator"):
         total = table.set_index("allocator").loc[allocator, "total_mb"]
         assert abs(rows.peak_mb.max() - total) < 1e-2, allocator

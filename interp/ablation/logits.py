@@ -14,9 +14,11 @@ where a metric is defined (real tokens: attention mask 1):
 
 Peak memory: two or three chunks of ``CHUNK_BYTES`` (log q, then log p - log q in its place, and p) and, where the
 head is one linear map (``Unembedding``, every family measured), the intact run's final-normed rows (real positions
-x d_model): the intact logits are recomputed from them a vocabulary tile at a time wherever they are read (one more
-tile product per stacked forward, ``1/stack`` of the unembedding's work) instead of being held (real positions x
-vocabulary: as large as the forward's own logits). Where the head is not one linear map the intact logits are held.
+x d_model): the intact logits are recomputed from them a vocabulary tile at a time wherever they are read instead
+of being held (real positions x vocabulary: as large as the forward's own logits); ``patched_stacks`` takes several
+stacked forwards through the vocabulary at once, so that each tile's intact logits are made once for all of them
+(the sweep gathers stacks up to ``memory.WAITING_SHARE`` of the logits' bytes). Where the head is not one linear
+map the intact logits are held.
 
 ``head(h)`` must be what the model's forward computes after the last block; ``head_matches`` checks it once per
 sweep against a full forward (a family whose forward does more, e.g. Gemma 2's logit soft-capping, keeps the
@@ -152,10 +154,9 @@ def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
     step = chunk_rows(vocab)
     lse = torch.empty(len(rows), dtype=dtype, device=device)
     total_p, p_dot_log_p = (torch.zeros(len(rows), dtype=torch.float64, device=device) for _ in range(2))
-    kept = dict(normed=None) if unembedding is not None else dict(
-        logits=torch.empty((len(rows), vocab), dtype=dtype, device=device))
+    held = None if unembedding is not None else torch.empty((len(rows), vocab), dtype=dtype, device=device)
     intact = IntactLogits(rows, item, target, counted, hidden.shape[0], vocab, lse, total_p, p_dot_log_p,
-                          unembedding=unembedding, **kept)
+                          logits=held, unembedding=unembedding)
     with torch.no_grad():  # constants (the sweep's intact run)
         if unembedding is not None:
             intact.normed = model.ln_final(flat[rows])
