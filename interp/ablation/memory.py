@@ -6,9 +6,9 @@ head is not one linear map), a vocabulary tile of every stacked variant's logits
 block's intact output. ``auto``
 takes the largest ``s`` (at most ``MAX_STACK``) whose estimate stays within ``STACK_BUDGET`` times a plain
 forward's peak on the same batch, and at least 1: fewer than ``BUDGET`` (the call's goal), because at glibc's
-defaults the heap grows past the live tensors while stacked forwards come and go (measured at 25m@128, the
-estimate's parts within one forward: stack 4, 1.80 forwards estimated, reached 2.23x a forward; stack 3, 1.50,
-reached 1.70x). The estimates count the tensors the eager forward materialises, in
+defaults the heap grows past the live tensors while stacked forwards come and go (measured at 25m@128 with the
+next-token metric: within two forwards the rule took stack 4, and the call reached 2.23x a forward; within 1.5,
+stack 3 and 1.86x: docs/results/scale/memory_defaults_cpu.csv). The estimates count the tensors the eager forward materialises, in
 bytes (``e``: the model's element size; HF upcasts the logits and the attention softmax to float32):
 
 * one block, per sequence of T tokens: T x (3 x heads x T x 4  [scores, pattern, its cast]
