@@ -48,7 +48,7 @@ COLUMNS = ["label", "target", "size", "tokens", "batch_size", "n_batches", "exac
            "malloc_env", "forward_mb", "total_mb", "above_forward_mb", "ratio", "seconds", "stack_used"]
 # (module, function): the phases a profile segments the call by (the innermost running one names a segment)
 SWEEP_PHASES = [("interp.ablation.sweep", n) for n in ("_run_intact", "_run_estimate", "_exact", "_intact_batch",
-                                                       "_run_group", "intact_logits", "patched_stack")] + [
+                                                       "_stacked_forward", "intact_logits", "patched_stacks")] + [
     ("interp.ablation.attribution", "batch_estimates")]
 
 

@@ -265,7 +265,7 @@ def test_memory_at_the_allocator_defaults_runs_each_row_in_its_own_process(tmp_p
     assert ((table.total_mb - table.forward_mb - table.above_forward_mb).abs() < 1e-3).all()
     assert ((table.total_mb / table.forward_mb - table.ratio).abs() < 1e-4 * table.ratio).all()
     profile = pd.read_csv(tmp_path / "memory_profile_t.csv")
-    assert {"forward", "_run_intact", "estimate (atp)", "_exact", "patched_stack"} <= set(profile.phase)
+    assert {"forward", "_run_intact", "estimate (atp)", "_exact", "patched_stacks"} <= set(profile.phase)
     for allocator, rows in profile.groupby("allocator"):
         total = table.set_index("allocator").loc[allocator, "total_mb"]
         assert abs(rows.peak_mb.max() - total) < 1e-2, allocator
@@ -302,15 +302,38 @@ def test_performance_memory_figures_are_the_csvs():
     assert agrees(ratio, float(peak) / a112.forward_mb) and agrees(heap, after.heap_mb.max())
     exact, = _said(text, r"The first stacked forwards of the exact stage then peak at ([\d.]+) MB", 1)
     assert agrees(exact, after[after.phase == "_run_group"].peak_mb.max()) and agrees(peak, a112.total_mb)
-    ratio, total, forward = _said(text, r"At 25m@128 \(batch 2 x 2\): before ([\d.]+)x \(([\d.]+) MB against a ([\d.]+) "
-                                        r"MB forward\)", 3)
-    b25 = table.loc[("before (d93dd76)", "25m")]
-    assert agrees(ratio, b25.ratio) and agrees(total, b25.total_mb) and agrees(forward, b25.forward_mb)
-    ratio, total, forward = _said(text, r"now ([\d.]+)x \(([\d.]+) MB against a ([\d.]+) MB forward; "
-                                        r"`memory_profile_after.csv`\)", 3)
-    a25 = table.loc[("after", "25m")]
-    assert agrees(ratio, a25.ratio) and agrees(total, a25.total_mb) and agrees(forward, a25.forward_mb)
-    assert agrees(total, pd.read_csv(SCALE / "memory_profile_after.csv").peak_mb.max())
+    said = _said(text, r"with the intact logits held through the exact stage, ([\d.]+)x \(([\d.]+) MB against a "
+                       r"([\d.]+) MB forward; `memory_profile_logits_held.csv`: the heap grew ([\d.]+) MB", 4)
+    held = table.loc[("logits held", "25m")]
+    assert all(agrees(q, v) for q, v in zip(said, (held.ratio, held.total_mb, held.forward_mb)))
+    held_profile = pd.read_csv(SCALE / "memory_profile_logits_held.csv")
+    assert agrees(said[2 + 1], held_profile[held_profile.phase == "batch_estimates"].heap_mb.max()
+                  - held_profile[held_profile.phase == "_run_intact"].heap_mb.max())
+    assert agrees(said[1], held_profile.peak_mb.max())
+    recomputed = pd.read_csv(SCALE / "memory_defaults_cpu.csv").set_index(["label", "size", "allocator"])
+    said = _said(text, r"now ([\d.]+)x \(([\d.]+) MB against a ([\d.]+) MB forward; "
+                       r"`memory_profile_logits_recomputed.csv`\), and ([\d.]+)x with the fixed threshold "
+                       r"\(([\d.]+) MB against a ([\d.]+) MB forward\)", 6)
+    new, fixed = (recomputed.loc[("logits recomputed", "25m", a)] for a in ("defaults", "fixed"))
+    assert all(agrees(q, v) for q, v in zip(said, (new.ratio, new.total_mb, new.forward_mb, fixed.ratio,
+                                                   fixed.total_mb, fixed.forward_mb)))
+    assert agrees(said[1], pd.read_csv(SCALE / "memory_profile_logits_recomputed.csv").peak_mb.max())
+    assert new.ratio <= 2 and held.ratio > 2  # the goal, met by the change and not before it
+    two, = _said(text, r"within 2 it took stack 4 here and the call reached ([\d.]+)x", 1)
+    wide = table.loc[("logits recomputed, stack within 2 forwards", "25m")]
+    assert agrees(two, wide.ratio) and wide.stack_used == 4 and new.stack_used == 3
+    said = _said(text, r"The whole call at 112m@512 \(batch 2, one batch\): ([\d.]+)x \(([\d.]+) MB against a "
+                       r"([\d.]+) MB forward; `memory_profile_logits_recomputed_112m.csv`\)", 3)
+    big = recomputed.loc[("logits recomputed", "112m", "defaults")]
+    assert all(agrees(q, v) for q, v in zip(said, (big.ratio, big.total_mb, big.forward_mb))) and big.ratio <= 2
+    big_profile = pd.read_csv(SCALE / "memory_profile_logits_recomputed_112m.csv")
+    assert agrees(said[1], big_profile.peak_mb.max())
+    assert big_profile.loc[big_profile.peak_mb.idxmax(), "phase"] in ("_stacked_forward", "patched_stacks", "_exact")
+    pairs = pd.read_csv(SCALE / "memory_recompute_time.csv")
+    ratios = _said(text, r"new over old per pair (\d+\.\d+), (\d+\.\d+) and (\d+\.\d+)", 3)
+    cpu = pairs.pivot(index="pair", columns="code", values="cpu_seconds")
+    assert all(agrees(q, v) for q, v in zip(ratios, cpu["logits recomputed"] / cpu["logits held"]))
+    assert pairs.kl_sum.nunique() == 1 and pairs.delta_sum.nunique() == 1  # the same numbers from both
     compiled = pd.read_csv(SCALE / "tile_sums_compile_cpu.csv").set_index(["shape", "threads"])
     big, small = compiled.loc[("112m@512, stack 1", 1)], compiled.loc[("25m@128, stack 3", 1)]
     said = _said(text, r"at one thread ([\d.]+)x faster at 112m@512 \(stack 1\) and ([\d.]+)x at 25m@128 \(stack 3\) "

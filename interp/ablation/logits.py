@@ -12,9 +12,13 @@ where a metric is defined (real tokens: attention mask 1):
   (``metrics.kl_from_intact``'s rule), with log p the intact log-probabilities computed once per batch
   (``intact_logits``) and reused by every variant and chunk.
 
-Peak memory: the intact log-probabilities of one batch (real positions x vocab, the metric's dtype: as large as
-the forward's own logits) and two or three chunks of ``CHUNK_BYTES`` (log q, then log p - log q in its place,
-and p), instead of every stacked variant's logits.
+Peak memory: two or three chunks of ``CHUNK_BYTES`` (log q, then log p - log q in its place, and p) and, where the
+head is one linear map (``Unembedding``, every family measured), the intact run's final-normed rows (real positions
+x d_model): the intact logits are recomputed from them a vocabulary tile at a time wherever they are read instead
+of being held (real positions x vocabulary: as large as the forward's own logits); ``patched_stacks`` takes several
+stacked forwards through the vocabulary at once, so that each tile's intact logits are made once for all of them
+(the sweep gathers stacks up to ``memory.WAITING_SHARE`` of the logits' bytes). Where the head is not one linear
+map the intact logits are held.
 
 ``head(h)`` must be what the model's forward computes after the last block; ``head_matches`` checks it once per
 sweep against a full forward (a family whose forward does more, e.g. Gemma 2's logit soft-capping, keeps the
@@ -71,27 +75,47 @@ def _chunk_rows(vocab: int) -> int:
 
 @dataclass
 class IntactLogits:
-    """One batch's intact next-token distribution at its real positions (flattened b * T + t, in order)."""
+    """One batch's intact next-token distribution at its real positions (flattened b * T + t, in order).
+
+    Its logits z_p are held (``logits``) where the head is not one linear map; where it is (``unembedding``) only
+    the final-normed rows are (``normed``, real positions x d_model) and ``z`` recomputes any rows and vocabulary
+    slice from them, the same numbers every time (one product, ``unembed``)."""
 
     rows: Int[Tensor, " n"]  # flat positions of real tokens
     item: Int[Tensor, " n"]  # the item (row of the batch) of each
     target: Int[Tensor, " n"]  # the next token (0 where none is counted)
     counted: Bool[Tensor, " n"]  # the NLL at this position counts (this token and the next are real)
-    logits: Float[Tensor, "n vocab"]  # intact logits z_p (float32, float64 for a float64 model)
     n_items: int
-    lse: Float[Tensor, " n"]  # their logsumexp: log p = z_p - lse
+    vocab: int
+    lse: Float[Tensor, " n"]  # logsumexp of the intact logits: log p = z_p - lse (float32; float64 for float64)
     total_p: Float[Tensor, " n"]  # float64 sum_v p_v, p_v = exp(z_p,v - lse) in float64 (1 up to rounding)
     p_dot_log_p: Float[Tensor, " n"]  # float64 sum_v p_v (z_p,v - lse) (``patched_stack``'s B is taken against it)
+    logits: Optional[Float[Tensor, "n vocab"]] = None  # the intact logits, held where the head is not linear
+    normed: Optional[Float[Tensor, "n d_model"]] = None  # ln_final of the intact rows, where it is
+    unembedding: Optional["Unembedding"] = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The intact logits' dtype (the metric's: float32, or float64 for a float64 model)."""
+        return self.lse.dtype
 
     @property
     def counts(self) -> Tensor:
         """Predicted tokens per item (``metric_items``' counts)."""
-        return torch.zeros(self.n_items, dtype=self.logits.dtype, device=self.rows.device).index_add_(
-            0, self.item, self.counted.to(self.logits.dtype))
+        return torch.zeros(self.n_items, dtype=self.dtype, device=self.rows.device).index_add_(
+            0, self.item, self.counted.to(self.dtype))
+
+    def z(self, part: slice = slice(None), vocab: slice = slice(None), out: Optional[Tensor] = None) -> Tensor:
+        """The intact logits of rows ``part`` in columns ``vocab`` (step-1 slices): held, or recomputed from the
+        normed rows (``unembed``; into ``out`` where given)."""
+        if self.logits is not None:
+            return self.logits[part, vocab]
+        lo, hi, _ = vocab.indices(self.vocab)
+        return unembed(self.normed[part], self.unembedding, lo, hi, self.dtype, out)
 
     def log_p(self, part: slice = slice(None), vocab: slice = slice(None)) -> Tensor:
         """The intact log-probabilities of rows ``part`` (and a ``vocab`` slice), computed when asked."""
-        return self.logits[part, vocab] - self.lse[part, None]
+        return self.z(part, vocab) - self.lse[part, None]
 
 
 def positions(batch: Batch, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -117,38 +141,66 @@ def vocab_size(model: InterpBridge, hidden: Tensor) -> int:
 
 def intact_logits(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"], batch: Batch,
                   unembedding: Optional["Unembedding"] = None) -> IntactLogits:
-    """The intact logits at the batch's real positions, their logsumexp and (float64, per position) sum_v p_v and
-    sum_v p_v log p_v (``log_p64``), computed a chunk at a time into preallocated tensors (no list of chunks
-    concatenated: that would hold them twice); with ``unembedding`` (and logits in the model's dtype) each chunk's
-    product is written into it directly."""
+    """The intact distribution at the batch's real positions: the logits' logsumexp a chunk of rows at a time
+    (``_chunk_rows``: no [n, vocab] tensor beside them), and (float64, per position) sum_v p_v and sum_v p_v log p_v
+    (``log_p64``). With ``unembedding`` only the final-normed rows are kept and the two sums are taken a vocabulary
+    tile at a time from ``IntactLogits.z``, the very numbers ``patched_stack`` recomputes (so that its B is 0
+    where a variant's logits equal the intact ones); without it the logits are held and the sums read them."""
     rows, item, target, counted = positions(batch, hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    first = wide(head(model, flat[rows[:1]]))
-    z = torch.empty((len(rows), first.shape[-1]), dtype=first.dtype, device=hidden.device)
-    lse = torch.empty(len(rows), dtype=first.dtype, device=hidden.device)
-    total_p, p_dot_log_p = (torch.empty(len(rows), dtype=torch.float64, device=hidden.device) for _ in range(2))
-    step = _chunk_rows(first.shape[-1])
-    direct = unembedding is not None and unembedding.weight.dtype == z.dtype
-    for lo in range(0, len(rows), step):
-        part = flat[rows[lo:lo + step]]
-        if direct:  # constants: no gradient (out= refuses one)
-            with torch.no_grad():
-                x, w = model.ln_final(part), unembedding.weight.t()
-                if unembedding.bias is None:
-                    torch.mm(x, w, out=z[lo:lo + step])
-                else:
-                    torch.addmm(unembedding.bias, x, w, out=z[lo:lo + step])
+    with torch.no_grad():
+        first = wide(head(model, flat[rows[:1]]))
+    vocab, dtype, device = first.shape[-1], first.dtype, hidden.device
+    step = _chunk_rows(vocab)
+    lse = torch.empty(len(rows), dtype=dtype, device=device)
+    total_p, p_dot_log_p = (torch.zeros(len(rows), dtype=torch.float64, device=device) for _ in range(2))
+    held = None if unembedding is not None else torch.empty((len(rows), vocab), dtype=dtype, device=device)
+    intact = IntactLogits(rows, item, target, counted, hidden.shape[0], vocab, lse, total_p, p_dot_log_p,
+                          logits=held, unembedding=unembedding)
+    with torch.no_grad():  # constants (the sweep's intact run)
+        if unembedding is not None:
+            intact.normed = model.ln_final(flat[rows])
+            chunk = torch.empty((min(step, len(rows)), vocab), dtype=dtype, device=device)
+            for lo in range(0, len(rows), step):
+                z = intact.z(slice(lo, lo + step), out=chunk[:min(step, len(rows) - lo)])
+                lse[lo:lo + step] = z.logsumexp(-1)
+            for lo in range(0, vocab, TILE_VOCAB):
+                _add_intact_sums(intact, slice(None), intact.z(vocab=slice(lo, lo + TILE_VOCAB)))
         else:
-            z[lo:lo + step] = wide(head(model, part))
-        lse[lo:lo + step] = z[lo:lo + step].logsumexp(-1)
-    wide_step = max(1, step // 4)  # two float64 temporaries of a quarter chunk: half a chunk's bytes
-    for lo in range(0, len(rows), wide_step):
-        part = slice(lo, lo + wide_step)
-        log_p = log_p64(z[part], lse[part])
-        p = log_p.exp()
-        total_p[part] = p.sum(-1)
-        p_dot_log_p[part] = p.mul_(log_p).sum(-1)
-    return IntactLogits(rows, item, target, counted, z, hidden.shape[0], lse, total_p, p_dot_log_p)
+            for lo in range(0, len(rows), step):
+                intact.logits[lo:lo + step] = wide(head(model, flat[rows[lo:lo + step]]))
+                lse[lo:lo + step] = intact.logits[lo:lo + step].logsumexp(-1)
+            wide_step = max(1, step // 4)  # two float64 temporaries of a quarter chunk: half a chunk's bytes
+            for lo in range(0, len(rows), wide_step):
+                _add_intact_sums(intact, slice(lo, lo + wide_step), intact.logits[lo:lo + wide_step])
+    return intact
+
+
+def _add_intact_sums(intact: IntactLogits, part: slice, z: Tensor) -> None:
+    """Adds rows ``part``'s share of sum_v p_v and sum_v p_v log p_v from their intact logits ``z`` (some
+    vocabulary columns), in float64 (``log_p64``)."""
+    log_p = log_p64(z, intact.lse[part])
+    p = log_p.exp()
+    intact.total_p[part] += p.sum(-1)
+    intact.p_dot_log_p[part] += p.mul_(log_p).sum(-1)
+
+
+def unembed(x: Float[Tensor, "n d_model"], unembedding: "Unembedding", lo: int, hi: int, dtype: torch.dtype,
+            out: Optional[Tensor] = None) -> Float[Tensor, "n tile"]:
+    """Final-normed rows ``x`` through the unembedding's vocabulary entries lo..hi (x W[lo:hi]^T + c[lo:hi]), in
+    ``dtype`` (float32, or float64 for a float64 model: a half-precision model's product is widened); into ``out``
+    where given and the model computes in ``dtype``. Every intact tile and every stacked variant's tile is this
+    one product."""
+    weight = unembedding.weight[lo:hi].detach()  # constants: out= refuses a gradient, and none is wanted here
+    bias = None if unembedding.bias is None else unembedding.bias[lo:hi].detach()
+    x = x.detach()
+    if weight.dtype != dtype:
+        return wide(torch.nn.functional.linear(x, weight, bias))
+    if out is None:
+        out = torch.empty((x.shape[0], hi - lo), dtype=dtype, device=x.device)
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
 
 
 def log_p64(logits: Float[Tensor, "*stack n tile"], lse: Float[Tensor, " n"], out: Optional[Tensor] = None
@@ -204,44 +256,72 @@ def patched_stack(model: InterpBridge, unembedding: Unembedding, hidden: Float[T
     test_logits.py). A patch that raises a logit past float64's
     exp range (z - lse_p > 709) or lowers every logit of a row below it (S < 2.2e-308, the smallest normal
     float64: log S -inf or coarse), or an infinite logit (0 x inf in a sum), falls back to ``patched_items``
-    for that stack."""
-    rows, d = len(intact.rows), hidden.shape[-1]
+    for that stack. Several stacked forwards of one batch go through ``patched_stacks`` at once."""
+    return patched_stacks(model, unembedding, [(hidden, n)], intact)[0]
+
+
+def patched_stacks(model: InterpBridge, unembedding: Unembedding, stacks: list[tuple[Tensor, int]],
+                   intact: IntactLogits) -> list[list[tuple[Tensor, Tensor]]]:
+    """``patched_stack`` for several stacked forwards of one batch (``stacks``: their final hidden states and how
+    many variants each holds), through the vocabulary once: each tile's intact logits (recomputed from the normed
+    rows, ``IntactLogits.z``) and probabilities are made once for all of them. Every stack's numbers are
+    ``patched_stack``'s alone (the same products and sums in the same order)."""
+    rows = len(intact.rows)
+    vocab, dtype = unembedding.weight.shape[0], intact.dtype
     with torch.no_grad():
-        x = model.ln_final(hidden.reshape(n, -1, d)[:, intact.rows]).reshape(n * rows, d)
-        vocab, dtype, device = unembedding.weight.shape[0], intact.logits.dtype, x.device
+        xs = [model.ln_final(h.reshape(n, -1, h.shape[-1])[:, intact.rows]).reshape(n * rows, -1) for h, n in stacks]
+        device = xs[0].device
         tile = min(TILE_VOCAB, vocab)
         # one set of tile buffers for the call: in a process whose glibc mmap threshold is still low, each
         # multi-MB temporary is a fresh mapping, faulted in page by page (63 tiles of 3 x 256 x 512: 0.28-0.46 s
         # with temporaries, 0.087 s with buffers; equal once the threshold has risen)
-        space = _TileBuffers(x.dtype, device)
-        sum_exp, sum_p_log_q = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
-        picked = torch.zeros((n, rows), dtype=dtype, device=device)
+        space = _TileBuffers(device)
+        sums = [_StackSums(n, rows, dtype, device) for _, n in stacks]
         for lo in range(0, vocab, tile):
             hi = min(lo + tile, vocab)
-            bias = None if unembedding.bias is None else unembedding.bias[lo:hi]
-            z = space.logits(x, unembedding.weight[lo:hi], bias).view(n, rows, hi - lo)
+            z_p = intact.z(vocab=slice(lo, hi), out=space.take("intact", (rows, hi - lo), dtype))
+            p = log_p64(z_p, intact.lse, out=space.take("p", (rows, hi - lo))).exp_()
             inside = ((intact.target >= lo) & (intact.target < hi)).nonzero().squeeze(1)
-            if len(inside):
-                picked[:, inside] = z[:, inside, intact.target[inside] - lo]
-            _torch_tile_sums(space, z, intact, lo, hi, sum_exp, sum_p_log_q)
-        # past exp's range above (S inf) or below (S 0 or subnormal: log S -inf or coarse), or an infinite
-        # logit (0 x inf in a sum): the log-softmax path, as before
-        if not bool((torch.isfinite(sum_exp) & (sum_exp >= torch.finfo(torch.float64).tiny)
-                     & torch.isfinite(sum_p_log_q)).all() and torch.isfinite(intact.p_dot_log_p).all()):
-            return [patched_items(model, h, intact, True) for h in hidden.chunk(n)]
-        log_s = sum_exp.log()
-        nll = intact.lse.double() + log_s - picked.double()
-        b = (sum_p_log_q - intact.p_dot_log_p) / intact.total_p  # sum_v p_v (z_v - z_p,v) / P
-        kl = (log_s - intact.total_p.log() - b).sum(-1) / max(rows, 1)
-        return _item_sums(nll, kl.to(dtype), intact)
+            for x, (_, n), acc in zip(xs, stacks, sums):
+                z = unembed(x, unembedding, lo, hi, dtype, space.take("logits", (len(x), hi - lo), dtype)
+                            ).view(n, rows, hi - lo)
+                if len(inside):
+                    acc.picked[:, inside] = z[:, inside, intact.target[inside] - lo]
+                _torch_tile_sums(space, z, p, intact.lse, acc.sum_exp, acc.sum_p_log_q)
+        return [_stack_results(model, hidden, n, acc, intact) for (hidden, n), acc in zip(stacks, sums)]
 
 
-def _torch_tile_sums(space: "_TileBuffers", z: Float[Tensor, "stack rows tile"], intact: IntactLogits, lo: int, hi: int,
-                     sum_exp: Float[Tensor, "stack rows"], sum_p_log_q: Float[Tensor, "stack rows"]) -> None:
+class _StackSums:
+    """One stacked forward's running per-row sums over the vocabulary tiles (``patched_stack``): S, sum_v p_v
+    (z_v - lse_p), and the target's logit."""
+
+    def __init__(self, n: int, rows: int, dtype: torch.dtype, device: torch.device):
+        self.sum_exp, self.sum_p_log_q = (torch.zeros((n, rows), dtype=torch.float64, device=device) for _ in range(2))
+        self.picked = torch.zeros((n, rows), dtype=dtype, device=device)
+
+
+def _stack_results(model: InterpBridge, hidden: Tensor, n: int, acc: _StackSums, intact: IntactLogits
+                   ) -> list[tuple[Tensor, Tensor]]:
+    """Per variant of one stack: (NLL sums per item, KL) from its tile sums (``patched_stack``'s formulas)."""
+    rows = len(intact.rows)
+    # past exp's range above (S inf) or below (S 0 or subnormal: log S -inf or coarse), or an infinite
+    # logit (0 x inf in a sum): the log-softmax path, as before
+    if not bool((torch.isfinite(acc.sum_exp) & (acc.sum_exp >= torch.finfo(torch.float64).tiny)
+                 & torch.isfinite(acc.sum_p_log_q)).all() and torch.isfinite(intact.p_dot_log_p).all()):
+        return [patched_items(model, h, intact, True) for h in hidden.chunk(n)]
+    log_s = acc.sum_exp.log()
+    nll = intact.lse.double() + log_s - acc.picked.double()
+    b = (acc.sum_p_log_q - intact.p_dot_log_p) / intact.total_p  # sum_v p_v (z_v - z_p,v) / P
+    kl = (log_s - intact.total_p.log() - b).sum(-1) / max(rows, 1)
+    return _item_sums(nll, kl.to(intact.dtype), intact)
+
+
+def _torch_tile_sums(space: "_TileBuffers", z: Float[Tensor, "stack rows tile"], p: Float[Tensor, "rows tile"],
+                     lse: Float[Tensor, " rows"], sum_exp: Float[Tensor, "stack rows"],
+                     sum_p_log_q: Float[Tensor, "stack rows"]) -> None:
     """One tile's two sums, S and sum_v p_v (z_v - lse_p) (``patched_stack``), in float64 (``log_p64``), added in
-    place."""
-    p = log_p64(intact.logits[:, lo:hi], intact.lse, out=space.take("p", (z.shape[1], hi - lo))).exp_()
-    shifted = log_p64(z, intact.lse, out=space.take("shifted", z.shape))  # z - lse_p
+    place; ``p``: the intact probabilities of the tile's entries (float64)."""
+    shifted = log_p64(z, lse, out=space.take("shifted", z.shape))  # z - lse_p
     sum_p_log_q += torch.mul(shifted, p, out=space.take("product", shifted.shape)).sum(-1)
     sum_exp += shifted.exp_().sum(-1)
 
@@ -260,10 +340,10 @@ def _item_sums(nll: Float[Tensor, "n rows"], kl: Float[Tensor, " n"], intact: In
 
 class _TileBuffers:
     """Storage for one call's vocabulary tiles, allocated at the first tile and handed out as contiguous views of
-    the shape asked (the last tile is narrower); ``dtype``: the logits' (the model's)."""
+    the shape asked (the last tile is narrower)."""
 
-    def __init__(self, dtype: torch.dtype, device: torch.device):
-        self.dtype, self.device = dtype, device
+    def __init__(self, device: torch.device):
+        self.device = device
         self.flat: dict[str, Tensor] = {}
 
     def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
@@ -272,15 +352,6 @@ class _TileBuffers:
         if name not in self.flat or self.flat[name].numel() < size or self.flat[name].dtype != dtype:
             self.flat[name] = torch.empty(size, dtype=dtype, device=self.device)
         return self.flat[name][:size].view(shape)
-
-    def logits(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        """x @ weight.T + bias into a buffer, widened to float32 where the model computes in half precision."""
-        if self.dtype not in (torch.float32, torch.float64):
-            return wide(torch.nn.functional.linear(x, weight, bias))
-        out = self.take("logits", (x.shape[0], weight.shape[0]), self.dtype)
-        if bias is None:
-            return torch.mm(x, weight.t(), out=out)
-        return torch.addmm(bias, x, weight.t(), out=out)
 
 
 class _TiledNextTokenNLL(torch.autograd.Function):
@@ -350,8 +421,8 @@ def patched_items(model: InterpBridge, hidden: Float[Tensor, "batch pos d_model"
     variant's final hidden states, a chunk of positions at a time (module doc)."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     sums = torch.zeros(intact.n_items, dtype=torch.float64, device=hidden.device)
-    kl_sum = torch.zeros((), dtype=intact.logits.dtype, device=hidden.device)
-    step = _chunk_rows(intact.logits.shape[-1])
+    kl_sum = torch.zeros((), dtype=intact.dtype, device=hidden.device)
+    step = _chunk_rows(intact.vocab)
     for lo in range(0, len(intact.rows), step):
         part = slice(lo, lo + step)
         log_q = wide(head(model, flat[intact.rows[part]])).log_softmax(-1)

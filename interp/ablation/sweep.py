@@ -102,10 +102,10 @@ from interp.ablation.distance import distance_deltas
 from interp.ablation.implicit import (ImplicitSites, check_implicit, explicit_targets, is_implicit, prepare_sites,
                                       stacked_implicit_hooks, variant_key)
 from interp.ablation.log import ResultLog
-from interp.ablation.memory import auto_stack, estimate_checkpoint, estimate_items
+from interp.ablation.memory import WAITING_SHARE, auto_stack, estimate_checkpoint, estimate_items
 from interp.ablation.options import OPTION_NAMES, SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
-                                   patched_items, patched_stack, tiled_item_sums)
+                                   patched_items, patched_stack, patched_stacks, tiled_item_sums)
 from interp.record.hooks import block_hook
 from interp.record.capture import record_block_outputs, replay_blocks
 from interp.ablation.variants import Variant, make_variants
@@ -408,7 +408,7 @@ class _Intact:
     """One batch's intact run, recomputed per round of the exact stage and dropped after it (streamed)."""
 
     outputs: list[Any]  # per layer, what the block returned (prefix reuse); empty without
-    logits: Optional[IntactLogits] = None  # the intact next-token log-probabilities (split head)
+    logits: Optional[IntactLogits] = None  # the intact next-token distribution (split head)
     output: Optional[Tensor] = None  # the intact output, for the KL without a split head
 
 
@@ -426,20 +426,24 @@ def _intact_batch(run: _Run, index: int, record: bool, logits: bool) -> _Intact:
     return _Intact(outputs, output=out)
 
 
-def _run_group(run: _Run, index: int, intact: _Intact, group: list[_Job], start: int,
-               hooks: list) -> list[tuple[Tensor, Optional[Tensor]]]:
-    """Per job of one stacked forward on batch ``index``: (per-item metric sums, KL from the intact run; None for
-    control draws and without logits), on the device (no host sync)."""
+def _stacked_forward(run: _Run, index: int, intact: _Intact, group: list[_Job], start: int,
+                     hooks: list) -> tuple[Tensor, Optional[Tensor]]:
+    """The stacked patched forward of ``group`` on batch ``index`` (``metrics.run_forward``'s output and hidden
+    states), the layers below ``start`` replayed from the intact run."""
     batch, n = run.batches[index], len(group)
     if run.implicit is not None:
         run.implicit.index = index  # the implicit hooks read this batch's sink and real-token masks
     replay = (replay_blocks(run.model, intact.outputs, start, n, batch.inputs.shape[0])
               if start and intact.outputs else nullcontext())
     with replay:
-        out, hidden = metrics.run_forward(run.model, batch.repeat(n), hooks, run.need_hidden or run.split_head)
-    if run.split_head and run.unembedding is not None:  # every variant's metric from one tiled unembedding
-        stacked = patched_stack(run.model, run.unembedding, out, intact.logits, n)
-        return [(s, kl if job.draw < 0 else None) for job, (s, kl) in zip(group, stacked)]
+        return metrics.run_forward(run.model, batch.repeat(n), hooks, run.need_hidden or run.split_head)
+
+
+def _group_results(run: _Run, index: int, intact: _Intact, group: list[_Job], out: Tensor,
+                   hidden: Optional[Tensor]) -> list[tuple[Tensor, Optional[Tensor]]]:
+    """Per job of one stacked forward on batch ``index`` without a tiled unembedding: (per-item metric sums, KL
+    from the intact run; None for control draws and without logits), on the device (no host sync)."""
+    batch, n = run.batches[index], len(group)
     results = []
     hiddens = hidden.chunk(n) if hidden is not None else [None] * n
     for job, o, h in zip(group, out.chunk(n), hiddens):
@@ -450,6 +454,33 @@ def _run_group(run: _Run, index: int, intact: _Intact, group: list[_Job], start:
             results.append((run.items(o, h, run.refs[index], batch)[0].detach(),
                             metrics.kl_from_intact(run.model, intact.output, o, batch) if kl else None))
     return results
+
+
+class _Waiting:
+    """Stacked forwards of one batch whose tiled metric waits for one pass over the vocabulary
+    (``logits.patched_stacks``: each tile's intact logits are recomputed once for all of them): their final hidden
+    states, at most ``WAITING_SHARE`` of the intact logits' bytes (which are not held) before the pass runs."""
+
+    def __init__(self, run: _Run, intact: IntactLogits):
+        self.run, self.intact = run, intact
+        self.limit = WAITING_SHARE * len(intact.rows) * intact.vocab * 4
+        self.stacks: list[tuple[list[_Job], Tensor]] = []
+
+    def add(self, group: list[_Job], out: Tensor) -> list[tuple[list[_Job], list]]:
+        """Keeps ``group``'s final hidden states; runs the pass (its groups' results) once they reach the limit."""
+        self.stacks.append((group, out))
+        if sum(o.numel() * o.element_size() for _, o in self.stacks) < self.limit:
+            return []
+        return self.flush()
+
+    def flush(self) -> list[tuple[list[_Job], list]]:
+        """Per waiting group: its jobs' (per-item NLL sums, KL; None for control draws)."""
+        if not self.stacks:
+            return []
+        run, stacks, self.stacks = self.run, self.stacks, []
+        stacked = patched_stacks(run.model, run.unembedding, [(o, len(g)) for g, o in stacks], self.intact)
+        return [(group, [(s, kl if job.draw < 0 else None) for job, (s, kl) in zip(group, results)])
+                for (group, _), results in zip(stacks, stacked)]
 
 
 def _rounds(jobs: list[_Job]) -> list[list[_Job]]:
@@ -520,15 +551,27 @@ def _run_round(run: _Run, jobs: list[_Job], stack: int, stats: Optional[QKVStats
     record = opts.reuse_prefix and any(start for start, _ in groups)
     sums: dict[_Job, list[Tensor]] = {job: [] for job in jobs}
     kls: dict[_Job, list[Optional[Tensor]]] = {job: [] for job in jobs}
+    tiled = run.split_head and run.unembedding is not None  # every variant's metric from the tiled unembedding
+
+    def collect(done: list[tuple[list[_Job], list]]) -> None:
+        for group, results in done:
+            for job, (s, kl) in zip(group, results):
+                sums[job].append(s)
+                kls[job].append(kl)
+            bar.update(len(group))
+
     with torch.no_grad():
         for index in range(len(run.batches)):
             intact = _intact_batch(run, index, record, logits)
+            waiting = _Waiting(run, intact.logits) if tiled else None
             for (start, group), group_hooks in zip(groups, hooks):
-                for job, (s, kl) in zip(group, _run_group(run, index, intact, group, start, group_hooks)):
-                    sums[job].append(s)
-                    kls[job].append(kl)
-                bar.update(len(group))
-            del intact
+                out, hidden = _stacked_forward(run, index, intact, group, start, group_hooks)
+                collect(waiting.add(group, out) if waiting is not None
+                        else [(group, _group_results(run, index, intact, group, out, hidden))])
+                del out, hidden
+            if waiting is not None:
+                collect(waiting.flush())
+            del intact, waiting
     return sums, kls
 
 

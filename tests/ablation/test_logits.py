@@ -99,9 +99,13 @@ def test_tiled_stack_equals_the_full_logits_formulas_per_variant(monkeypatch, ti
     monkeypatch.setattr(logits, "TILE_VOCAB", tile_vocab)
     model, batch, mask, hidden, out, unembedding = _padded_float64(family)
     assert unembedding is not None
-    intact = logits.intact_logits(model, hidden, batch, unembedding)  # products written into the logits directly
-    torch.testing.assert_close(intact.logits,
-                               out.reshape(-1, out.shape[-1])[intact.rows].double(), rtol=1e-12, atol=1e-12)
+    intact = logits.intact_logits(model, hidden, batch, unembedding)  # normed rows kept, logits recomputed
+    assert intact.logits is None and intact.normed.shape == (len(intact.rows), hidden.shape[-1])
+    torch.testing.assert_close(intact.z(), out.reshape(-1, out.shape[-1])[intact.rows].double(),
+                               rtol=1e-12, atol=1e-12)
+    held = logits.intact_logits(model, hidden, batch)  # the logits held: the same distribution's sums
+    for name in ("lse", "total_p", "p_dot_log_p"):
+        torch.testing.assert_close(getattr(intact, name), getattr(held, name), rtol=1e-12, atol=1e-12)
     patched = [_hidden_and_out(model, Batch(tiny_inputs(family, batch=3, pos=10, seed=s), mask)) for s in (1, 2, 3)]
     patched[1] = (hidden, out)  # a variant that changes nothing: KL 0
     stacked = torch.cat([h for h, _ in patched])
@@ -187,3 +191,24 @@ def test_tiled_nll_and_its_gradient_equal_the_full_head(monkeypatch, tile_vocab,
     torch.testing.assert_close(counts, want_counts.double())
     torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)
     assert float(grad.abs().sum()) > 0 and float(grad[0, 7:].abs().max()) == 0
+
+
+def test_several_stacks_through_the_vocabulary_at_once_equal_each_stack_alone():
+    """``patched_stacks`` recomputes each tile's intact logits once for every waiting stack: each stack's numbers
+    are bit for bit those of ``patched_stack`` on that stack alone (float32, the sweep's dtype)."""
+    model = interp.load_model(tiny_hf_model("qwen2", n_layers=2), device="cpu")
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    batch = Batch(tiny_inputs("qwen2", batch=3, pos=10, seed=0), mask)
+    hidden, out = _hidden_and_out(model, batch)
+    unembedding = logits.linear_unembedding(model, hidden, out)
+    intact = logits.intact_logits(model, hidden, batch, unembedding)
+    g = torch.Generator().manual_seed(0)
+    stacks = [(torch.cat([hidden + 0.1 * torch.randn(hidden.shape, generator=g) for _ in range(n)]), n)
+              for n in (2, 1, 3)]
+    together = logits.patched_stacks(model, unembedding, stacks, intact)
+    for (stacked, n), got in zip(stacks, together):
+        alone = logits.patched_stack(model, unembedding, stacked, intact, n)
+        assert len(got) == len(alone) == n
+        for (sums, kl), (want_sums, want_kl) in zip(got, alone):
+            assert torch.equal(sums, want_sums) and torch.equal(kl, want_kl)

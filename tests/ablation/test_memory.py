@@ -32,6 +32,14 @@ def test_forward_estimate_counts_logits_and_one_block_by_hand():
     assert est["backward"] == config.num_hidden_layers * block + 3 * logits
     no_prefix = memory.estimate_bytes(model, inputs, logits=False, reuse_prefix=False)
     assert no_prefix["fixed"] == 0 and no_prefix["tile"] == 0  # a hidden-state metric keeps no logits; no prefix
+    # read through one linear unembedding: the intact normed rows and one tile with its probabilities, not the
+    # logits, and the stacked final states waiting; per stacked variant a tile of float32 logits and two float64 tiles (z - lse_p, p (z - lse_p))
+    tiled = memory.estimate_bytes(model, inputs, logits=True, reuse_prefix=True, tiled=True)
+    prefix = config.num_hidden_layers * t * config.hidden_size * e
+    waiting = 0.25 * logits  # stacked final states waiting for one pass over the vocabulary: a quarter of the logits
+    assert tiled["fixed"] == t * (config.hidden_size * 4 + 512 * (4 + 8)) + waiting + prefix
+    assert tiled["tile"] == t * 512 * (4 + 8 + 8)
+    assert tiled["per_variant"] == est["per_variant"] and tiled["forward"] == est["forward"]
 
 
 def test_auto_stack_is_the_largest_within_the_budget():
@@ -42,7 +50,7 @@ def test_auto_stack_is_the_largest_within_the_budget():
         est = memory.estimate_bytes(model, inputs, logits=True, reuse_prefix=True)
         assert est["tile"] == 2 * pos * 512 * 4  # a tile of the logits and its difference, float32
         total = lambda s: 2 * (est["fixed"] + s * (est["per_variant"] + est["tile"]))  # noqa: E731
-        budget = memory.BUDGET * 2 * est["forward"]
+        budget = memory.STACK_BUDGET * 2 * est["forward"]
         assert 1 <= stack <= memory.MAX_STACK
         assert stack == 1 or total(stack) <= budget  # within the budget, or 1 when nothing fits
         assert stack == memory.MAX_STACK or total(stack + 1) > budget  # and no larger stack would be
@@ -50,6 +58,12 @@ def test_auto_stack_is_the_largest_within_the_budget():
         assert under_backward >= stack  # a backward's peak is a budget at least as large
         wider = max(budget, 2 * est["backward"])
         assert under_backward == memory.MAX_STACK or total(under_backward + 1) > wider
+        # read through one linear unembedding: the same rule over that path's estimate (no intact logits held)
+        tiled = memory.estimate_bytes(model, inputs, logits=True, reuse_prefix=True, tiled=True)
+        total_tiled = lambda s: 2 * (tiled["fixed"] + s * (tiled["per_variant"] + tiled["tile"]))  # noqa: E731
+        stack_tiled = memory.auto_stack(model, inputs, logits=True, reuse_prefix=True, tiled=True)
+        assert stack_tiled == 1 or total_tiled(stack_tiled) <= budget
+        assert stack_tiled == memory.MAX_STACK or total_tiled(stack_tiled + 1) > budget
 
 
 @pytest.mark.parametrize("stack", ["auto", 3])
@@ -76,7 +90,7 @@ def test_stack_option_reads_auto_a_count_or_refuses():
     assert SweepOptions(**{"stack": flag_values(parser.parse_args(["--stack", "4"]))["stack"]}).stack == 4
 
 
-def test_estimate_items_is_the_most_whose_backward_fits_two_forwards():
+def test_estimate_items_is_the_most_whose_backward_fits_one_forward():
     model = _qwen()
     config = model.hf_model.config
     for pos, batch in ((4, 2), (16, 4), (64, 8)):
@@ -93,9 +107,10 @@ def test_estimate_items_is_the_most_whose_backward_fits_two_forwards():
         assert checkpoint == (est["backward_tiled"] > budget and est["backward_checkpointed"] < est["backward_tiled"])
         per_item = est["backward_checkpointed" if checkpoint else "backward_tiled"]
         items = memory.estimate_items(model, inputs)
+        part = memory.PART_BUDGET * batch * est["forward"]  # a part's backward: within one forward of the batch
         assert 1 <= items <= batch
-        assert items == 1 or items * per_item <= budget
-        assert items == batch or (items + 1) * per_item > budget
+        assert items == 1 or items * per_item <= part
+        assert items == batch or (items + 1) * per_item > part
         assert memory.backward_peak(model, inputs, tiled=True) == items * per_item
 
 
