@@ -339,3 +339,26 @@ def test_performance_memory_figures_are_the_csvs():
     said = _said(text, r"at one thread ([\d.]+)x faster at 112m@512 \(stack 1\) and ([\d.]+)x at 25m@128 \(stack 3\) "
                        r"per call, after ([\d.]+) s and ([\d.]+) s of compilation", 4)
     assert all(agrees(q, v) for q, v in zip(said, (big.ratio, small.ratio, big.compile_s, small.compile_s)))
+
+
+def test_performance_demo_memory_figures_are_the_csvs():
+    """docs/performance.md's `interp demo` peaks at the allocator's defaults, before and after, are
+    memory_defaults_cpu.csv's rows, and where its peak came from is memory_profile_demo.csv's."""
+    _, agrees, _, _ = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    demo = pd.read_csv(SCALE / "memory_defaults_cpu.csv").query("target == 'interp demo'").set_index("label")
+    said = _said(text, r"before that change ([\d.]+) MB above its base against a ([\d.]+) MB forward \(([\d.]+)x\); "
+                       r"now ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x;", 6)
+    old, now = demo.loc["logits held"], demo.loc["logits recomputed"]
+    assert all(agrees(q, v) for q, v in zip(said, (old.total_mb, old.forward_mb, old.ratio, now.total_mb,
+                                                   now.forward_mb, now.ratio)))
+    steps = pd.read_csv(SCALE / "memory_profile_demo.csv")
+    assert abs(steps.peak_mb.max() - now.total_mb) < 1  # the profile's figures: 4 digits
+    worst = steps.loc[steps.peak_mb.idxmax()]
+    assert worst.phase == "estimate (atp_distance)"
+    heap, free = _said(text, r"grew glibc's heap to ([\d.]+) MB, ([\d.]+) MB of it free afterwards", 2)
+    assert agrees(heap, worst.heap_mb) and agrees(free, worst.heap_free_mb)
+    invariances = steps[steps.phase == "step invariances"].iloc[0]
+    said = _said(text, r"took the process to ([\d.]+) MB \(its heap ([\d.]+) MB, ([\d.]+) MB of it free\)", 3)
+    assert all(agrees(q, v) for q, v in zip(said, (invariances.peak_mb, invariances.heap_mb,
+                                                   invariances.heap_free_mb)))
