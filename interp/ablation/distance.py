@@ -55,7 +55,8 @@ def _directions(intact: Tensor, n: int, generator: torch.Generator) -> list[Tens
 
 def distance_deltas(job: EstimateInputs, metric_name: str, n_projections: int = 8, seed: int = 0) -> list[float]:
     """The second-order estimate of each variant's change in a distance metric (see the module doc): per
-    batch, one forward and one backward per projection (``batch_estimates``)."""
+    batch, one forward and one backward per projection (``batch_estimates``), in parts of ``job.items_per_part``
+    items where that is set (each projection's estimate is the sum of its parts')."""
     pattern = not job.model.interp.spec.score_refusal  # AtP* where scores can be recomputed, else linear
     generator = torch.Generator().manual_seed(seed)
     total = sum(job.weights)
@@ -63,8 +64,15 @@ def distance_deltas(job: EstimateInputs, metric_name: str, n_projections: int = 
     for batch, ref, weight in zip(job.batches, job.refs, job.weights):
         intact = ref["features"] if metric_name == "feature_cosine" else ref["embedding"]
         directions = torch.stack(_directions(intact, n_projections, generator))
-        values = Projections(_features(metric_name), directions)
-        squares = (batch_estimates(job, batch, ref, values, pattern) ** 2).sum(0)
         n_samples = intact.shape[0]
+        step = job.items_per_part if 0 < job.items_per_part < n_samples else n_samples
+        if step == n_samples:
+            projected = batch_estimates(job, batch, ref, Projections(_features(metric_name), directions), pattern)
+        else:  # g_r is a sum over items and no item's activations reach another's: its estimate adds up over parts
+            projected = sum(batch_estimates(job, batch.items(lo, lo + step),
+                                            {k: v[lo:lo + step] for k, v in ref.items()},
+                                            Projections(_features(metric_name), directions[:, lo:lo + step]), pattern)
+                            for lo in range(0, n_samples, step))
+        squares = (projected ** 2).sum(0)
         estimate += (weight / total) * -(squares / n_projections) / (2 * n_samples)
     return estimate.tolist()

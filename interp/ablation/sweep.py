@@ -644,14 +644,18 @@ def _reads_tiles(run: _Run) -> bool:
 def _tiled_metric(run: _Run) -> dict:
     """``EstimateInputs``' item_sums, items_per_part and checkpoint where next_token_ce reads a linear unembedding
     (the one-pass estimate's backward then forms no full-vocabulary logits and runs in parts, its blocks recomputed
-    where one item's would not fit: ``interp.ablation.attribution``)."""
+    where one item's would not fit: ``interp.ablation.attribution``); items_per_part and checkpoint for a distance
+    metric (``interp.ablation.distance``: its projections are sums over items)."""
+    model = run.model
+    checkpoint = any(estimate_checkpoint(model, b.inputs) for b in run.batches)  # one rule for every batch
+    parts = dict(items_per_part=min(estimate_items(model, b.inputs, checkpoint) for b in run.batches),
+                 checkpoint=checkpoint)
+    if run.metric_name in metrics.DISTANCE_METRICS:  # its projections are sums over items: parts too (distance.py)
+        return parts
     if not _reads_tiles(run):
         return {}
-    unembedding, model = run.unembedding, run.model
-    checkpoint = any(estimate_checkpoint(model, b.inputs) for b in run.batches)  # one rule for every batch
-    return dict(item_sums=lambda hidden, batch: tiled_item_sums(model, unembedding, hidden, batch),
-                items_per_part=min(estimate_items(model, b.inputs, checkpoint) for b in run.batches),
-                checkpoint=checkpoint)
+    unembedding = run.unembedding
+    return dict(item_sums=lambda hidden, batch: tiled_item_sums(model, unembedding, hidden, batch), **parts)
 
 
 def _one_pass_estimate(model: InterpBridge, metric_name: str) -> str:

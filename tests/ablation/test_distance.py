@@ -64,3 +64,24 @@ def test_auto_estimates_every_head_then_runs_the_top_k_per_kind_exactly(family, 
         ["layer", "head", "kind"]).delta
     got = exact.set_index(["layer", "head", "kind"]).delta
     assert (got - direct.loc[got.index]).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("items,checkpoint", [(1, False), (3, False), (1, True)])
+@pytest.mark.parametrize("family,metric", [("dinov2", "feature_cosine"), ("bert", "embedding_cosine")])
+def test_atp_distance_in_parts_of_items_equals_whole_batches(monkeypatch, family, metric, items, checkpoint):
+    """Each projection is a sum over items and no item's activations reach another's, so its estimate in parts of
+    ``items`` items (blocks recomputed in the backward or not) adds up to the whole batch's: the rows equal those
+    of whole batches (float64, 1e-10 relative)."""
+    import interp.ablation.sweep as sweep
+
+    model, data = model_and_data(family)
+    keywords = dict(kinds=("q", "k", "v"), metric=metric, estimate="atp_distance", n_projections=4, progress=False)
+    monkeypatch.setattr(sweep, "estimate_items", lambda model, inputs, checkpoint=None: int(inputs.shape[0]))
+    monkeypatch.setattr(sweep, "estimate_checkpoint", lambda model, inputs: False)
+    whole = ablate_bias(model, data, **keywords)
+    monkeypatch.setattr(sweep, "estimate_items", lambda model, inputs, checkpoint=None: items)
+    monkeypatch.setattr(sweep, "estimate_checkpoint", lambda model, inputs: checkpoint)
+    parts = ablate_bias(model, data, **keywords)
+    assert (whole.delta.abs() > 0).any()
+    torch.testing.assert_close(torch.tensor(parts.delta.values), torch.tensor(whole.delta.values),
+                               rtol=1e-10, atol=1e-14)
