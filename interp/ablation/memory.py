@@ -27,7 +27,8 @@ float32):
 * the one-pass estimate's forward and backward (estimate != "exact"): every block's activations kept for the
   backward plus the logits, their log-softmax and its gradient: layers x one block + 3 x the logits; with the
   tiled next-token metric (``tiled``: ``logits.tiled_item_sums``) no logits, and the batch runs in parts of
-  ``estimate_items`` items, the most whose backward stays within ``PART_BUDGET`` (one) forward of the whole batch
+  ``estimate_items`` items (so does a distance metric's estimate, ``interp.ablation.distance``), the most whose
+  backward stays within ``PART_BUDGET`` (one) forward of the whole batch
   (at least one item): the call's peak is to stay within ``BUDGET`` forwards, a forward's worth above the
   forward's own, and at glibc's defaults the heap keeps what a part's backward leaves between the tensors that
   outlive it (measured at 25m@128 without control draws, three fresh processes each: two items a part reached
@@ -117,9 +118,10 @@ def estimate_checkpoint(model: InterpBridge, inputs: Any) -> bool:
 
 
 def estimate_items(model: InterpBridge, inputs: Any, checkpoint: Optional[bool] = None) -> int:
-    """Items per part of the one-pass estimate's forward and backward with the tiled metric (module doc): the
-    most (at most the batch) whose backward, checkpointed as ``checkpoint`` says (None: as ``estimate_checkpoint``
-    says for this batch), stays within ``PART_BUDGET`` plain forwards of the whole batch, at least 1."""
+    """Items per part of the one-pass estimate's forward and backward (the tiled metric's, a distance metric's;
+    module doc): the most (at most the batch) whose backward, checkpointed as ``checkpoint`` says (None: as
+    ``estimate_checkpoint`` says for this batch), stays within ``PART_BUDGET`` plain forwards of the whole batch,
+    at least 1."""
     est = estimate_bytes(model, inputs, logits=True, reuse_prefix=False)
     batch = int(inputs.shape[0])
     checkpoint = estimate_checkpoint(model, inputs) if checkpoint is None else checkpoint
