@@ -140,14 +140,16 @@ def backward_peak(model: InterpBridge, inputs: Any, tiled: bool) -> float:
 
 
 def auto_stack(model: InterpBridge, inputs: Any, logits: bool, reuse_prefix: bool, backward: bool = False,
-               tiled: bool = False) -> int:
+               tiled: bool = False, parts: Optional[bool] = None) -> int:
     """The stack ``stack="auto"`` uses for a batch of ``inputs`` (module doc): 1 to ``MAX_STACK``. With
-    ``backward`` (the sweep's one-pass estimate runs a forward and backward first; ``tiled``: with the tiled
-    metric, in parts) the budget is the larger of ``STACK_BUDGET`` forwards and that backward's own peak
+    ``backward`` (the sweep's one-pass estimate runs a forward and backward first; ``parts``: in parts of items,
+    as the tiled metric's and a distance metric's do; None: as ``tiled``) the budget is the larger of
+    ``STACK_BUDGET`` forwards and that backward's own peak
     (``backward_peak``): a stack within the peak the call reaches anyway costs no memory (measured:
     benchmarks/scale.py --ablation, estimate_peak_mb)."""
     est = estimate_bytes(model, inputs, logits, reuse_prefix, tiled)
     batch = int(inputs.shape[0])
-    budget = max(STACK_BUDGET * est["forward"] * batch, backward_peak(model, inputs, tiled) if backward else 0.0)
+    in_parts = tiled if parts is None else parts  # the estimate's backward in parts of items (a distance metric's too)
+    budget = max(STACK_BUDGET * est["forward"] * batch, backward_peak(model, inputs, in_parts) if backward else 0.0)
     room = budget - est["fixed"] * batch
     return max(1, min(MAX_STACK, int(room // ((est["per_variant"] + est["tile"]) * batch))))

@@ -511,7 +511,7 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
     stack = opts.stack if opts.stack != "auto" else min(  # the most constrained batch's
         auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact",
-                   tiled=_reads_tiles(run))
+                   tiled=_reads_tiles(run), parts=bool(_tiled_metric(run)))  # parts: as the estimate ran
         for b in run.batches)
     own: dict[Variant, tuple] = {}
     controls: dict[Variant, dict[int, float]] = {v: {} for v in todo}
