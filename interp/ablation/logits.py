@@ -269,7 +269,8 @@ def patched_stacks(model: InterpBridge, unembedding: Unembedding, stacks: list[t
     rows = len(intact.rows)
     vocab, dtype = unembedding.weight.shape[0], intact.dtype
     with torch.no_grad():
-        xs = [model.ln_final(h.reshape(n, -1, h.shape[-1])[:, intact.rows]).reshape(n * rows, -1) for h, n in stacks]
+        xs = [model.ln_final(h.reshape(n, -1, h.shape[-1])[:, intact.rows]).reshape(n * rows, h.shape[-1])
+              for h, n in stacks]
         device = xs[0].device
         tile = min(TILE_VOCAB, vocab)
         # one set of tile buffers for the call: in a process whose glibc mmap threshold is still low, each
