@@ -14,6 +14,7 @@ keys along u = W_k b_q. Under rotary every term depends on i - j.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any, Optional, Sequence
 
 import pandas as pd
@@ -23,14 +24,13 @@ from torch import Tensor
 
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_heads, check_layers
-from interp.record.capture import BLOCK_OUTPUTS, OUTPUT, replay_blocks, run_until_kept, stream_batches
+from interp.record.capture import BLOCK_OUTPUTS, OUTPUT, computing_in, replay_blocks, run_until_kept, stream_batches
 from interp.data import Batch
 from interp.errors import InputError, UnsupportedModelError, public
 from interp.record.heads import attention_weights, kv_group
 from interp.record.hooks import hook_name, is_block_hook
-from interp.record.patching import bias_patch_hooks
+from interp.record.patching import patch_hooks
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.models.loading import clone_model
 
 TERMS = ("content", "query_const", "key_prior", "const")
 
@@ -474,28 +474,31 @@ def _decomposition_table(info: Any, acc: dict, kl_acc: dict, rows_acc: float, la
     return pd.DataFrame(out)
 
 
-def _invariance_hooks(m: InterpBridge, layer: int) -> tuple[list, list]:
-    """(b_k removed, b_v folded into b_O) at ``layer``: ``bias_patch_hooks`` on every kv head."""
+def _invariance_hooks(m: InterpBridge, layer: int, fold_dtype: Optional[torch.dtype]) -> tuple[list, list]:
+    """(b_k removed, b_v folded into b_O, the fold summed in ``fold_dtype``) at ``layer``: ``bias_patch_hooks``'
+    hooks on every kv head."""
     heads = range(m.interp.n_kv_heads)
-    return (bias_patch_hooks(m, [(layer, h, "k") for h in heads], "zero"),
-            bias_patch_hooks(m, [(layer, h, "v") for h in heads], "fold"))
+    return (patch_hooks(m, [(layer, h, "k") for h in heads], "zero"),
+            patch_hooks(m, [(layer, h, "v") for h in heads], "fold", fold_dtype=fold_dtype))
 
 
 def _layer_invariances(m: InterpBridge, layer: int, hooks: tuple[list, list], batch: Batch, store: dict,
                        diffs: dict[int, list[float]]) -> None:
     """Max pattern change with b_k removed and max output change with b_v folded into b_O at ``layer``
-    (``hooks``: ``_invariance_hooks``), on one batch, taken into ``diffs[layer]``. Both patched forwards replay
-    the intact blocks below ``layer`` (they compute the same there); the one for the pattern stops at it
-    (nothing after it can change it)."""
+    (``hooks``: ``_invariance_hooks``), on one batch, taken into ``diffs[layer]``. Every forward here replays
+    the intact blocks below ``layer`` (they compute the same there); the two for the pattern, intact and with
+    b_k removed, stop at it (nothing after it can change it): one block each, and no layer's pattern is kept
+    longer than its own check."""
     remove_k, fold_v = hooks
     pat = hook_name(layer, "pattern")
-    base = store[pat]
     with replay_blocks(m, store[BLOCK_OUTPUTS], layer, 1, batch.inputs.shape[0]):
+        base = run_until_kept(m, batch, [pat])[pat]
         patched = run_until_kept(m, batch, [pat], remove_k)[pat]
+        allowed = _key_mask(m, batch, base.shape[-1], base.device, layer)
+        k_diff = float((patched - base).abs().masked_fill(~allowed, 0).max())
+        del base, patched, allowed
         folded = m.run_with_hooks(batch, fwd_hooks=fold_v)
     folded = folded if isinstance(folded, Tensor) else folded[0]
-    allowed = _key_mask(m, batch, base.shape[-1], base.device, layer)
-    k_diff = float((patched - base).abs().masked_fill(~allowed, 0).max())
     v_diff = float((folded - store[OUTPUT]).abs().max())
     diffs[layer] = [max(diffs[layer][0], k_diff), max(diffs[layer][1], v_diff)]
 
@@ -511,33 +514,35 @@ def bias_invariances(
     without rotary). ``v_bias_fold``: max |output(b_v in place) - output(b_v removed at l
     and sum_h b_v[h] W_O[h] added to the attention output)| on the model's final output.
     ``bias_norm`` is the norm of the bias each check removes (b_k, b_v) at that layer.
-    Computed in float64 by default (a float64 copy; the model is not touched); ``dtype``
-    says what the model ran in, ``softmax_dtype`` what limited the pattern (HF softmaxes
-    ViT, DeiT, BEiT, OPT, NeoX, Qwen2 and LLaMA attention in float32 even in float64). ``layers``
+    Computed in float64 by default, without a float64 copy of the model: the weights outside the blocks are
+    float64 copies for the check and each block's only while it runs (``interp.record.capture.computing_in``;
+    the model is not touched). ``dtype`` says what the check ran in, ``softmax_dtype`` what limited the pattern
+    (HF softmaxes ViT, DeiT, BEiT, OPT, NeoX, Qwen2 and LLaMA attention in float32 even in float64). ``layers``
     (None: all): check only those layers (each layer's rows do not depend on the others).
     """
     info = require_bridge(model, "bias_invariances").interp
     layers = check_layers(layers, info)
     if not isinstance(float64, bool):  # a string such as "no" would be truthy
         raise InputError(f"float64 must be True or False; got {float64!r}")
-    m = clone_model(model, dtype=torch.float64) if float64 else model
-    dtype = str(next(m.parameters()).dtype).removeprefix("torch.")
+    dtype = torch.float64 if float64 else next(model.parameters()).dtype
+    name = str(dtype).removeprefix("torch.")
     # HF's eager softmax of some families runs in float32 whatever the model's dtype
-    softmax_dtype = "float32" if info.spec.softmax_float32 and dtype == "float64" else dtype
+    softmax_dtype = "float32" if info.spec.softmax_float32 and name == "float64" else name
     diffs = {layer: [0.0, 0.0] for layer in layers}
-    hooks = {layer: _invariance_hooks(m, layer) for layer in layers}
+    hooks = {layer: _invariance_hooks(model, layer, dtype) for layer in layers}
 
-    def consume(batch: Batch, store: dict) -> None:  # the intact forward's patterns, output and block outputs
+    def consume(batch: Batch, store: dict) -> None:  # the intact forward's output and block outputs
         for layer in layers:
-            _layer_invariances(m, layer, hooks[layer], batch, store, diffs)
+            _layer_invariances(model, layer, hooks[layer], batch, store, diffs)
 
-    n_batches, _ = stream_batches(m, data, max_batches, [hook_name(layer, "pattern") for layer in layers], consume,
-                                  desc="bias invariances", progress=progress, keep_output=True, block_outputs=True)
+    with computing_in(model, dtype) if float64 else nullcontext():
+        n_batches, _ = stream_batches(model, data, max_batches, [], consume, desc="bias invariances",
+                                      progress=progress, keep_output=True, block_outputs=True)
     rows = []
     for layer in layers:
-        w = attention_weights(m, layer)
+        w = attention_weights(model, layer, dtype)
         (k_diff, v_diff), common = diffs[layer], dict(layer=layer, rotary=info.rotary, n_batches=n_batches,
-                                                      dtype=dtype, softmax_dtype=softmax_dtype)
+                                                      dtype=name, softmax_dtype=softmax_dtype)
         rows.append(dict(check="k_bias_pattern", max_abs_diff=k_diff, bias_kind="k",
                          bias_norm=float(w.b_K.norm()), **common))
         rows.append(dict(check="v_bias_fold", max_abs_diff=v_diff, bias_kind="v",

@@ -193,3 +193,70 @@ def replay_blocks(model: InterpBridge, outputs: list[Any], start: int, n: int, b
         for block in skipped:
             if "forward" in vars(block):
                 object.__delattr__(block, "forward")
+
+
+class _Cast:
+    """``dtype`` copies put in place of a model's floating parameters and buffers, and the originals put back.
+    One copy per original tensor (tied weights share theirs); an original is never written to."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.swapped: list[tuple[nn.Module, str, str, Tensor]] = []  # (module, table, name, original)
+
+    def cast(self, modules: Sequence[nn.Module]) -> None:
+        copies: dict[int, Tensor] = {}
+        for module in modules:
+            for table in ("_parameters", "_buffers"):
+                entries = getattr(module, table)
+                for name, tensor in list(entries.items()):
+                    if tensor is None or not tensor.is_floating_point() or tensor.dtype == self.dtype:
+                        continue
+                    copy = copies.get(id(tensor))
+                    if copy is None:
+                        copy = tensor.detach().to(self.dtype)
+                        if isinstance(tensor, nn.Parameter):
+                            copy = nn.Parameter(copy, requires_grad=False)
+                        copies[id(tensor)] = copy
+                    self.swapped.append((module, table, name, tensor))
+                    entries[name] = copy
+
+    def restore(self) -> None:
+        while self.swapped:
+            module, table, name, original = self.swapped.pop()
+            getattr(module, table)[name] = original
+
+
+@contextmanager
+def computing_in(model: InterpBridge, dtype: torch.dtype) -> Iterator[None]:
+    """Inside, ``model`` computes in ``dtype`` without a whole copy of it: every floating parameter and buffer
+    outside the blocks is a ``dtype`` copy for the whole context, and a block's are copies only while that block
+    runs (dropped when it returns, or when the next block starts if a forward was stopped inside it). A block
+    that replays its recorded output (``replay_blocks``) computes nothing and is not cast. The model's own
+    tensors are put back, untouched, on exit: a float64 check of a float32 model holds the float32 weights, the
+    float64 weights outside the blocks and one block's float64 weights, not a float64 copy of the model."""
+    blocks = _blocks(model)
+    in_blocks = {id(m) for block in blocks for m in block.modules()}
+    outside, running = _Cast(dtype), _Cast(dtype)
+
+    def enter(block: nn.Module, args: Any, kwargs: Any) -> None:
+        running.restore()
+        if "forward" not in vars(block):  # a replayed block computes nothing
+            running.cast(list(block.modules()))
+
+    def leave(block: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        running.restore()
+
+    handles = []
+    try:
+        # the bridge's tree and the HF model's: some HF modules (CLIP's pre-norm) are reached only from the latter
+        every = {id(m): m for tree in (model, model.hf_model) for m in tree.modules()}
+        outside.cast([m for key, m in every.items() if key not in in_blocks])
+        for block in blocks:
+            handles.append(block.register_forward_pre_hook(enter, with_kwargs=True))
+            handles.append(block.register_forward_hook(leave, with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        running.restore()
+        outside.restore()

@@ -187,9 +187,10 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
 
 
 def patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method, stats: Optional[QKVStats] = None,
-                seed: int = 0) -> list[Hook]:
+                seed: int = 0, fold_dtype: Optional[torch.dtype] = None) -> list[Hook]:
     """``bias_patch_hooks`` of a bridge, targets, method and statistics already checked (``ablate_bias`` checks
-    them once, at its door, and builds hooks for every patched forward)."""
+    them once, at its door, and builds hooks for every patched forward). ``fold_dtype``: the dtype "fold" sums
+    b_v W_O in (None: the weights'; a float64 check of a float32 model asks for float64)."""
     info = model.interp
     hooks: list[Hook] = []
     for (layer, kind), heads in by_site(targets).items():
@@ -197,7 +198,7 @@ def patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Method, 
         if method == "fold":
             group = kv_group(info.n_heads, info.n_kv_heads)
             query_heads = [qh for qh in range(info.n_heads) if group[qh] in heads]
-            hooks.append((attn_hook(layer, "o.hook_out"), _add(v_fold_vector(model, layer, query_heads))))
+            hooks.append((attn_hook(layer, "o.hook_out"), _add(v_fold_vector(model, layer, query_heads, fold_dtype))))
     return hooks
 
 

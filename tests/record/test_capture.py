@@ -134,3 +134,52 @@ def test_token_ids_of_any_integer_dtype_are_the_same_ids(models):
     want = interp.record_qkv(lm, [ids], progress=False).to_frame()
     for dtype in (torch.uint8, torch.int16, torch.int32):
         assert interp.record_qkv(lm, [ids.to(dtype)], progress=False).to_frame().equals(want)
+
+
+# ----- computing_in: a float64 forward of a float32 model without a float64 copy --------------------------------
+
+from interp.models.families import list_families  # noqa: E402
+from interp.models.loading import clone_model  # noqa: E402
+
+
+def _first(out):
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+@pytest.mark.parametrize("name", [f.name for f in list_families()])
+def test_computing_in_float64_equals_a_float64_copy_and_leaves_the_model_untouched(name):
+    model = interp.load_model(tiny_hf_model(name), device="cpu")
+    x = Batch(interp.tiny_inputs(name))  # a Batch: pixels cast to the dtype the model computes in
+    before = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
+    reference = clone_model(model, dtype=torch.float64)
+    seen = []
+    probe = ("blocks.0.attn.hook_q", lambda t, hook: seen.append(t.dtype))
+    with torch.no_grad():
+        want_out, want = reference.run_with_cache(x)
+        with capture.computing_in(model, torch.float64):
+            got_out, got = model.run_with_cache(x)
+            model.run_with_hooks(x, fwd_hooks=[probe])
+            assert all(p.dtype == torch.float32 for p in model.blocks[0].parameters())  # cast only while it runs
+    assert seen == [torch.float64]
+    assert torch.equal(_first(got_out), _first(want_out))  # bit for bit: the same float64 arithmetic
+    for hook in ("blocks.0.attn.hook_pattern", f"blocks.{model.interp.n_layers - 1}.attn.hook_z"):
+        if hook in want:
+            assert torch.equal(got[hook], want[hook]), hook
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()
+    for n, (p, values) in before.items():  # the same objects, the same float32 values
+        assert after[n] is p and p.dtype == values.dtype and torch.equal(p, values), n
+
+
+def test_computing_in_restores_a_block_whose_forward_was_stopped_inside_it():
+    model = interp.load_model(tiny_hf_model("gpt2", n_layers=2, n_heads=4), device="cpu")
+    x = _ids()
+    with torch.no_grad(), capture.computing_in(model, torch.float64):
+        kept = capture.run_until_kept(model, x, ["blocks.0.attn.hook_pattern"])  # stops inside block 0
+        assert kept["blocks.0.attn.hook_pattern"].dtype == torch.float64
+        assert next(model.blocks[0].parameters()).dtype == torch.float64  # still cast: its forward never returned
+        full = _first(model(x))  # the next block to start puts block 0's own tensors back
+        assert next(model.blocks[0].parameters()).dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    with torch.no_grad():
+        assert torch.equal(full, _first(clone_model(model, dtype=torch.float64)(x)))
