@@ -369,3 +369,41 @@ def test_performance_demo_memory_figures_are_the_csvs():
     said = _said(text, r"took the process to ([\d.]+) MB \(its heap ([\d.]+) MB, ([\d.]+) MB of it free", 3)
     assert all(agrees(q, v) for q, v in zip(said, (worst.peak_mb, worst.heap_mb, worst.heap_free_mb)))
     assert now.ratio < mid.ratio < old.ratio and now.ratio > 2  # better each time, not yet the goal
+
+
+def test_performance_demo_after_the_invariance_change_is_the_csvs():
+    """The two demo runs after the invariance step stopped copying the model, and what their profiles say of the
+    heap and of the bytes in use, as docs/performance.md quotes them; the fixed-threshold 112m row beside them."""
+    _, agrees, _, _ = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    demo = pd.read_csv(SCALE / "memory_defaults_cpu.csv").query("target == 'interp demo'").set_index("label")
+    said = _said(text, r"Two fresh processes of that code: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_demo_invariances_per_block.csv`\) and ([\d.]+) MB against a ([\d.]+) MB "
+                       r"forward \(([\d.]+)x; `memory_profile_demo_invariances_per_block_2.csv`\), the invariance step's "
+                       r"own segment ([\d.]+) and ([\d.]+) MB", 8)
+    runs = [demo.loc["invariances per block"], demo.loc["invariances per block, second run"]]
+    profiles = [pd.read_csv(SCALE / f"memory_profile_demo_invariances_per_block{s}.csv") for s in ("", "_2")]
+    for run, profile, (total, forward, ratio), step in zip(runs, profiles, (said[:3], said[3:6]), said[6:]):
+        assert agrees(total, run.total_mb) and agrees(forward, run.forward_mb) and agrees(ratio, run.ratio)
+        assert abs(profile.peak_mb.max() - run.total_mb) < 1  # the profile is that run's
+        assert agrees(step, profile[profile.phase == "step invariances"].peak_mb.max())
+        before = pd.read_csv(SCALE / "memory_profile_demo.csv")
+        assert float(step) < before[before.phase == "step invariances"].peak_mb.max()  # lower in both runs
+    first, second = profiles
+    grew = _said(text, r"the exact stage's heap grew from ([\d.]+) to ([\d.]+) MB while the bytes in use at its "
+                       r"segments' ends stayed between ([\d.]+) and ([\d.]+) MB; in the second it held ([\d.]+) MB", 5)
+    stacked = first[first.phase == "_stacked_forward"]
+    assert agrees(grew[0], stacked.heap_mb.iloc[0]) and agrees(grew[1], stacked.heap_mb.iloc[-1])
+    assert agrees(grew[2], stacked.in_use_mb.min()) and agrees(grew[3], stacked.in_use_mb.max())
+    held = second[second.phase == "_stacked_forward"].heap_mb
+    assert agrees(grew[4], held.min()) and agrees(grew[4], held.max())
+    top, above, start = _said(text, r"were at most ([\d.]+) MB in either run, ([\d.]+) MB above the ([\d.]+) MB", 3)
+    assert agrees(top, max(p.in_use_mb.max() for p in profiles))
+    assert agrees(start, first[first.phase == "step inventory"].in_use_mb.iloc[0])
+    assert agrees(above, float(top) - float(start))
+    ratios = _said(text, r"the resident set at the defaults is ([\d.]+) to ([\d.]+) forwards", 2)
+    assert agrees(ratios[0], min(r.ratio for r in runs)) and agrees(ratios[1], max(r.ratio for r in runs))
+    fixed = pd.read_csv(SCALE / "memory_defaults_cpu.csv").set_index(["label", "size", "allocator"]).loc[
+        ("logits recomputed", "112m", "fixed")]
+    said = _said(text, r"with the fixed threshold ([\d.]+)x \(([\d.]+) MB against a ([\d.]+) MB forward\)\.", 3)
+    assert all(agrees(q, v) for q, v in zip(said, (fixed.ratio, fixed.total_mb, fixed.forward_mb)))
