@@ -107,7 +107,7 @@ from interp.ablation.options import OPTION_NAMES, SweepOptions, sweep_options
 from interp.ablation.logits import (IntactLogits, Unembedding, head_matches, intact_logits, linear_unembedding,
                                    patched_items, patched_stack, patched_stacks, tiled_item_sums)
 from interp.record.hooks import block_hook
-from interp.record.capture import record_block_outputs, replay_blocks
+from interp.record.capture import HostCopy, off_heap, record_block_outputs, replay_blocks, tensors
 from interp.ablation.variants import Variant, make_variants
 from interp._version import __version__
 from interp.bootstrap import Resampler, item_keys
@@ -522,11 +522,12 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
             sums, kls = _run_round(run, round_jobs, stack, stats, logits, bar, opts)
             for job in round_jobs:  # one host sync per round
                 if job.draw >= 0:
-                    controls[job.var][job.draw] = float(torch.cat(sums[job]).sum() / units) - run.baseline
+                    controls[job.var][job.draw] = float(torch.cat(tensors(sums[job])).sum() / units) - run.baseline
                     continue
                 kk = kls[job]
-                kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
-                own[job.var] = (*run.ablated_and_se(torch.cat(sums[job])), kl)
+                kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(tensors(kk)).tolist(),
+                                                                        run.kl_weights)
+                own[job.var] = (*run.ablated_and_se(torch.cat(tensors(sums[job]))), kl)
         decided = []
         for var in active:
             ablated, *spread, kl = own[var]
@@ -545,19 +546,20 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
 
 def _run_round(run: _Run, jobs: list[_Job], stack: int, stats: Optional[QKVStats], logits: bool, bar: Any,
                opts: SweepOptions) -> tuple[dict, dict]:
-    """Per job of one round: its per-item metric sums and KLs (one entry per batch), on the device."""
+    """Per job of one round: its per-item metric sums and KLs (one entry per batch), on the device (on the host as
+    Python numbers: ``off_heap``)."""
     groups = _groups(jobs, stack, opts.reuse_prefix)
     hooks = [_job_hooks(run, group, stats, opts) for _, group in groups]
     record = opts.reuse_prefix and any(start for start, _ in groups)
-    sums: dict[_Job, list[Tensor]] = {job: [] for job in jobs}
-    kls: dict[_Job, list[Optional[Tensor]]] = {job: [] for job in jobs}
+    sums: dict[_Job, list[Union[Tensor, HostCopy]]] = {job: [] for job in jobs}
+    kls: dict[_Job, list[Union[None, Tensor, HostCopy]]] = {job: [] for job in jobs}
     tiled = run.split_head and run.unembedding is not None  # every variant's metric from the tiled unembedding
 
     def collect(done: list[tuple[list[_Job], list]]) -> None:
         for group, results in done:
             for job, (s, kl) in zip(group, results):
-                sums[job].append(s)
-                kls[job].append(kl)
+                sums[job].append(off_heap(s))  # kept across the round's forwards: off the host's heap
+                kls[job].append(kl if kl is None else off_heap(kl))
             bar.update(len(group))
 
     with torch.no_grad():

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from interp.bootstrap import Resampler, item_keys
-from interp.record.capture import stream_batches
+from interp.record.capture import off_heap, stream_batches, tensors
 from interp.data import Batch
 from interp.errors import InputError
 from interp.record.heads import attention_weights
@@ -28,7 +28,7 @@ from interp.record.hooks import hook_name
 from interp.models.bridge import InterpBridge
 from interp.record.stats import QKVStats
 
-Sums = dict[tuple[int, str], dict[str, list[Tensor]]]
+Sums = dict[tuple[int, str], dict[str, list[Any]]]
 
 
 def _hook(sums: Sums, key: tuple[int, str], bias: Tensor, state: dict) -> Callable[[Tensor, Any], None]:
@@ -37,9 +37,9 @@ def _hook(sums: Sums, key: tuple[int, str], bias: Tensor, state: dict) -> Callab
         m = state["mask"]
         m = torch.ones(content.shape[:2], dtype=torch.float64, device=content.device) if m is None else m
         parts = sums.setdefault(key, {"s": [], "q": [], "n": []})
-        parts["s"].append(torch.einsum("bphd,bp->bhd", content, m))
-        parts["q"].append(torch.einsum("bph,bp->bh", (content ** 2).sum(-1), m))
-        parts["n"].append(m.sum(1))
+        parts["s"].append(off_heap(torch.einsum("bphd,bp->bhd", content, m)))  # kept across the pass: off_heap
+        parts["q"].append(off_heap(torch.einsum("bph,bp->bh", (content ** 2).sum(-1), m)))
+        parts["n"].append(off_heap(m.sum(1)))
     return fn
 
 
@@ -62,7 +62,7 @@ def item_sums(model: InterpBridge, data: Any, layers: Sequence[int], kinds: Sequ
 
     _, data_fp = stream_batches(model, data, max_batches, [], hooks=batch_hooks, desc="origin intervals",
                                 progress=False)
-    return keys, {key: {name: torch.cat(v).cpu().numpy() for name, v in parts.items()}
+    return keys, {key: {name: torch.cat(tensors(v)).cpu().numpy() for name, v in parts.items()}
                   for key, parts in sums.items()}, data_fp
 
 

@@ -28,6 +28,7 @@ does not grow with the data.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -260,3 +261,34 @@ def computing_in(model: InterpBridge, dtype: torch.dtype) -> Iterator[None]:
             handle.remove()
         running.restore()
         outside.restore()
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """A small tensor kept past the forward that made it, held as Python numbers (``off_heap``)."""
+
+    values: Any  # nested lists of numbers, or one number
+    dtype: torch.dtype
+    shape: tuple[int, ...]  # an empty axis leaves no trace in the lists
+
+    def tensor(self) -> Tensor:
+        return torch.tensor(self.values, dtype=self.dtype).reshape(self.shape)
+
+
+def off_heap(t: Tensor) -> Union[Tensor, HostCopy]:
+    """``t``, a small result a pass keeps across its forwards, where it does not fragment the process's heap.
+
+    On the host a small tensor takes a chunk of glibc's heap from among the forward's freed temporaries and pins it
+    there for as long as it is kept: the next forward's temporaries no longer fit the holes and the heap grows
+    instead (the resident set at glibc's defaults then climbs forward after forward while the bytes in use do
+    not). Python numbers live in Python's own arenas, not among the temporaries. On a GPU ``t`` is returned as it
+    is: no host sync, and the host's heap is not involved. ``tensors`` gives the tensors back."""
+    if t.device.type != "cpu":
+        return t
+    return HostCopy(t.detach().tolist(), t.dtype, tuple(t.shape))
+
+
+def tensors(kept: Sequence[Union[Tensor, HostCopy]]) -> list[Tensor]:
+    """The tensors ``off_heap`` kept, equal to the ones it was given (Python numbers hold float32 and float64
+    exactly)."""
+    return [k.tensor() if isinstance(k, HostCopy) else k for k in kept]

@@ -183,3 +183,15 @@ def test_computing_in_restores_a_block_whose_forward_was_stopped_inside_it():
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with torch.no_grad():
         assert torch.equal(full, _first(clone_model(model, dtype=torch.float64)(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_off_heap_gives_back_the_same_tensor(dtype):
+    """What a pass keeps as Python numbers comes back bit for bit: float32 and float64 values, shape and dtype."""
+    g = torch.Generator().manual_seed(0)
+    for t in (torch.randn(3, 4, 5, generator=g, dtype=torch.float64).mul(1e30).to(dtype), torch.tensor(1 / 3).to(dtype),
+              torch.randn(0, 2, generator=g).to(dtype)):
+        kept = capture.off_heap(t)
+        assert isinstance(kept, capture.HostCopy)  # on the host: no tensor kept
+        back, = capture.tensors([kept])
+        assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
