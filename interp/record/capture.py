@@ -276,6 +276,6 @@ def computing_in(model: InterpBridge, dtype: torch.dtype) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
+        put_back(every.values())
         running.restore()
         outside.restore()
-        put_back(every.values())
