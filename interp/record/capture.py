@@ -196,6 +196,10 @@ def replay_blocks(model: InterpBridge, outputs: list[Any], start: int, n: int, b
                 object.__delattr__(block, "forward")
 
 
+_KEPT_PATTERN = "_pattern"  # TransformerLens' copy of the last pattern a fused-qkv attention computed
+_ABSENT = object()
+
+
 class _Cast:
     """``dtype`` copies put in place of a model's floating parameters and buffers, and the originals put back.
     One copy per original tensor (tied weights share theirs); an original is never written to."""
@@ -234,10 +238,25 @@ def computing_in(model: InterpBridge, dtype: torch.dtype) -> Iterator[None]:
     runs (dropped when it returns, or when the next block starts if a forward was stopped inside it). A block
     that replays its recorded output (``replay_blocks``) computes nothing and is not cast. The model's own
     tensors are put back, untouched, on exit: a float64 check of a float32 model holds the float32 weights, the
-    float64 weights outside the blocks and one block's float64 weights, not a float64 copy of the model."""
+    float64 weights outside the blocks and one block's float64 weights, not a float64 copy of the model.
+
+    TransformerLens' fused-qkv attention keeps the last pattern it computed (``_pattern``, written, never read):
+    each block's is put back as it was when the block returns, and all on exit, so no ``dtype`` pattern
+    outlives its block's forward or stays on the model."""
     blocks = _blocks(model)
     in_blocks = {id(m) for block in blocks for m in block.modules()}
     outside, running = _Cast(dtype), _Cast(dtype)
+    # the bridge's tree and the HF model's: some HF modules (CLIP's pre-norm) are reached only from the latter
+    every = {id(m): m for tree in (model, model.hf_model) for m in tree.modules()}
+    kept = {key: vars(m).get(_KEPT_PATTERN, _ABSENT) for key, m in every.items()}
+
+    def put_back(modules: Any) -> None:
+        for m in modules:
+            before = kept.get(id(m), _ABSENT)
+            if before is not _ABSENT:
+                vars(m)[_KEPT_PATTERN] = before
+            elif _KEPT_PATTERN in vars(m):
+                del vars(m)[_KEPT_PATTERN]
 
     def enter(block: nn.Module, args: Any, kwargs: Any) -> None:
         running.restore()
@@ -246,11 +265,10 @@ def computing_in(model: InterpBridge, dtype: torch.dtype) -> Iterator[None]:
 
     def leave(block: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         running.restore()
+        put_back(block.modules())
 
     handles = []
     try:
-        # the bridge's tree and the HF model's: some HF modules (CLIP's pre-norm) are reached only from the latter
-        every = {id(m): m for tree in (model, model.hf_model) for m in tree.modules()}
         outside.cast([m for key, m in every.items() if key not in in_blocks])
         for block in blocks:
             handles.append(block.register_forward_pre_hook(enter, with_kwargs=True))
@@ -259,6 +277,7 @@ def computing_in(model: InterpBridge, dtype: torch.dtype) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
+        put_back(every.values())
         running.restore()
         outside.restore()
 

@@ -197,3 +197,66 @@ def test_score_decomposition_of_zoo_models_equals_the_brute_force(name, layers):
     table = interp.score_decomposition(model, [{"input_ids": i, "attention_mask": m} for i, m in batches],
                                        layers=layers, n_boot=0, progress=False)
     _assert_equals_brute_force(model, batches, layers or range(model.interp.n_layers), table)
+
+
+# ----- bias_invariances leaves the model as it found it -------------------------------------------------------
+
+
+def _model_state(model):
+    """Per module of the bridge's and the HF model's trees: its parameter and buffer objects with their dtypes and
+    values, every other tensor it holds as an attribute (the same object), its hooks, its training flag and
+    whether it has a ``forward`` of its own."""
+    state = {}
+    for m in {id(m): m for tree in (model, model.hf_model) for m in tree.modules()}.values():
+        for table in ("_parameters", "_buffers"):
+            for name, t in getattr(m, table).items():
+                state[id(m), table, name] = None if t is None else (id(t), t.dtype, t.detach().clone())
+        for name, value in vars(m).items():
+            if isinstance(value, torch.Tensor) or name == "_pattern":
+                state[id(m), "attribute", name] = id(value)
+        state[id(m), "hooks"] = (len(m._forward_hooks), len(m._forward_pre_hooks))
+        state[id(m), "training"] = m.training
+        state[id(m), "own forward"] = "forward" in vars(m)
+    return state
+
+
+def _changed(before, after):
+    out = [key for key in before.keys() ^ after.keys()]
+    for key in before.keys() & after.keys():
+        a, b = before[key], after[key]
+        if isinstance(a, tuple) and len(a) == 3 and isinstance(a[2], torch.Tensor):
+            if a[:2] != b[:2] or not torch.equal(a[2], b[2]):
+                out.append(key)
+        elif a != b:
+            out.append(key)
+    return out
+
+
+@pytest.mark.parametrize("family", ["gpt2", "timm-vit", "open-clip-vit"])
+def test_bias_invariances_leave_every_module_as_it_found_it_after_a_return_or_an_interrupt(family):
+    """The float64 check swaps float64 copies in and out of the user's model (no copy of the model any more): on
+    return, and after a KeyboardInterrupt raised inside a block at each of its forwards, every parameter and
+    buffer is the same object with the same dtype and values, no hook or ``forward`` is left, every module's
+    training flag is as it was (timm's bridged block list too), and no tensor attribute points at a tensor the
+    check made (TransformerLens' fused-qkv attention keeps the last pattern it computed: a float64 one per layer
+    would stay on the model)."""
+    model = interp.load_model(tiny_hf_model(family), device="cpu")
+    data = [tiny_inputs(family, seed=s) for s in range(2)]
+    with torch.no_grad():
+        model(data[0])  # the bridge wires its own capture hooks at the first forward: part of the model after
+    before = _model_state(model)
+    interp.bias_invariances(model, data, max_batches=2, progress=False)
+    assert _changed(before, _model_state(model)) == []
+    for n in (1, 3, 6):  # the intact forward, a check's patched forward, the next batch's
+        calls = []
+
+        def interrupt(module, args, n=n):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+
+        handle = model.blocks[1].register_forward_pre_hook(interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            interp.bias_invariances(model, data, max_batches=2, progress=False)
+        handle.remove()
+        assert _changed(before, _model_state(model)) == [], n

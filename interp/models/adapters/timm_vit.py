@@ -125,7 +125,9 @@ class TimmVisionTransformerAdapter(ViTArchitectureAdapter):
     def finalize(model: nn.Module) -> None:
         """timm runs ``self.blocks(x)``: the bridged blocks must stay callable as one sequence."""
         if not isinstance(model.blocks, BlockSequence):
-            model.blocks = BlockSequence(list(model.blocks))
+            blocks = BlockSequence(list(model.blocks))
+            blocks.training = model.blocks.training  # a new module starts in training mode: take the replaced one's
+            model.blocks = blocks
 
 
 def describe_timm(model: nn.Module) -> transformers.PretrainedConfig:
