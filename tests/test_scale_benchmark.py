@@ -371,6 +371,15 @@ def test_performance_demo_memory_figures_are_the_csvs():
     assert now.ratio < mid.ratio < old.ratio and now.ratio > 2  # better each time, not yet the goal
 
 
+def _demo_runs_agree(agrees, said, runs, profiles):
+    """Each run's quoted (total MB, forward MB, ratio), three per run in ``said``, are its CSV row's, and its
+    profile's largest peak is that row's total."""
+    for i, (run, profile) in enumerate(zip(runs, profiles)):
+        total, forward, ratio = said[3 * i:3 * i + 3]
+        assert agrees(total, run.total_mb) and agrees(forward, run.forward_mb) and agrees(ratio, run.ratio)
+        assert abs(profile.peak_mb.max() - run.total_mb) < 1  # the profile is that run's
+
+
 def test_performance_demo_after_the_invariance_change_is_the_csvs():
     """The two demo runs after the invariance step stopped copying the model, and what their profiles say of the
     heap and of the bytes in use, as docs/performance.md quotes them; the fixed-threshold 112m row beside them."""
@@ -383,11 +392,10 @@ def test_performance_demo_after_the_invariance_change_is_the_csvs():
                        r"own segment ([\d.]+) and ([\d.]+) MB", 8)
     runs = [demo.loc["invariances per block"], demo.loc["invariances per block, second run"]]
     profiles = [pd.read_csv(SCALE / f"memory_profile_demo_invariances_per_block{s}.csv") for s in ("", "_2")]
-    for run, profile, (total, forward, ratio), step in zip(runs, profiles, (said[:3], said[3:6]), said[6:]):
-        assert agrees(total, run.total_mb) and agrees(forward, run.forward_mb) and agrees(ratio, run.ratio)
-        assert abs(profile.peak_mb.max() - run.total_mb) < 1  # the profile is that run's
+    _demo_runs_agree(agrees, said[:6], runs, profiles)
+    before = pd.read_csv(SCALE / "memory_profile_demo.csv")
+    for profile, step in zip(profiles, said[6:]):
         assert agrees(step, profile[profile.phase == "step invariances"].peak_mb.max())
-        before = pd.read_csv(SCALE / "memory_profile_demo.csv")
         assert float(step) < before[before.phase == "step invariances"].peak_mb.max()  # lower in both runs
     first, second = profiles
     grew = _said(text, r"the exact stage's heap grew from ([\d.]+) to ([\d.]+) MB while the bytes in use at its "
@@ -422,10 +430,8 @@ def test_performance_demo_with_results_off_the_heap_is_the_csvs():
     runs = [demo.loc["off heap 1"], demo.loc["off heap 2"]]
     profiles = [pd.read_csv(SCALE / f"memory_profile_demo_off_heap_{i}.csv") for i in (1, 2)]
     before = [demo.loc["invariances per block"], demo.loc["invariances per block, second run"]]
+    _demo_runs_agree(agrees, said[:6], runs, profiles)
     for i, (run, profile) in enumerate(zip(runs, profiles)):
-        total, forward, ratio = said[3 * i:3 * i + 3]
-        assert agrees(total, run.total_mb) and agrees(forward, run.forward_mb) and agrees(ratio, run.ratio)
-        assert abs(profile.peak_mb.max() - run.total_mb) < 1  # the profile is that run's
         stacked = profile[profile.phase == "_stacked_forward"].heap_mb
         assert agrees(said[6 + i], stacked.iloc[0]) and stacked.iloc[0] == stacked.iloc[-1] == stacked.max()
         assert agrees(said[8 + i], profile[profile.phase == "estimate (atp_distance)"].peak_mb.max())
