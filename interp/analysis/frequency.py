@@ -239,24 +239,41 @@ def _batch_terms(info: ModelInfo, batch: Batch, store: dict[str, Tensor], l: int
     return _text_terms(z, pat, mask)
 
 
-def _consumer(info: ModelInfo, layers: Sequence[int], acc: dict[int, dict[str, Any]],
-              items: Optional[list[dict[int, dict[str, Any]]]] = None):
-    """Adds one batch's per-head terms of ``layers`` (from the kept z and pattern) into ``acc``; with
-    ``items`` (a list), appends each item's own terms there instead (one accumulator per item)."""
+def _reducer(info: ModelInfo, layers: Sequence[int], acc: dict[int, dict[str, Any]],
+             items: Optional[list[dict[int, dict[str, Any]]]] = None) -> tuple[Any, Any]:
+    """(hooks of a batch, consumer): each layer's per-head terms are taken as soon as the forward has passed both
+    its z and its pattern (the bridge fires either first) and added into ``acc``; with ``items`` (a list), each
+    item's own terms are kept apart and appended there by the consumer (one accumulator per item). One layer's
+    pattern is alive at a time, not every layer's until the forward ends: the same sums, in the same order."""
+    pending: dict[str, Any] = {}
+
+    def hooks(batch: Batch) -> list:
+        held: dict[int, dict[str, Tensor]] = {l: {} for l in layers}
+        own = None if items is None else [{l: {} for l in layers} for _ in range(batch.inputs.shape[0])]
+        pending["own"] = own
+
+        def reduce(l: int, name: str):
+            def fn(t: Tensor, hook: Any) -> None:
+                store = held[l]
+                store[name] = t.detach()
+                if len(store) < 2:
+                    return
+                del held[l]
+                if own is None:
+                    _add_terms(acc[l], _batch_terms(info, batch, store, l))
+                    return
+                for i, item in enumerate(own):
+                    terms = _batch_terms(info, batch, store, l, item=i)
+                    if terms is not None:
+                        _add_terms(item[l], terms)
+            return fn
+        return [(hook_name(l, n), reduce(l, hook_name(l, n))) for l in layers for n in ("z", "pattern")]
+
     def consume(batch: Batch, store: dict[str, Tensor]) -> None:
-        if items is None:
-            for l in layers:
-                _add_terms(acc[l], _batch_terms(info, batch, store, l))
-            return
-        for i in range(batch.inputs.shape[0]):
-            own: dict[int, dict[str, Any]] = {l: {} for l in layers}
-            for l in layers:
-                terms = _batch_terms(info, batch, store, l, item=i)
-                if terms is not None:
-                    _add_terms(own[l], terms)
-            if all(own.values()):
-                items.append(own)
-    return consume
+        own = pending.pop("own", None)
+        if items is not None:
+            items.extend(item for item in own if all(item.values()))
+    return hooks, consume
 
 
 def _profile_rows(info: ModelInfo, acc: dict[int, dict[str, Any]]) -> pd.DataFrame:
@@ -285,8 +302,9 @@ def _profile_batches(model: InterpBridge, batches: Any, layers: Sequence[int], h
     acc: dict[int, dict[str, Any]] = {l: {} for l in layers}
     runs = [([l], hooks_for_layer(l)) for l in layers] if hooks_for_layer else [(list(layers), [])]
     for want, hooks in tqdm(runs, desc=desc, disable=not progress or len(runs) == 1):
-        names = [hook_name(l, n) for l in want for n in ("z", "pattern")]
-        stream_batches(model, batches, max_batches, names, _consumer(info, want, acc), hooks=hooks, desc=desc,
+        reducing, consume = _reducer(info, want, acc)
+        stream_batches(model, batches, max_batches, [hook_name(max(want), n) for n in ("z", "pattern")], consume,
+                       hooks=lambda batch, hooks=hooks, reducing=reducing: list(hooks) + reducing(batch), desc=desc,
                        progress=progress and len(runs) == 1)
     return _profile_rows(info, acc)
 
@@ -296,14 +314,14 @@ def item_terms(model: InterpBridge, data: Any, layers: Sequence[int], max_batche
     """Each item's own accumulated profile terms (one forward pass over ``data``): any subset of the items
     gives its profile exactly by summing its items' terms (``profile_of_items``); ``hasher`` sees each batch."""
     items: list[dict[int, dict[str, Any]]] = []
-    names = [hook_name(l, n) for l in layers for n in ("z", "pattern")]
-    consume = _consumer(model.interp, layers, {}, items)
+    reducing, consume = _reducer(model.interp, layers, {}, items)
 
     def hashed(batch: Batch, store: dict[str, Tensor]) -> None:
         hasher.update(batch)
         consume(batch, store)
-    stream_batches(model, data, max_batches, names, consume if hasher is None else hashed,
-                   desc="frequency profile (per item)", progress=progress)
+    stream_batches(model, data, max_batches, [hook_name(max(layers), n) for n in ("z", "pattern")],
+                   consume if hasher is None else hashed,
+                   hooks=reducing, desc="frequency profile (per item)", progress=progress)
     return items
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -25,7 +25,7 @@ from torch import Tensor
 from interp.bootstrap import Resampler, check_bootstrap, item_keys
 from interp.checks import check_heads, check_layers
 from interp.record.capture import BLOCK_OUTPUTS, OUTPUT, computing_in, replay_blocks, run_until_kept, stream_batches
-from interp.data import Batch
+from interp.data import Batch, iter_batches
 from interp.errors import InputError, UnsupportedModelError, public
 from interp.record.heads import attention_weights, kv_group
 from interp.record.hooks import hook_name, is_block_hook
@@ -516,7 +516,8 @@ def bias_invariances(
     ``bias_norm`` is the norm of the bias each check removes (b_k, b_v) at that layer.
     Computed in float64 by default, without a float64 copy of the model: the weights outside the blocks are
     float64 copies for the check and each block's only while it runs (``interp.record.capture.computing_in``;
-    the model is not touched). ``dtype`` says what the check ran in, ``softmax_dtype`` what limited the pattern
+    the model is not touched), one item at a time (the maxima are over every item read). ``dtype`` says what the
+    check ran in, ``softmax_dtype`` what limited the pattern
     (HF softmaxes ViT, DeiT, BEiT, OPT, NeoX, Qwen2 and LLaMA attention in float32 even in float64). ``layers``
     (None: all): check only those layers (each layer's rows do not depend on the others).
     """
@@ -535,9 +536,19 @@ def bias_invariances(
         for layer in layers:
             _layer_invariances(model, layer, hooks[layer], batch, store, diffs)
 
+    n_batches = 0
+
+    def items_of(batches: Iterable[Batch]) -> Iterator[Batch]:
+        # one item at a time: a float64 forward's activations are twice a forward's, and each check's forwards
+        # hold every block's output beside them; a max over the items is the max over the batch
+        nonlocal n_batches
+        for batch in batches:
+            n_batches += 1
+            yield from (batch.items(i, i + 1) for i in range(batch.inputs.shape[0]))
+
     with computing_in(model, dtype) if float64 else nullcontext():
-        n_batches, _ = stream_batches(model, data, max_batches, [], consume, desc="bias invariances",
-                                      progress=progress, keep_output=True, block_outputs=True)
+        stream_batches(model, items_of(iter_batches(model, data, max_batches)), None, [], consume,
+                       desc="bias invariances", progress=progress, keep_output=True, block_outputs=True)
     rows = []
     for layer in layers:
         w = attention_weights(model, layer, dtype)

@@ -20,13 +20,15 @@ from interp.record.patching import bias_patch_hooks
 
 def _by_hand(model, batches, layer):
     """(max |pattern(b_k removed) - pattern| over attended pairs, max |output(b_v folded) - output|), float64,
-    each from a plain forward of the whole model."""
+    each from a plain forward of the whole model, one item at a time (as the check runs them: a float64 forward of
+    one item holds a quarter of a batch of four's activations; batched, the same numbers differ in the last bit)."""
     m = clone_model(model, dtype=torch.float64)
     heads = range(m.interp.n_kv_heads)
     name = f"blocks.{layer}.attn.hook_pattern"
     k_diff = v_diff = 0.0
+    items = [(ids[i:i + 1], mask[i:i + 1]) for ids, mask in batches for i in range(ids.shape[0])]
     with torch.no_grad():
-        for ids, mask in batches:
+        for ids, mask in items:
             out, cache = m.run_with_cache(ids, attention_mask=mask)
             kept = {}
             m.run_with_hooks(ids, attention_mask=mask, fwd_hooks=bias_patch_hooks(m, [(layer, h, "k") for h in heads], "zero")
