@@ -19,7 +19,9 @@ over the demo's sample) sets ``forward_mb`` = its peak (VmHWM) - base, "the forw
 run, the one-pass estimate and its batches, the exact stage, each round's intact forward, each stacked forward and
 its tiled metric; the demo's steps) closes a segment, whose peak is VmHWM read then (reset through
 /proc/self/clear_refs at each boundary, so the process's peak is the largest segment's), with glibc's own
-accounting (``mallinfo2``: heap bytes, mmapped bytes, bytes in use, free bytes kept in the heap) at the boundary.
+accounting (``mallinfo2``: heap bytes, mmapped bytes, bytes in use, free bytes kept in the heap) and the resident
+set's two parts above the base (``rss_anon_mb``: anonymous memory, the heap, mmapped blocks and Python's arenas;
+``rss_file_mb``: pages of files, the libraries' code first run and mapped data) at the boundary.
 Rows to ``memory_profile_<label>.csv`` beside the table (``--out``'s folder, default docs/results/scale/), one per
 segment; the summary per phase (its largest peak, and how often it ran) is printed.
 
@@ -52,11 +54,18 @@ SWEEP_PHASES = [("interp.ablation.sweep", n) for n in ("_run_intact", "_run_esti
     ("interp.ablation.attribution", "batch_estimates")]
 
 
-def _status_mb(field: str) -> float:
+def _status(*fields: str) -> list[float]:
+    """Fields of /proc/self/status in MB, read at one instant."""
+    found = {}
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        key, _, value = line.partition(":")
+        if key in fields:
+            found[key] = int(value.split()[0]) / 1024
+    return [found.get(f, float("nan")) for f in fields]
+
+
+def _status_mb(field: str) -> float:
+    return _status(field)[0]
 
 
 class _MallInfo2(ctypes.Structure):
@@ -83,6 +92,9 @@ class Phases:
 
     def __init__(self, base: float):
         self.base, self.stack, self.rows, self.t0 = base, ["forward"], [], time.perf_counter()
+        # the resident set's two parts at the base: anonymous (the heap, mmapped blocks, Python's arenas) and
+        # file-backed (the libraries' code and data pages, first touched when a kernel first runs)
+        self.base_anon, self.base_file = _status("RssAnon", "RssFile")
         self.reset()
 
     def reset(self) -> None:
@@ -90,9 +102,11 @@ class Phases:
 
     def close(self) -> None:
         """Close the running segment (the innermost phase's): its peak, and the allocator's state now."""
+        hwm, rss, anon, file = _status("VmHWM", "VmRSS", "RssAnon", "RssFile")
         self.rows.append(dict(seq=len(self.rows), phase=self.stack[-1], path="/".join(self.stack),
-                              t_s=round(time.perf_counter() - self.t0, 3), peak_mb=_status_mb("VmHWM") - self.base,
-                              rss_mb=_status_mb("VmRSS") - self.base, **_mallinfo()))
+                              t_s=round(time.perf_counter() - self.t0, 3), peak_mb=hwm - self.base,
+                              rss_mb=rss - self.base, rss_anon_mb=anon - self.base_anon,
+                              rss_file_mb=file - self.base_file, **_mallinfo()))
         trace = os.environ.get("MEMORY_TRACE")
         if trace:  # a live view of a long run (the rows reach the CSV only at its end)
             with open(trace, "a") as f:

@@ -269,6 +269,9 @@ def test_memory_at_the_allocator_defaults_runs_each_row_in_its_own_process(tmp_p
     for allocator, rows in profile.groupby("allocator"):
         total = table.set_index("allocator").loc[allocator, "total_mb"]
         assert abs(rows.peak_mb.max() - total) < 1e-2, allocator
+    # the resident set's anonymous and file-backed parts, read at the same instant, make up its growth over the
+    # base (shared memory aside: none here); the base is taken in one read, the parts' bases in another
+    assert ((profile.rss_anon_mb + profile.rss_file_mb - profile.rss_mb).abs() < 2.0).all()
 
 
 def _said(text, pattern, n):
