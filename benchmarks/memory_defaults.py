@@ -17,11 +17,11 @@ over the demo's sample) sets ``forward_mb`` = its peak (VmHWM) - base, "the forw
 
 ``--profile``: the child also records the resident set per phase: every call of the sweep's phases (the intact
 run, the one-pass estimate and its batches, the exact stage, each round's intact forward, each stacked forward and
-its tiled metric; the demo's steps) closes a segment, whose peak is VmHWM read then (reset through
-/proc/self/clear_refs at each boundary, so the process's peak is the largest segment's), with glibc's own
-accounting (``mallinfo2``: heap bytes, mmapped bytes, bytes in use, free bytes kept in the heap) and the resident
-set's two parts above the base (``rss_anon_mb``: anonymous memory, the heap, mmapped blocks and Python's arenas;
-``rss_file_mb``: pages of files, the libraries' code first run and mapped data) at the boundary.
+its tiled metric; the demo's steps and the writing of each one's files) closes a segment, whose peak is VmHWM read
+then (reset through /proc/self/clear_refs at each boundary, so the process's peak is the largest segment's), with
+glibc's own accounting (``mallinfo2``: heap bytes, mmapped bytes, bytes in use, free bytes kept in the heap) and
+the resident set's two parts above the base (``rss_anon_mb``: anonymous memory, the heap, mmapped blocks and
+Python's arenas; ``rss_file_mb``: pages of files, the libraries' code first run and mapped data) at the boundary.
 Rows to ``memory_profile_<label>.csv`` beside the table (``--out``'s folder, default docs/results/scale/), one per
 segment; the summary per phase (its largest peak, and how often it ran) is printed.
 
@@ -206,6 +206,7 @@ def child_demo(args) -> dict:
                 pipeline.STEPS[name] = _step_phase(phases, name, pipeline.STEPS[name])
             for module, name in SWEEP_PHASES:
                 phases.wrap(module, name, _estimate_label if name == "_run_estimate" else None)
+            phases.wrap("interp.report.demo", "write_and_release", lambda args: "files written")  # after each step
         said["t0"] = time.perf_counter()
         try:
             return original_steps(ctx, *a, **kw)

@@ -19,7 +19,7 @@ from interp.record.fingerprint import model_fingerprint
 from interp.models.loading import load_model
 from interp.models.zoo import ZOO
 from interp.report.pipeline import DEMO_BATCHES, make_context, run_steps
-from interp.report.html import begin_outputs, write_report
+from interp.report.html import begin_outputs, write_and_release, write_report
 
 DEFAULT_MODEL = "dinov2-s14"
 
@@ -49,7 +49,8 @@ def run_demo(model: Optional[str], data: Optional[str], out: Path, quick: bool =
     ctx = make_context(load_model(name, weights=weights, model_args=model_args), data, quick, out, ablation_estimate,
                        top_k, data_options, max_batches=max_batches, command="demo")
     begin_outputs(out, "demo")
-    sections = run_steps(ctx, keep_partial=True)
+    # each step's files written as it ends, its figures let go: the report reads their PNGs
+    sections = run_steps(ctx, keep_partial=True, after_step=lambda made: write_and_release(made, out))
     info, stats = ctx.model.interp, ctx.stats
     failed = sections[-1].numbers if sections and sections[-1].key == "failed" else None
     meta = dict(command="demo", model=name, weights=None if weights is None else str(weights), model_args=model_args,

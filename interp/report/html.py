@@ -11,8 +11,10 @@ and CSV of the section (the files beside ``report.html``, for papers).
 from __future__ import annotations
 
 import base64
+import gc
 import html
 import json
+import shutil
 from urllib.parse import quote
 from pathlib import Path
 from typing import Optional, Sequence
@@ -40,7 +42,25 @@ def write_section(section: Section, out: Path) -> dict[str, Path]:
         write_table(table, out / name)
     for name, stats in section.stats.items():
         stats.save(out / f"{name}.safetensors")
-    return {name: save_figure(fig, out / f"{name}.png") for name, fig in section.figures.items()}
+    return {name: _written(fig, out / f"{name}.png") if isinstance(fig, Path) else save_figure(fig, out / f"{name}.png")
+            for name, fig in section.figures.items()}
+
+
+def _written(png: Path, path: Path) -> Path:
+    """A figure written earlier (``write_and_release``) at ``path``: copied there if it was written elsewhere."""
+    if png.resolve() != path.resolve():
+        with atomic_path(path) as tmp:
+            shutil.copyfile(png, tmp)
+    return path
+
+
+def write_and_release(sections: Sequence[Section], out: Path) -> None:
+    """Write ``sections``' files now and keep only their figures' paths (``write_report`` later writes the
+    tables again and the figures no more): a drawn figure holds its arrays, and once saved its renderer's pixels,
+    until it is dropped (the single-input step's pattern grid on a ViT-S/14: about 40 MB)."""
+    for section in sections:
+        section.figures = write_section(section, out)
+    gc.collect()  # figures are reference cycles: freed at a collection, which may otherwise come much later
 
 
 def manifest_entry(out: Path, command: Optional[str] = None, file: Optional[str] = None) -> Optional[dict]:

@@ -530,13 +530,15 @@ def make_context(model: InterpBridge, dataset: Optional[str] = None, quick: bool
 
 
 def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[str], None] = print,
-              keep_partial: bool = False) -> list[Section]:
+              keep_partial: bool = False,
+              after_step: Optional[Callable[[list[Section]], None]] = None) -> list[Section]:
     """Run ``steps`` (default all, in order) and return every section they made.
 
     ``keep_partial``: a step that raises ends the run without losing the earlier steps: the
     sections made so far are returned with a last ``failed`` section naming the step and the error
     (later steps read earlier steps' results, so none runs after a failure). Otherwise the error
-    propagates."""
+    propagates. ``after_step``: called with each step's sections as soon as it has made them (``run_demo``
+    writes them then: ``interp.report.html.write_and_release``)."""
     names = [n for n in STEPS if n not in OPT_IN_STEPS] if steps is None else steps
     sections: list[Section] = []
     for i, name in enumerate(names, 1):
@@ -552,6 +554,8 @@ def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[st
         for section in made:
             section.seconds = round(time.time() - t0, 1)
             section.sample = section.sample or ctx.sample_label(name)
+        if after_step is not None:
+            after_step(made)
         sections += made
     return sections
 

@@ -76,7 +76,8 @@ class Section:
     numbers: dict[str, Any] = field(default_factory=dict)  # JSON-ready headline numbers
     headline: str = ""  # one sentence for the top of the report ("" = none)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    figures: dict[str, Figure] = field(default_factory=dict)
+    # a figure, or the path of its PNG once written and let go (``interp.report.html.write_and_release``)
+    figures: dict[str, Union[Figure, Path]] = field(default_factory=dict)
     # figures drawn in report.html: those no interactive heatmap already shows (every figure is a PNG download)
     shown: list[str] = field(default_factory=list)
     stats: dict[str, QKVStats] = field(default_factory=dict)  # saved as <name>.safetensors

@@ -81,3 +81,39 @@ def test_a_command_never_replaces_another_commands_file(tmp_path):
     begin_outputs(tmp_path, "record")  # the same command again: overwrites, as a rerun does
     write_section(Section("recording", "R", "", tables={"qkv_stats": pd.DataFrame({"x": [5]})}), tmp_path)
     assert pd.read_csv(tmp_path / "qkv_stats.csv").x.tolist() == [5]
+
+
+def test_sections_written_and_released_keep_their_pngs_and_let_their_figures_go(tmp_path):
+    """``write_and_release`` (the demo, after each step): the section's files are written, its figures become the
+    paths of their PNGs and the Figure objects are freed; the report written afterwards embeds those same PNGs,
+    and a report into another folder copies them there."""
+    import base64
+    import gc
+    import weakref
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+
+    from interp.report.html import write_and_release, write_report
+    from interp.report.sections import Section
+
+    fig, ax = plt.subplots()
+    ax.imshow(np.arange(64.0).reshape(8, 8))
+    ax.set(title="t", xlabel="x", ylabel="y")
+    alive = weakref.ref(fig)
+    section = Section("origin", "O", "", tables={"origin_shift": pd.DataFrame({"y": [2]})},
+                      figures={"shift_ratio": fig}, shown=["shift_ratio"])
+    del fig, ax
+    begin_outputs(tmp_path, "demo")
+    write_and_release([section], tmp_path)
+    gc.collect()
+    assert alive() is None  # nothing holds the drawn figure any more
+    png = tmp_path / "shift_ratio.png"
+    assert section.figures == {"shift_ratio": png} and png.read_bytes()[:4] == b"\x89PNG"
+    drawn = png.read_bytes()
+    report = write_report([section], dict(command="demo", model="m", dataset="d"), tmp_path).read_text()
+    assert png.read_bytes() == drawn and base64.b64encode(drawn).decode() in report
+    elsewhere = tmp_path / "copy"
+    write_report([section], dict(command="demo", model="m", dataset="d"), elsewhere)
+    assert (elsewhere / "shift_ratio.png").read_bytes() == drawn
