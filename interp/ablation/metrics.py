@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from interp.ablation.logits import wide
 from interp.data import Batch
 from interp.errors import InputError
 from interp.record.hooks import block_hook
@@ -24,12 +25,6 @@ from interp.record.capture import StopForward
 DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
 TASK_METRICS = ("next_token_ce", "cross_entropy")
 Metric = Union[str, Callable[[Tensor, Batch], Tensor]]
-
-
-def wide(t: Tensor) -> Tensor:
-    """``t`` in float32 at least (half precision is too coarse for a metric), float64 kept: a
-    float64 model's ablation deltas are then not limited by float32 rounding (~3e-8 on a cosine)."""
-    return t if t.dtype == torch.float64 else t.float()
 
 
 def _has_classifier(model: InterpBridge) -> bool:
