@@ -511,7 +511,7 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
     stack = opts.stack if opts.stack != "auto" else min(  # the most constrained batch's
         auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact",
-                   tiled=_reads_tiles(run), parts=bool(_tiled_metric(run)))  # parts: as the estimate ran
+                   tiled=_reads_tiles(run), parts=_in_parts(run))  # parts: as the estimate ran
         for b in run.batches)
     own: dict[Variant, tuple] = {}
     controls: dict[Variant, dict[int, float]] = {v: {} for v in todo}
@@ -643,19 +643,25 @@ def _reads_tiles(run: _Run) -> bool:
     return run.unembedding is not None and run.metric_name == "next_token_ce"
 
 
+def _in_parts(run: _Run) -> bool:
+    """Whether the one-pass estimate runs in parts of items (``_tiled_metric`` gives it parts): a distance
+    metric's (its projections are sums over items) and next_token_ce's through a linear unembedding."""
+    return run.metric_name in metrics.DISTANCE_METRICS or _reads_tiles(run)
+
+
 def _tiled_metric(run: _Run) -> dict:
     """``EstimateInputs``' item_sums, items_per_part and checkpoint where next_token_ce reads a linear unembedding
     (the one-pass estimate's backward then forms no full-vocabulary logits and runs in parts, its blocks recomputed
     where one item's would not fit: ``interp.ablation.attribution``); items_per_part and checkpoint for a distance
     metric (``interp.ablation.distance``: its projections are sums over items)."""
+    if not _in_parts(run):
+        return {}
     model = run.model
     checkpoint = any(estimate_checkpoint(model, b.inputs) for b in run.batches)  # one rule for every batch
     parts = dict(items_per_part=min(estimate_items(model, b.inputs, checkpoint) for b in run.batches),
                  checkpoint=checkpoint)
     if run.metric_name in metrics.DISTANCE_METRICS:  # its projections are sums over items: parts too (distance.py)
         return parts
-    if not _reads_tiles(run):
-        return {}
     unembedding = run.unembedding
     return dict(item_sums=lambda hidden, batch: tiled_item_sums(model, unembedding, hidden, batch), **parts)
 
