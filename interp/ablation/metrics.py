@@ -178,11 +178,11 @@ def check_labels(model: InterpBridge, name: str, batches: list[Batch]) -> None:
     abort the process)."""
     if name != "cross_entropy":
         return
+    if any(b.labels is None for b in batches):
+        raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
     n_classes = getattr(getattr(model.hf_model, "config", None), "num_labels", None)
     for number, batch in enumerate(batches, 1):
         labels, n = batch.labels, batch.inputs.shape[0]
-        if labels is None:
-            raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
         if labels.ndim != 1 or labels.shape[0] != n or labels.dtype not in (torch.long, torch.uint8):
             raise InputError(f"batch {number}: cross_entropy needs labels as int64 class ids [{n}] (one per item); "
                              f"got a {labels.dtype} tensor of shape {tuple(labels.shape)} (labels.long() converts)")

@@ -202,9 +202,8 @@ class _Run:
         return float(sums.sum() / total), float(se), float(lo), float(hi)
 
 
-def _check_estimate(estimate: str, name: str, batches: list[Batch]) -> None:
-    if name == "cross_entropy" and any(b.labels is None for b in batches):
-        raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
+def _check_estimate(estimate: str, name: str) -> None:
+    """Refuse an estimate that cannot estimate the metric ``name``."""
     if estimate in ("attribution", "atp") and name in metrics.DISTANCE_METRICS:
         raise InputError(
             f"estimate={estimate!r} cannot estimate the distance metric {name!r}: its gradient "
@@ -301,8 +300,8 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, opts: Sweep
     device = next(model.parameters()).device
     batches = [batch_to_device(b, device) for b in host]  # moved once, not per variant
     name = metrics.metric_name(model, metric, batches[0])
-    _check_estimate(opts.estimate, name, batches)
     metrics.check_labels(model, name, host)  # on the host, once
+    _check_estimate(opts.estimate, name)
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], 0.0, [], 0.0)
     _run_intact(run)
     keys = [item_keys(b) for b in host]
