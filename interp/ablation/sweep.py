@@ -118,9 +118,9 @@ from interp.record.fingerprint import callable_identity, data_fingerprint, hooks
 from interp.record.heads import bias_present
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.record.patching import Target, check_method, needs_means, patch_hooks, stack_hooks
+from interp.record.patching import Target, check_patch, patch_hooks, stack_hooks
 from interp.record.recording import record_qkv
-from interp.record.stats import QKVStats, require_stats
+from interp.record.stats import QKVStats
 from interp.types import Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
@@ -858,18 +858,16 @@ def ablate_bias(
 def _check_patches(model: InterpBridge, variants: list[Variant], stats: Optional[QKVStats],
                    opts: SweepOptions) -> tuple[Optional[ImplicitSites], bool]:
     """What the variants patch, checked together at the door, so that the hooks of every patched forward are built
-    without checking again (``patch_hooks``, ``control_patch_hooks``): the implicit sites (sink_v, massive), the
-    method against the bias targets, and ``stats``, where given, as statistics of this model. Returns the implicit
-    sites and whether the content means that ``method="mean"`` needs are to be recorded (``_ablate``, once the data
-    are read): not given, and some targeted bias is present (an absent one is shifted by 0)."""
+    without checking again (``patch_hooks``, ``control_patch_hooks``): the implicit sites (sink_v, massive), then
+    the method against the bias targets and ``stats``, where given, as statistics of this model (``check_patch``,
+    the one door of a bias patch). Returns the implicit sites and whether the content means that ``method="mean"``
+    needs are to be recorded (``_ablate``, once the data are read): not given, and some targeted bias is present
+    (an absent one is shifted by 0)."""
     targets = [t for v in variants for t in v.targets]
     sites = check_implicit(model, opts.method, targets, opts.positions, opts.abs_threshold,
-                           opts.ratio_threshold)  # before check_method: its messages are about biases
-    check_method(opts.method, targets, stats, need_stats=False)
-    record_means = stats is None and needs_means(model, opts.method, targets)
-    if stats is not None:
-        require_stats(stats).require_model(model)
-    return sites, record_means
+                           opts.ratio_threshold)  # before check_patch: its messages are about biases
+    needs = check_patch(model, opts.method, targets, stats, need_stats=False)  # the means: recorded if not given
+    return sites, stats is None and needs
 
 
 def _ablate(model: InterpBridge, data: Any, variants: list[Variant], sites: Optional[ImplicitSites],
