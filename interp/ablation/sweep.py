@@ -520,13 +520,13 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
         for round_jobs in _rounds(jobs):
             sums, kls = _run_round(run, round_jobs, stack, stats, logits, bar, opts)
             for job in round_jobs:  # one host sync per round
+                kept = torch.cat(tensors(sums[job]))  # the job's per-item sums, back from off the heap
                 if job.draw >= 0:
-                    controls[job.var][job.draw] = float(torch.cat(tensors(sums[job])).sum() / units) - run.baseline
+                    controls[job.var][job.draw] = float(kept.sum() / units) - run.baseline
                     continue
-                kk = kls[job]
-                kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(tensors(kk)).tolist(),
-                                                                        run.kl_weights)
-                own[job.var] = (*run.ablated_and_se(torch.cat(tensors(sums[job]))), kl)
+                kk = tensors(kls[job])
+                kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
+                own[job.var] = (*run.ablated_and_se(kept), kl)
         decided = []
         for var in active:
             ablated, *spread, kl = own[var]
