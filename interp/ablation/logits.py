@@ -34,13 +34,18 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.ablation.metrics import wide
 from interp.data import Batch
 from interp.models.bridge import InterpBridge
 
 CHUNK_BYTES = 4 * 2**20  # logits of one chunk of positions (float32): the chunk's rows x vocab x 4 bytes
 CHECK_POSITIONS = 16  # positions per item at which ``head_matches`` compares the split head with the forward
 TILE_VOCAB = 512  # vocabulary entries per tile: the stacked variants' metric and the tiled NLL (forward, backward)
+
+
+def wide(t: Tensor) -> Tensor:
+    """``t`` in float32 at least (half precision is too coarse for a metric), float64 kept: a
+    float64 model's ablation deltas are then not limited by float32 rounding (~3e-8 on a cosine)."""
+    return t if t.dtype == torch.float64 else t.float()
 
 
 def head(model: InterpBridge, hidden: Float[Tensor, "*rows d_model"]) -> Float[Tensor, "*rows vocab"]:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from interp.ablation.logits import wide
 from interp.data import Batch
 from interp.errors import InputError
 from interp.record.hooks import block_hook
@@ -24,12 +25,6 @@ from interp.record.capture import StopForward
 DISTANCE_METRICS = ("embedding_cosine", "feature_cosine")
 TASK_METRICS = ("next_token_ce", "cross_entropy")
 Metric = Union[str, Callable[[Tensor, Batch], Tensor]]
-
-
-def wide(t: Tensor) -> Tensor:
-    """``t`` in float32 at least (half precision is too coarse for a metric), float64 kept: a
-    float64 model's ablation deltas are then not limited by float32 rounding (~3e-8 on a cosine)."""
-    return t if t.dtype == torch.float64 else t.float()
 
 
 def _has_classifier(model: InterpBridge) -> bool:
@@ -183,11 +178,11 @@ def check_labels(model: InterpBridge, name: str, batches: list[Batch]) -> None:
     abort the process)."""
     if name != "cross_entropy":
         return
+    if any(b.labels is None for b in batches):
+        raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
     n_classes = getattr(getattr(model.hf_model, "config", None), "num_labels", None)
     for number, batch in enumerate(batches, 1):
         labels, n = batch.labels, batch.inputs.shape[0]
-        if labels is None:
-            raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
         if labels.ndim != 1 or labels.shape[0] != n or labels.dtype not in (torch.long, torch.uint8):
             raise InputError(f"batch {number}: cross_entropy needs labels as int64 class ids [{n}] (one per item); "
                              f"got a {labels.dtype} tensor of shape {tuple(labels.shape)} (labels.long() converts)")

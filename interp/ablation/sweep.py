@@ -118,9 +118,9 @@ from interp.record.fingerprint import callable_identity, data_fingerprint, hooks
 from interp.record.heads import bias_present
 from interp.io import write_table
 from interp.models.bridge import InterpBridge, require_bridge
-from interp.record.patching import Target, check_method, needs_means, patch_hooks, stack_hooks
+from interp.record.patching import Target, check_patch, patch_hooks, stack_hooks
 from interp.record.recording import record_qkv
-from interp.record.stats import QKVStats, require_stats
+from interp.record.stats import QKVStats
 from interp.types import Estimate, Method
 
 COLUMNS = ["layer", "head", "kind", "scope", "method", "estimate", "metric", "baseline", "ablated", "delta",
@@ -202,9 +202,8 @@ class _Run:
         return float(sums.sum() / total), float(se), float(lo), float(hi)
 
 
-def _check_estimate(estimate: str, name: str, batches: list[Batch]) -> None:
-    if name == "cross_entropy" and any(b.labels is None for b in batches):
-        raise InputError("metric 'cross_entropy' needs labels in every batch (e.g. the 'digits' dataset)")
+def _check_estimate(estimate: str, name: str) -> None:
+    """Refuse an estimate that cannot estimate the metric ``name``."""
     if estimate in ("attribution", "atp") and name in metrics.DISTANCE_METRICS:
         raise InputError(
             f"estimate={estimate!r} cannot estimate the distance metric {name!r}: its gradient "
@@ -301,8 +300,8 @@ def _prepare(model: InterpBridge, data: Any, metric: metrics.Metric, opts: Sweep
     device = next(model.parameters()).device
     batches = [batch_to_device(b, device) for b in host]  # moved once, not per variant
     name = metrics.metric_name(model, metric, batches[0])
-    _check_estimate(opts.estimate, name, batches)
     metrics.check_labels(model, name, host)  # on the host, once
+    _check_estimate(opts.estimate, name)
     run = _Run(model, batches, metric, name, name == "embedding_cosine", [], 0.0, [], 0.0)
     _run_intact(run)
     keys = [item_keys(b) for b in host]
@@ -511,7 +510,7 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
     logits = not run.need_hidden  # the KL reads the intact run's distribution (kl_from_intact says where there is one)
     stack = opts.stack if opts.stack != "auto" else min(  # the most constrained batch's
         auto_stack(run.model, b.inputs, logits, opts.reuse_prefix, backward=opts.estimate != "exact",
-                   tiled=_reads_tiles(run), parts=bool(_tiled_metric(run)))  # parts: as the estimate ran
+                   tiled=_reads_tiles(run), parts=_in_parts(run))  # parts: as the estimate ran
         for b in run.batches)
     own: dict[Variant, tuple] = {}
     controls: dict[Variant, dict[int, float]] = {v: {} for v in todo}
@@ -521,13 +520,13 @@ def _exact(run: _Run, todo: list[Variant], keys: dict, stats: Optional[QKVStats]
         for round_jobs in _rounds(jobs):
             sums, kls = _run_round(run, round_jobs, stack, stats, logits, bar, opts)
             for job in round_jobs:  # one host sync per round
+                kept = torch.cat(tensors(sums[job]))  # the job's per-item sums, back from off the heap
                 if job.draw >= 0:
-                    controls[job.var][job.draw] = float(torch.cat(tensors(sums[job])).sum() / units) - run.baseline
+                    controls[job.var][job.draw] = float(kept.sum() / units) - run.baseline
                     continue
-                kk = kls[job]
-                kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(tensors(kk)).tolist(),
-                                                                        run.kl_weights)
-                own[job.var] = (*run.ablated_and_se(torch.cat(tensors(sums[job]))), kl)
+                kk = tensors(kls[job])
+                kl = float("nan") if not kk or kk[0] is None else run.mean(torch.stack(kk).tolist(), run.kl_weights)
+                own[job.var] = (*run.ablated_and_se(kept), kl)
         decided = []
         for var in active:
             ablated, *spread, kl = own[var]
@@ -643,19 +642,25 @@ def _reads_tiles(run: _Run) -> bool:
     return run.unembedding is not None and run.metric_name == "next_token_ce"
 
 
+def _in_parts(run: _Run) -> bool:
+    """Whether the one-pass estimate runs in parts of items (``_tiled_metric`` gives it parts): a distance
+    metric's (its projections are sums over items) and next_token_ce's through a linear unembedding."""
+    return run.metric_name in metrics.DISTANCE_METRICS or _reads_tiles(run)
+
+
 def _tiled_metric(run: _Run) -> dict:
     """``EstimateInputs``' item_sums, items_per_part and checkpoint where next_token_ce reads a linear unembedding
     (the one-pass estimate's backward then forms no full-vocabulary logits and runs in parts, its blocks recomputed
     where one item's would not fit: ``interp.ablation.attribution``); items_per_part and checkpoint for a distance
     metric (``interp.ablation.distance``: its projections are sums over items)."""
+    if not _in_parts(run):
+        return {}
     model = run.model
     checkpoint = any(estimate_checkpoint(model, b.inputs) for b in run.batches)  # one rule for every batch
     parts = dict(items_per_part=min(estimate_items(model, b.inputs, checkpoint) for b in run.batches),
                  checkpoint=checkpoint)
     if run.metric_name in metrics.DISTANCE_METRICS:  # its projections are sums over items: parts too (distance.py)
         return parts
-    if not _reads_tiles(run):
-        return {}
     unembedding = run.unembedding
     return dict(item_sums=lambda hidden, batch: tiled_item_sums(model, unembedding, hidden, batch), **parts)
 
@@ -853,18 +858,16 @@ def ablate_bias(
 def _check_patches(model: InterpBridge, variants: list[Variant], stats: Optional[QKVStats],
                    opts: SweepOptions) -> tuple[Optional[ImplicitSites], bool]:
     """What the variants patch, checked together at the door, so that the hooks of every patched forward are built
-    without checking again (``patch_hooks``, ``control_patch_hooks``): the implicit sites (sink_v, massive), the
-    method against the bias targets, and ``stats``, where given, as statistics of this model. Returns the implicit
-    sites and whether the content means that ``method="mean"`` needs are to be recorded (``_ablate``, once the data
-    are read): not given, and some targeted bias is present (an absent one is shifted by 0)."""
+    without checking again (``patch_hooks``, ``control_patch_hooks``): the implicit sites (sink_v, massive), then
+    the method against the bias targets and ``stats``, where given, as statistics of this model (``check_patch``,
+    the one door of a bias patch). Returns the implicit sites and whether the content means that ``method="mean"``
+    needs are to be recorded (``_ablate``, once the data are read): not given, and some targeted bias is present
+    (an absent one is shifted by 0)."""
     targets = [t for v in variants for t in v.targets]
     sites = check_implicit(model, opts.method, targets, opts.positions, opts.abs_threshold,
-                           opts.ratio_threshold)  # before check_method: its messages are about biases
-    check_method(opts.method, targets, stats, need_stats=False)
-    record_means = stats is None and needs_means(model, opts.method, targets)
-    if stats is not None:
-        require_stats(stats).require_model(model)
-    return sites, record_means
+                           opts.ratio_threshold)  # before check_patch: its messages are about biases
+    needs = check_patch(model, opts.method, targets, stats, need_stats=False)  # the means: recorded if not given
+    return sites, stats is None and needs
 
 
 def _ablate(model: InterpBridge, data: Any, variants: list[Variant], sites: Optional[ImplicitSites],

@@ -22,8 +22,9 @@ there is neither removed nor replaced by E[XW].
 The matched control's draw d (``interp.ablation.control``): whatever the method's displacement s_h = a' - a of
 each targeted head (-b_h for zero, E[XW]_h - b_h for mean, ...), a' = a + u_h^(d) ||s_h||, with u_h^(d) a uniformly
 random unit vector (``matched_shift``, fixed by (seed, layer, kind, d)): the same displacement norm in a random
-direction. ``ablate_bias`` checks its model, targets, method and statistics once, at its door, and builds the hooks
-of every patched forward with ``patch_hooks`` (``bias_patch_hooks`` without the checks) and ``shift_hook``.
+direction. ``ablate_bias`` checks its model, targets, method and statistics once, at its door (``check_patch``), and
+builds the hooks of every patched forward with ``patch_hooks`` (``bias_patch_hooks`` without the checks) and
+``shift_hook``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,19 @@ def needs_means(model: InterpBridge, method: str, targets: Sequence[Target]) -> 
     sites = {(layer, kind) for layer, _, kind in targets if kind in _QKV_KINDS}
     present = {layer: attention_weights(model, layer).present for layer in {layer for layer, _ in sites}}
     return any(present[layer][kind] for layer, kind in sites)
+
+
+def check_patch(model: InterpBridge, method: str, targets: Sequence[Target], stats: Optional[QKVStats],
+                need_stats: bool = True) -> bool:
+    """A patch's checks, once, at the door of what builds its hooks (``bias_patch_hooks``, ``ablate_bias``): the
+    method against the targets (``check_method``; the content means required where ``method`` needs them and
+    ``need_stats``) and ``stats``, where given, as statistics of this model. Returns whether ``method`` needs the
+    content means for ``targets`` (``needs_means``)."""
+    means = needs_means(model, method, targets)
+    check_method(method, targets, stats, need_stats=need_stats and means)
+    if stats is not None:
+        require_stats(stats).require_model(model)
+    return means
 
 
 def _check_targets(model: InterpBridge, targets: Any, function: str) -> list[Target]:
@@ -180,9 +194,7 @@ def bias_patch_hooks(model: InterpBridge, targets: Sequence[Target], method: Met
     ``seed`` fixes ``method="random"``'s directions)."""
     model = require_bridge(model, "bias_patch_hooks")
     targets = _check_targets(model, targets, "bias_patch_hooks")
-    check_method(method, targets, stats, need_stats=needs_means(model, method, targets))
-    if stats is not None:
-        require_stats(stats).require_model(model)
+    check_patch(model, method, targets, stats)
     return patch_hooks(model, targets, method, stats, seed)
 
 
