@@ -439,3 +439,51 @@ def test_performance_demo_with_results_off_the_heap_is_the_csvs():
         assert agrees(said[6 + i], stacked.iloc[0]) and stacked.iloc[0] == stacked.iloc[-1] == stacked.max()
         assert agrees(said[8 + i], profile[profile.phase == "estimate (atp_distance)"].peak_mb.max())
         assert run.ratio < min(b.ratio for b in before) and run.ratio > 2  # lower than both runs before; not the goal
+
+
+def test_performance_demo_with_figures_released_is_the_csvs():
+    """The demo runs after the frequency passes streamed, the invariances went per item and the figures were let go,
+    as docs/performance.md quotes them, with the resident set's anonymous and file-backed parts from the profiles."""
+    _, agrees, _, _ = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    demo = pd.read_csv(SCALE / "memory_defaults_cpu.csv").query("target == 'interp demo'").set_index("label")
+    streamed = pd.read_csv(SCALE / "memory_profile_demo_streamed.csv")
+    said = _said(text, r"one fresh process: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_demo_streamed.csv`\), the invariance step's segment ([\d.]+) MB and the "
+                       r"frequency step's ([\d.]+) MB", 5)
+    _demo_runs_agree(agrees, said[:3], [demo.loc["frequency streamed, invariances per item"]], [streamed])
+    off_heap = [pd.read_csv(SCALE / f"memory_profile_demo_off_heap_{i}.csv") for i in (1, 2)]
+    for quoted, step in zip(said[3:], ("step invariances", "step frequency")):
+        assert agrees(quoted, streamed[streamed.phase == step].peak_mb.max())
+        assert float(quoted) < min(p[p.phase == step].peak_mb.max() for p in off_heap)  # lower than both before
+    said = _said(text, r"With all three, two fresh processes: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_demo_figures_released_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB forward "
+                       r"\(([\d.]+)x; `memory_profile_demo_figures_released_2.csv`\); the bytes in use when the report "
+                       r"was written ([\d.]+) and ([\d.]+) MB \(before, ([\d.]+) and ([\d.]+) MB\)", 10)
+    runs = [demo.loc["figures released 1"], demo.loc["figures released 2"]]
+    profiles = [pd.read_csv(SCALE / f"memory_profile_demo_figures_released_{i}.csv") for i in (1, 2)]
+    _demo_runs_agree(agrees, said[:6], runs, profiles)
+    for i, profile in enumerate(profiles):
+        assert agrees(said[6 + i], profile[profile.phase == "report"].in_use_mb.iloc[-1])
+        assert agrees(said[8 + i], off_heap[i][off_heap[i].phase == "report"].in_use_mb.iloc[-1])
+        top = profile.loc[profile.peak_mb.idxmax()]
+        assert top.phase == "estimate (atp_distance)"  # "the peak is now the one-pass distance estimate's segment"
+    said = _said(text, r"the single-input step with its files next, ([\d.]+) and ([\d.]+) MB", 2)
+    for quoted, profile in zip(said, profiles):
+        tail = profile[profile.seq > profile[profile.phase == "step single_input"].seq.min()]
+        assert agrees(quoted, tail[tail.phase == "files written"].peak_mb.max())
+        assert agrees(quoted, profile[profile.phase != "estimate (atp_distance)"].peak_mb.max())  # "next"
+    said = _said(text, r"([\d.]+) MB of it at the forward's end in both runs .*?, against ([\d.]+) and ([\d.]+) MB "
+                       r"anonymous; at the end of the estimate's segment the files held ([\d.]+) and ([\d.]+) MB and the "
+                       r"anonymous part ([\d.]+) and ([\d.]+) MB", 7)
+    for i, profile in enumerate(profiles):
+        forward = profile[profile.phase == "forward"].iloc[0]
+        estimate = profile[profile.phase == "estimate (atp_distance)"].iloc[-1]
+        assert agrees(said[0], forward.rss_file_mb) and agrees(said[1 + i], forward.rss_anon_mb)
+        assert agrees(said[3 + i], estimate.rss_file_mb) and agrees(said[5 + i], estimate.rss_anon_mb)
+    said = _said(text, r"moves with the heap the imports left \(([\d.]+) to ([\d.]+) MB here\).*?ratio moves with "
+                       r"it: ([\d.]+)x to ([\d.]+)x for peaks ([\d.]+) MB apart", 5)
+    assert agrees(said[0], min(r.forward_mb for r in runs)) and agrees(said[1], max(r.forward_mb for r in runs))
+    assert agrees(said[2], min(r.ratio for r in runs)) and agrees(said[3], max(r.ratio for r in runs))
+    assert agrees(said[4], abs(runs[0].total_mb - runs[1].total_mb))
+    assert all(r.ratio > 2 for r in runs)  # "The demo is not within 2x a forward"
