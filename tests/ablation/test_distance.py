@@ -85,3 +85,29 @@ def test_atp_distance_in_parts_of_items_equals_whole_batches(monkeypatch, family
     assert (whole.delta.abs() > 0).any()
     torch.testing.assert_close(torch.tensor(parts.delta.values), torch.tensor(whole.delta.values),
                                rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("family,metric", [("dinov2", "feature_cosine"), ("bert", "embedding_cosine")])
+def test_checkpointed_atp_takes_each_layers_dz_as_its_block_passes(monkeypatch, family, metric):
+    """With the blocks recomputed in the backward, each layer's (A' - A) V is taken in the forward as soon as that
+    layer's q, k, v, pattern and z have passed, whichever the bridge fires first (DINOv2: z before the pattern), so
+    the cache never holds more than one layer's reads; after the backward nothing is left to take."""
+    import interp.ablation.attribution as attribution
+    import interp.ablation.sweep as sweep
+
+    model, data = model_and_data(family)
+    seen, real = [], attribution._pattern_dz
+
+    def counted(model, cache, sites, shift):
+        seen.append((torch.is_grad_enabled(), len(cache), sorted({layer for layer, _ in sites})))
+        return real(model, cache, sites, shift)
+
+    monkeypatch.setattr(attribution, "_pattern_dz", counted)
+    monkeypatch.setattr(sweep, "estimate_items", lambda model, inputs, checkpoint=None: 1)
+    monkeypatch.setattr(sweep, "estimate_checkpoint", lambda model, inputs: True)
+    ablate_bias(model, data, kinds=("q", "k", "v"), metric=metric, estimate="atp_distance", n_projections=2,
+                progress=False)
+    taken = [(n, layers) for _, n, layers in seen if layers]
+    assert taken and all(n == 4 and len(layers) == 1 for n, layers in taken)  # one layer's q, k, v and pattern
+    items = 2 * 4  # model_and_data: two batches of four, one item a part
+    assert sorted(layers[0] for _, layers in taken) == sorted(list(range(model.interp.n_layers)) * items)
