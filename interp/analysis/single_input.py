@@ -478,8 +478,10 @@ def single_input(model: InterpBridge, input: Any, *, layers: Any = None, heads: 
     with evaluating(run):
         checked = check_batch(run, batch)  # once, on the host: the forwards below skip their own checks
         store = _intact_store(run, checked, layers)
-        got = [_layer_conditions(run, checked, store, lay) for lay in layers]
-    return _assemble(run, model, batch, positions, got, heads, rows, label, top_k)
+        # each layer's float64 conditions (~22 MB on a 257-position ViT) become its rows before the next is made
+        per_layer = [_layer_tables(run, _layer_conditions(run, checked, store, lay), heads, rows, label, top_k)
+                     for lay in layers]
+    return _assemble(run, model, batch, positions, per_layer, layers, heads, label)
 
 
 def _float64_copy(model: InterpBridge) -> InterpBridge:
@@ -488,23 +490,40 @@ def _float64_copy(model: InterpBridge) -> InterpBridge:
     return clone_model(model, dtype=torch.float64)
 
 
-def _assemble(run: InterpBridge, model: InterpBridge, batch: Batch, positions: pd.DataFrame, got: list[_Layer],
-              heads: list[int], rows: Optional[list[int]], label: str, top_k: Optional[int]) -> SingleInput:
-    """The tables of ``single_input`` from every layer's conditions, labelled and fingerprinted."""
+@dataclass
+class _LayerTables:
+    """One layer's rows of the three tables, and its notes (what is kept of a ``_Layer``)."""
+
+    patterns: pd.DataFrame
+    heads: list[dict]
+    key_prior: Optional[pd.DataFrame]
+    notes: list[str]
+
+
+def _layer_tables(run: InterpBridge, got: _Layer, heads: list[int], rows: Optional[list[int]], label: str,
+                  top_k: Optional[int]) -> _LayerTables:
+    """The rows of ``got``'s layer in the patterns, heads and key-prior tables."""
+    key_prior = None if got.key_prior is None else _key_prior_frame(
+        got, heads, rows, _removed_norms(run, got.layer)[0]["no_key_prior"], top_k)
+    return _LayerTables(_pattern_frame(got, heads, rows, label), _head_rows(run, got, heads), key_prior, got.notes)
+
+
+def _assemble(run: InterpBridge, model: InterpBridge, batch: Batch, positions: pd.DataFrame,
+              per_layer: list[_LayerTables], layers: list[int], heads: list[int], label: str) -> SingleInput:
+    """The tables of ``single_input`` from every layer's rows, labelled and fingerprinted."""
     info = model.interp
-    patterns = pd.concat([_pattern_frame(g, heads, rows, label) for g in got], ignore_index=True)
-    head_rows = pd.DataFrame([r for g in got for r in _head_rows(run, g, heads)])
-    kp_frames = [_key_prior_frame(g, heads, rows, _removed_norms(run, g.layer)[0]["no_key_prior"], top_k)
-                 for g in got if g.key_prior is not None]
+    patterns = pd.concat([t.patterns for t in per_layer], ignore_index=True)
+    head_rows = pd.DataFrame([r for t in per_layer for r in t.heads])
+    kp_frames = [t.key_prior for t in per_layer if t.key_prior is not None]
     key_prior = pd.concat(kp_frames, ignore_index=True) if kp_frames else pd.DataFrame(
         columns=["layer", "head", "rank", "key_pos", "key_prior", "key_prior_centered", "weight_intact",
                  "weight_no_key_prior", "u_norm"])
-    notes = list(dict.fromkeys(n for g in got for n in g.notes))
+    notes = list(dict.fromkeys(n for t in per_layer for n in t.notes))
     if not kp_frames:
         notes.append(f"key prior not computed for {info.spec.label}: {info.spec.score_refusal}")
     fp = model_fingerprint(model)
     meta = dict(model=info.name, model_fingerprint=fp, data_fingerprint=data_fingerprint([batch]),
-                modality=info.modality, query=label, layers=[g.layer for g in got], heads=list(heads),
+                modality=info.modality, query=label, layers=list(layers), heads=list(heads),
                 n_positions=len(positions), n_prefix_tokens=info.n_prefix_tokens, patch_size=info.patch_size,
                 grid=_grid(positions), positions=info.positions, k_bias_inert=info.spec.k_bias_inert,
                 dtype=str(next(run.parameters()).dtype).removeprefix("torch."), notes=notes)

@@ -359,6 +359,27 @@ def report_measured_diffs():
 # ----- figures -----------------------------------------------------------------------------------------
 
 
+def test_each_layers_float64_conditions_are_let_go_before_the_next_layers_are_made(monkeypatch):
+    import gc
+    import weakref
+
+    module = importlib.import_module("interp.analysis.single_input")
+    made, alive_at_each_call = [], []
+    original = module._layer_conditions
+
+    def conditions(*args, **kwargs):
+        gc.collect()
+        alive_at_each_call.append(sum(ref() is not None for ref in made))
+        got = original(*args, **kwargs)
+        made.append(weakref.ref(got))
+        return got
+
+    monkeypatch.setattr(module, "_layer_conditions", conditions)
+    model, _ = pair("gpt2")
+    result = interp.single_input(model, ids(), layers=[0, 1])
+    assert alive_at_each_call == [0, 0] and set(result.heads.layer) == {0, 1}
+
+
 @pytest.fixture(scope="module")
 def vit_view():
     model = interp.load_model(tiny_hf_model("vit").double(), device="cpu")
@@ -392,6 +413,9 @@ def test_static_figures_draw_the_tables(vit_view):
             assert image.norm.vmin == 0 and image.norm.vmax == row_max
     overlay = plots.single_input_overlay(vit_view, condition="no_key_prior")
     assert len(overlay.axes) == 2 * 4 and "without the key prior" in overlay._suptitle.get_text()
+    # each panel holds the image as drawn, 8-bit (a float64 copy per panel was 8x the memory)
+    pixels = overlay.axes[0].get_images()[0].get_array()
+    assert pixels.dtype == np.uint8 and np.array_equal(pixels, np.rint(vit_view.image * 255))
     bars = plots.key_prior_top_tokens(vit_view, heads=[(1, 2)], top=5)
     top = vit_view.key_prior.query("layer == 1 and head == 2").nsmallest(5, "rank")
     assert np.allclose([p.get_width() for p in bars.axes[0].patches], top.key_prior_centered)
