@@ -46,18 +46,6 @@ from interp.record.stats import QKVStats
 from interp.types import Method
 
 
-def _keep_node(acts: dict, site: Any) -> Callable[[Tensor, Any], Tensor]:
-    def fn(t: Tensor, hook: Any) -> Tensor:
-        # a fresh node that the bridge computes *from*, so gradients with respect to it are the metric's; on a
-        # model whose weights are frozen (requires_grad False) nothing before it needs a gradient: it is a leaf
-        t = t.clone()
-        if not t.requires_grad:
-            t.requires_grad_(True)
-        acts[site] = t
-        return t
-    return fn
-
-
 HEAD_BLOCK_BYTES = 4 * 2**20  # float64 scores of the query heads ``_pattern_dz`` takes at a time
 
 
@@ -70,16 +58,15 @@ def _linear_shifts(model: InterpBridge, sites: list, method: Method, stats: Opti
     return shift
 
 
-def _linear_terms(model: InterpBridge, grads: dict, batch: Batch, shift: dict) -> dict:
-    """Per site: [head] sum over the batch and (real) positions of (a' - a) . dL/da."""
-    out = {}
-    for site, grad in grads.items():  # [batch, pos, head_index, d_head]
-        if grad is None:
-            continue
-        if batch.attention_mask is not None and model.interp.modality == "text":
-            grad = grad * batch.attention_mask.to(grad.device)[..., None, None].to(grad.dtype)
-        out[site] = torch.einsum("bphd,hd->h", grad.double(), shift[site].double().to(grad.device)).cpu()
-    return out
+def _linear_contraction(model: InterpBridge, batch: Batch, shift: Tensor) -> Callable[[Tensor], Tensor]:
+    """dL/da [batch, pos, head, d_head] -> [head]: sum over the batch and (real) positions of (a' - a) . dL/da."""
+    mask = batch.attention_mask if model.interp.modality == "text" else None
+
+    def contract(grad: Tensor) -> Tensor:
+        if mask is not None:
+            grad = grad * mask.to(grad.device)[..., None, None].to(grad.dtype)
+        return (grad.double() * shift.double().to(grad.device)[None, None]).sum((0, 1, 3))
+    return contract
 
 
 def _score_operands(model: InterpBridge, cache: dict, layer: int, kind: str, shift: Tensor) -> tuple[Tensor, Tensor]:
@@ -124,17 +111,53 @@ def _pattern_dz(model: InterpBridge, cache: dict, sites: list, shift: dict) -> d
     return out
 
 
-def _pattern_terms(model: InterpBridge, dz: dict, grads: dict) -> dict:
-    """Per (layer, kind): [head of the kind] sum over the batch of dz . dL/dz."""
+def _pattern_contraction(dz_of: Callable[[str], Tensor], kinds: Sequence[str]) -> Callable[[Tensor], Tensor]:
+    """dL/dz [batch, q, head, d_head] -> [kind, query head]: per kind, sum over the batch of dz . dL/dz, dz (AtP*'s
+    (A' - A) V of the layer, ``dz_of(kind)``) taken when the backward reaches the layer, if not before."""
+    def contract(grad: Tensor) -> Tensor:
+        g = grad.double()
+        return torch.stack([(dz_of(kind) * g).sum((0, 1, 3)) for kind in kinds])
+    return contract
+
+
+def _per_bias_head(model: InterpBridge, kind: str, per_query_head: Tensor) -> Tensor:
+    """[query head] -> [head of the kind]: a kv head's b_k moves the patterns of every query head in its group."""
     info = model.interp
-    out = {}
-    for (layer, kind), d in dz.items():
-        per_query_head = torch.einsum("bihd,bihd->h", d, grads[layer].double()).cpu()
-        if kind == "k":  # a kv head's b_k moves the patterns of every query head in its group
-            group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads))
-            per_query_head = torch.zeros(info.n_kv_heads, dtype=torch.float64).index_add_(0, group, per_query_head)
-        out[(layer, kind)] = per_query_head
-    return out
+    if kind != "k":
+        return per_query_head
+    group = torch.tensor(kv_group(info.n_heads, info.n_kv_heads))
+    return torch.zeros(info.n_kv_heads, dtype=torch.float64).index_add_(0, group, per_query_head)
+
+
+class _Probed(torch.autograd.Function):
+    """The identity on an activation a, beside a float64 probe p of zeros whose gradient is ``contract(dL/da)``:
+    the backward takes the estimate's per-head sums from each activation's gradient as it passes it, and returns
+    only them. Asking for dL/da itself kept every node's [batch, pos, head, d_head] gradient, per projection,
+    until the backward ended (dinov2-s14, one item, 8 projections: 72 MB of a 147 MB peak in use)."""
+
+    @staticmethod
+    def forward(a: Tensor, probe: Tensor, contract: Callable[[Tensor], Tensor]) -> Tensor:
+        # a fresh node that the bridge computes *from*; it needs a gradient through the probe even where the
+        # weights are frozen and nothing before it does
+        return a.clone()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        ctx.contract = inputs[2]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        return grad, ctx.contract(grad), None
+
+
+def _probe(probes: dict, key: Any, size: tuple[int, ...],
+           contract: Callable[[Tensor], Tensor]) -> Callable[[Tensor, Any], Tensor]:
+    """A hook replacing its activation by a ``_Probed`` node, the probe kept in ``probes[key]``."""
+    def fn(t: Tensor, hook: Any) -> Tensor:
+        probe = torch.zeros(size, dtype=torch.float64, device=t.device, requires_grad=True)
+        probes[key] = probe
+        return _Probed.apply(t, probe, contract)
+    return fn
 
 
 @dataclass(frozen=True)
@@ -196,34 +219,43 @@ def _metric_grads(out: Any, hidden: Optional[Tensor], ref: dict, batch: Batch, v
 def batch_estimates(job: EstimateInputs, batch: Batch, ref: dict, values: Any, pattern: bool) -> Tensor:
     """[metric, variant]: the first-order (``pattern`` False) or AtP* delta of each variant in each metric
     of ``values`` (callables, or ``Projections``) on one batch, from one forward; the (A' - A) V of AtP*
-    does not depend on the metric and is computed once."""
+    does not depend on the metric and is computed once. Each hooked activation's gradient is contracted to its
+    per-head terms as the backward passes it (``_Probed``)."""
     model, pattern_sites, linear_sites = job.model, *job.sites(pattern)
     shift = {site: bias_shift(model, site[0], site[1], job.method, job.stats, job.bias_seed) for site in pattern_sites}
     shift.update(_linear_shifts(model, linear_sites, job.method, job.stats, job.bias_seed))
-    layers = sorted({l for l, _ in pattern_sites})
+    kinds = {l: [k for l2, k in pattern_sites if l2 == l] for l, _ in pattern_sites}  # per layer, AtP*'s kinds
     read = ("q", "k", "v", "pattern") + (("cos", "sin") if model.interp.rotary else ())
     cache: dict[str, Tensor] = {}
     dz: dict[tuple[int, str], Tensor] = {}
-    nodes: dict[Any, Tensor] = {}  # layer -> hook_z (AtP*), (layer, kind) -> hook_q|k|v (linear)
-    if job.checkpoint:
-        hooks = [h for l in layers for h in _layer_reads(model, cache, dz, nodes, l, read, pattern_sites, shift)]
-    else:
-        hooks = ([(hook_name(l, n), _store(cache, hook_name(l, n))) for l in layers for n in read]
-                 + [(hook_name(l, "z"), _keep_node(nodes, l)) for l in layers])
-    hooks += [(hook_name(l, k), _keep_node(nodes, site)) for site in linear_sites for l, k in [site]]
+    probes: dict[Any, Tensor] = {}  # layer -> at hook_z, [kind, query head] (AtP*); (layer, kind) -> at hook_q|k|v
+
+    def dz_at(layer: int) -> Callable[[str], Tensor]:
+        def dz_of(kind: str) -> Tensor:
+            if (layer, kind) not in dz:  # without checkpointing: from the reads the forward stored, then let go
+                with torch.no_grad():
+                    dz.update(_pattern_dz(model, cache, [(layer, k) for k in kinds[layer]], shift))
+                for n in read:
+                    cache.pop(hook_name(layer, n), None)
+            return dz[(layer, kind)]
+        return dz_of
+
+    hooks = []
+    for l in sorted(kinds):
+        z = _probe(probes, l, (len(kinds[l]), model.interp.n_heads), _pattern_contraction(dz_at(l), kinds[l]))
+        hooks += (_layer_reads(model, cache, dz, z, l, read, [(l, k) for k in kinds[l]], shift) if job.checkpoint
+                  else [(hook_name(l, n), _store(cache, hook_name(l, n))) for n in read] + [(hook_name(l, "z"), z)])
+    hooks += [(hook_name(*site), _probe(probes, site, (shift[site].shape[0],),
+                                        _linear_contraction(model, batch, shift[site]))) for site in linear_sites]
     with torch.enable_grad(), _checkpointed_blocks(model, job.checkpoint):
         out, hidden = run_forward(model, batch, hooks, job.forward_to_hidden)
-        keys = list(nodes)
-        per_metric = _metric_grads(out, hidden, ref, batch, values, [nodes[k] for k in keys])
-    # without checkpointing, every layer's from the cache now: made in the forward, a layer's float64 temporaries
-    # would sit on top of the earlier blocks' kept activations (+10 MB at 25m@128, measured), after the backward
-    # they do not; with it, any layer whose reads and z did not all pass in the forward (none measured)
-    dz.update(_pattern_dz(model, cache, [s for s in pattern_sites if s not in dz], shift))
+        keys = list(probes)
+        per_metric = _metric_grads(out, hidden, ref, batch, values, [probes[k] for k in keys])
     rows = []
-    for grads in per_metric:
-        by_key = dict(zip(keys, grads))
-        terms = _pattern_terms(model, dz, {l: by_key[l] for l in layers})
-        terms.update(_linear_terms(model, {site: by_key[site] for site in linear_sites}, batch, shift))
+    for grads in per_metric:  # a probe the metric does not reach (None) contributes nothing
+        by_key = {k: torch.zeros_like(probes[k]) if g is None else g.detach().cpu() for k, g in zip(keys, grads)}
+        terms = {(l, k): _per_bias_head(model, k, by_key[l][i]) for l in kinds for i, k in enumerate(kinds[l])}
+        terms.update({site: by_key[site] for site in linear_sites})
         rows.append([float(sum(terms[(l, k)][h] for l, h, k in v.targets)) for v in job.variants])
     return torch.tensor(rows, dtype=torch.float64)
 
@@ -274,24 +306,21 @@ def _store(cache: dict, name: str) -> Callable[[Tensor, Any], None]:
     return fn
 
 
-def _layer_reads(model: InterpBridge, cache: dict, dz: dict, nodes: dict, layer: int, read: tuple,
-                 pattern_sites: list, shift: dict) -> list[tuple[str, Callable]]:
-    """``layer``'s hooks under checkpointing: its q, k, v and pattern stored, its z kept as a fresh node
-    (``_keep_node``); as soon as all of them have passed (the bridge fires a family's z before its pattern, as
-    DINOv2's, or after), the layer's (A' - A) V is taken from them and they are dropped, so no layer's reads
-    outlive its block in the cache (only autograd's saved tensors, which a checkpointed block does not keep).
-    Measured on dinov2-s14, one item: 22.6 MB less in use at the backward's top than taking every layer's after
-    the backward (as the z hook alone did there), the same deltas bit for bit."""
-    keep = _keep_node(nodes, layer)
+def _layer_reads(model: InterpBridge, cache: dict, dz: dict, z_node: Callable[[Tensor, Any], Tensor], layer: int,
+                 read: tuple, pattern_sites: list, shift: dict) -> list[tuple[str, Callable]]:
+    """``layer``'s hooks under checkpointing: its q, k, v and pattern stored, its z replaced by ``z_node``; as soon
+    as all of them have passed (the bridge fires a family's z before its pattern, as DINOv2's, or after), the
+    layer's (A' - A) V is taken from them and they are dropped, so no layer's reads outlive its block in the cache
+    (only autograd's saved tensors, which a checkpointed block does not keep). Measured on dinov2-s14, one item:
+    22.6 MB less in use at the backward's top than taking every layer's after the backward, the same deltas."""
     names = [hook_name(layer, n) for n in read]
-    sites = [s for s in pattern_sites if s[0] == layer]
     passed: set[str] = set()
 
     def reduce(name: str) -> None:
         passed.add(name)
         if len(passed) == len(names) + 1:
             with torch.no_grad():
-                dz.update(_pattern_dz(model, cache, sites, shift))
+                dz.update(_pattern_dz(model, cache, pattern_sites, shift))
             for n in names:
                 del cache[n]
 
@@ -302,7 +331,7 @@ def _layer_reads(model: InterpBridge, cache: dict, dz: dict, nodes: dict, layer:
         return fn
 
     def z(t: Tensor, hook: Any) -> Tensor:
-        node = keep(t, hook)
+        node = z_node(t, hook)
         reduce("z")
         return node
     return [(n, store(n)) for n in names] + [(hook_name(layer, "z"), z)]
@@ -313,7 +342,7 @@ def _checkpointed_blocks(model: InterpBridge, on: bool) -> Iterator[None]:
     """With ``on``, every block but the last recomputes its activations in the backward instead of keeping them
     (``torch.utils.checkpoint``, non-reentrant): the backward holds the blocks' inputs and one block's activations
     at a time, for one more forward of the blocks. The recomputation runs in the backward, after
-    ``run_with_hooks`` has removed the estimate's hooks: they only read or clone (``_store``, ``_keep_node``), so
+    ``run_with_hooks`` has removed the estimate's hooks: they only read or clone (``_store``, ``_Probed``), so
     it saves the same tensors without them (measured: the estimates are bitwise equal), provided every block's
     input needs a gradient in both: frozen weights (requires_grad False) are made to require one meanwhile (no
     weight gradient is computed: ``torch.autograd.grad`` asks for the activations only). The last block is left

@@ -111,3 +111,27 @@ def test_checkpointed_atp_takes_each_layers_dz_as_its_block_passes(monkeypatch, 
     assert taken and all(n == 4 and len(layers) == 1 for n, layers in taken)  # one layer's q, k, v and pattern
     items = 2 * 4  # model_and_data: two batches of four, one item a part
     assert sorted(layers[0] for _, layers in taken) == sorted(list(range(model.interp.n_layers)) * items)
+
+
+def test_the_backward_returns_per_head_sums_not_the_activations_gradients(monkeypatch):
+    """The estimate asks autograd for small float64 probes ([kind, head] per layer at z, [head] per linear site),
+    whose gradients are the per-head sums: never for a [batch, pos, head, d_head] gradient, which per projection
+    and per node were all held until the backward ended."""
+    import interp.ablation.attribution as attribution
+
+    model, data = model_and_data("dinov2")
+    info, requested = model.interp, []
+    real = attribution._metric_grads
+
+    def spy(out, hidden, ref, batch, values, nodes):
+        requested.extend((tuple(n.shape), n.dtype) for n in nodes)
+        return real(out, hidden, ref, batch, values, nodes)
+
+    monkeypatch.setattr(attribution, "_metric_grads", spy)
+    table = ablate_bias(model, data, kinds=("q", "k", "v"), metric="feature_cosine", estimate="atp_distance",
+                        n_projections=2, progress=False)
+    assert (table.delta.abs() > 0).any()
+    assert requested and {dtype for _, dtype in requested} == {torch.float64}
+    # per forward: one [kinds, head] probe per layer at z (q, and k where it is not inert), one [head] per v site
+    assert all(shape in {(1, info.n_heads), (2, info.n_heads), (info.n_heads,)} for shape, _ in requested)
+    assert sum(len(shape) == 2 for shape, _ in requested) == sum(len(shape) == 1 for shape, _ in requested)

@@ -208,6 +208,37 @@ def test_atp_star_recomputes_the_pattern_and_beats_plain_attribution_where_the_s
         assert spearmanr(e, a)[0] >= 0.9, kind
 
 
+@pytest.mark.parametrize("checkpoint", [False, True])
+@pytest.mark.parametrize("estimate", ["attribution", "atp"])
+def test_linear_rows_are_minus_the_bias_dot_the_hf_models_gradient_of_the_metric_wrt_it(monkeypatch, estimate,
+                                                                                          checkpoint):
+    """Zeroing b moves a by -b at every position, so the first-order delta is -b . dNLL/db: the HF model's own
+    bias gradient, independent of the hooks (every row under attribution, the v rows under AtP*), checkpointed or
+    not. Qwen2: grouped keys and values, rotary."""
+    import interp.ablation.sweep as sweep
+
+    model = interp.load_model(tiny_hf_model("qwen2", n_layers=2, bias_scale=2.0), device="cpu").to(torch.float64)
+    ids = tiny_inputs("qwen2", batch=2, pos=8, seed=0)
+    if checkpoint:
+        tiled = sweep._tiled_metric
+        monkeypatch.setattr(sweep, "_tiled_metric", lambda run: {**tiled(run), "checkpoint": True, "items_per_part": 1})
+    table = interp.ablate_bias(model, [ids], kinds=("q", "k", "v"), estimate=estimate, progress=False)
+    hf = model.hf_model
+    projections = {(i, kind): getattr(layer.self_attn, f"{kind}_proj")
+                   for i, layer in enumerate(hf.model.layers) for kind in "qkv"}
+    nll = torch.nn.functional.cross_entropy(hf(ids).logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    assert abs(float(nll) - table.baseline.iloc[0]) < 1e-12
+    grads = torch.autograd.grad(nll, [p.bias for p in projections.values()])
+    d_head = hf.config.hidden_size // hf.config.num_attention_heads
+    linear = "qkv" if estimate == "attribution" else "v"
+    for ((layer, kind), projection), grad in zip(projections.items(), grads):
+        if kind in linear:
+            expected = -(projection.bias.detach().view(-1, d_head) * grad.view(-1, d_head)).sum(-1).numpy()
+            got = table[(table.layer == layer) & (table.kind == kind)].sort_values("head").delta.to_numpy()
+            assert len(got) == len(expected) and np.abs(expected).max() > 1e-6
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
+
+
 @pytest.mark.parametrize("method", ["zero", "layer_mean", "fold"])
 def test_atp_star_v_rows_equal_plain_attribution_from_the_same_backward(method):
     model = interp.load_model(interp.tiny_hf_model("qwen2", bias_scale=2.0), device="cpu")
