@@ -323,3 +323,20 @@ def test_the_rule_is_an_option_and_a_sequential_rule_that_cannot_pass_a_correcti
         SweepOptions(control_p="sequential")
     with pytest.raises(InputError, match="control_p must be one of normal, sequential"):
         SweepOptions(control_p="t")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])  # llama: SmolLM2's architecture, no q, k, v bias
+def test_the_displacement_norm_is_the_norm_of_the_targets_bias_shifts_and_0_without_biases(family):
+    """||s|| over the targets, by hand from the shifts ``bias_shift`` gives (the method's a' - a at each head);
+    exactly 0 under every method where the model has no bias."""
+    from interp.ablation.control import displacement_norm
+
+    model = interp.load_model(tiny_hf_model(family), device="cpu")
+    stats = interp.record_qkv(model, batches(model), progress=False)
+    for method in ("zero", "mean", "random"):
+        for kind in "qkv":
+            last = model.interp.heads(kind) - 1
+            rows = bias_shift(model, 1, kind, method, stats, seed=0)[[0, last]].double()
+            got = displacement_norm(model, [(1, 0, kind), (1, last, kind)], method, stats)
+            assert got == pytest.approx(float(rows.norm()), rel=1e-12)
+            assert (got == 0.0) == (family == "llama"), (method, kind)
