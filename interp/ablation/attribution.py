@@ -46,6 +46,11 @@ from interp.record.stats import QKVStats
 from interp.types import Method
 
 
+# Random projections whose gradients one batched backward takes (``is_grads_batched``): each of the backward's
+# temporaries is this many times one backward's, and at glibc's defaults the heap grows with them (dinov2-s14, the
+# demo's estimate, 2 batches in a fresh process: peak 212-217 MB above the start with all 8 at once, 124-130 MB two
+# at a time, for 25% more time, as each batch of projections recomputes the checkpointed blocks; the same deltas)
+PROJECTIONS_PER_BACKWARD = 2
 HEAD_BLOCK_BYTES = 4 * 2**20  # float64 scores of the query heads ``_pattern_dz`` takes at a time
 
 
@@ -206,12 +211,18 @@ class Projections:
 
 def _metric_grads(out: Any, hidden: Optional[Tensor], ref: dict, batch: Batch, values: Any,
                   nodes: list[Tensor]) -> list[list[Optional[Tensor]]]:
-    """[metric][node]: d metric / d node for each metric of ``values`` (callables or ``Projections``)."""
+    """[metric][node]: d metric / d node for each metric of ``values`` (callables or ``Projections``, whose
+    backwards are batched ``PROJECTIONS_PER_BACKWARD`` at a time)."""
     if isinstance(values, Projections):
         feats = values.features(out, hidden, ref, batch)
-        grads = torch.autograd.grad(feats, nodes, grad_outputs=values.directions.to(feats.device, feats.dtype),
-                                    is_grads_batched=True, allow_unused=True)
-        return [[None if g is None else g[r] for g in grads] for r in range(values.directions.shape[0])]
+        directions = values.directions.to(feats.device, feats.dtype)
+        n, out_grads = directions.shape[0], []
+        for lo in range(0, n, PROJECTIONS_PER_BACKWARD):
+            chunk = directions[lo:lo + PROJECTIONS_PER_BACKWARD]
+            grads = torch.autograd.grad(feats, nodes, grad_outputs=chunk, is_grads_batched=True, allow_unused=True,
+                                        retain_graph=lo + len(chunk) < n)
+            out_grads += [[None if g is None else g[r] for g in grads] for r in range(len(chunk))]
+        return out_grads
     return [list(torch.autograd.grad(value(out, hidden, ref, batch), nodes, retain_graph=i < len(values) - 1,
                                      allow_unused=True)) for i, value in enumerate(values)]
 

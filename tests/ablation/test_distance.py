@@ -135,3 +135,35 @@ def test_the_backward_returns_per_head_sums_not_the_activations_gradients(monkey
     # per forward: one [kinds, head] probe per layer at z (q, and k where it is not inert), one [head] per v site
     assert all(shape in {(1, info.n_heads), (2, info.n_heads), (info.n_heads,)} for shape, _ in requested)
     assert sum(len(shape) == 2 for shape, _ in requested) == sum(len(shape) == 1 for shape, _ in requested)
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_projections_backward_a_few_at_a_time_give_the_deltas_of_all_at_once(monkeypatch, checkpoint):
+    """The projections' gradients come from batched backwards of ``PROJECTIONS_PER_BACKWARD`` (the last one
+    shorter), each recomputing the checkpointed blocks where they are: the same deltas as one backward of all."""
+    import interp.ablation.attribution as attribution
+    import interp.ablation.sweep as sweep
+
+    model, data = model_and_data("dinov2")
+    monkeypatch.setattr(sweep, "estimate_checkpoint", lambda model, inputs: checkpoint)
+    backwards = []
+    real = torch.autograd.grad
+
+    def counted(*args, **kwargs):
+        backwards.append(kwargs["grad_outputs"].shape[0] if kwargs.get("is_grads_batched") else 1)
+        return real(*args, **kwargs)
+
+    keywords = dict(kinds=("q", "k", "v"), metric="feature_cosine", estimate="atp_distance", n_projections=5,
+                    progress=False)
+    tables = {}
+    for per_backward in (5, 2):
+        monkeypatch.setattr(attribution, "PROJECTIONS_PER_BACKWARD", per_backward)
+        backwards.clear()
+        with monkeypatch.context() as patched:
+            patched.setattr(torch.autograd, "grad", counted)
+            tables[per_backward] = ablate_bias(model, data, **keywords)
+        forwards = len(backwards) // (1 if per_backward == 5 else 3)
+        assert backwards == ([5] if per_backward == 5 else [2, 2, 1]) * forwards and forwards >= len(data)
+    assert (tables[5].delta.abs() > 0).any()
+    torch.testing.assert_close(torch.tensor(tables[2].delta.values), torch.tensor(tables[5].delta.values),
+                               rtol=1e-12, atol=0)
