@@ -49,6 +49,43 @@ def test_mean_attention_distance_equals_hf_output_attentions():
             assert prof.loc[(layer, h)].mean_attention_distance == pytest.approx(expected, rel=1e-5)
 
 
+def test_vit_terms_are_the_whole_batch_sums_bit_for_bit_from_one_items_float64_pattern_at_a_time():
+    """The per-layer sums of a ViT batch (pixel distance, sink mass, entropy) equal the whole-batch float64
+    formulas exactly, while no float64 tensor larger than one item's pattern is formed (a whole batch's, and its
+    products, grew glibc's heap at its defaults)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import interp.analysis.frequency as frequency
+
+    model = interp.load_model(tiny_hf_model("vit"), device="cpu")
+    info, b = model.interp, 3
+    n = 1 + 8 * 8  # the class token and an 8 x 8 grid of 8-pixel patches: a 64 x 64 image
+    pattern = torch.rand(b, info.n_heads, n, n, generator=torch.Generator().manual_seed(0))
+    pattern[:, :, :, 3] = 0.0  # zeros: -p log p is 0 there
+    z = torch.randn(b, n, info.n_heads, info.d_head, generator=torch.Generator().manual_seed(1))
+
+    class LargestFloat64(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                    LargestFloat64.largest = max(LargestFloat64.largest, t.numel())
+            return out
+
+    with LargestFloat64():
+        got = frequency._vision_terms(info, z, pattern, (64, 64))
+    assert 0 < LargestFloat64.largest <= pattern[0].numel()
+    whole = pattern.double()  # the formulas over the whole batch, by hand
+    grid = torch.stack(torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij"), -1).flatten(0, 1)
+    distances = torch.cdist((grid.double() + 0.5) * 8, (grid.double() + 0.5) * 8)
+    assert torch.equal(got["dist"], (whole[:, :, 1:, 1:] * distances).sum((-1, -2)).sum(0))
+    assert torch.equal(got["sink"], whole[:, :, 1:, :1].sum((-1, -2)).sum(0))
+    assert torch.equal(got["ent"], -(whole * whole.clamp(min=1e-300).log()).sum((-1, -2)).sum(0))
+    assert got["n_query"] == b * (n - 1) and got["n_rows"] == b * n
+
+
 def planted_vit(local_heads=(0, 1), beta=6.0, n_heads=4):
     """A ViT whose attention is set by position alone: some heads local, the rest uniform."""
     d_head, grid, patch = 8, 16, 4
