@@ -487,3 +487,58 @@ def test_performance_demo_with_figures_released_is_the_csvs():
     assert agrees(said[2], min(r.ratio for r in runs)) and agrees(said[3], max(r.ratio for r in runs))
     assert agrees(said[4], abs(runs[0].total_mb - runs[1].total_mb))
     assert all(r.ratio > 2 for r in runs)  # "The demo is not within 2x a forward"
+
+
+def test_performance_demo_with_the_estimate_and_single_input_holding_less_is_the_csvs():
+    """The demo runs after the estimate's gradients were reduced as the backward passed them, single_input went a
+    layer at a time, then the projections two at a time and the frequency sums an item at a time, and the 25m row
+    beside them, as docs/performance.md quotes them from the CSV and the profiles."""
+    _, agrees, _, _ = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table = pd.read_csv(SCALE / "memory_defaults_cpu.csv")
+    demo = table.query("target == 'interp demo'").set_index("label")
+    said = _said(text, r"Two fresh processes: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_demo_probes_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB forward "
+                       r"\(([\d.]+)x; `memory_profile_demo_probes_2.csv`\)", 6)
+    probes = [pd.read_csv(SCALE / f"memory_profile_demo_probes_{i}.csv") for i in (1, 2)]
+    _demo_runs_agree(agrees, said, [demo.loc[f"probes and single layers {i}"] for i in (1, 2)], probes)
+    said = _said(text, r"grew glibc's heap from ([\d.]+) and ([\d.]+) MB to ([\d.]+) and ([\d.]+) MB, ([\d.]+) and "
+                       r"([\d.]+) MB of it free at its end", 6)
+    for i, profile in enumerate(probes):
+        before = profile[profile.phase == "_run_intact"].iloc[-1]
+        after = profile[profile.phase == "estimate (atp_distance)"].iloc[-1]
+        assert agrees(said[i], before.heap_mb) and agrees(said[2 + i], after.heap_mb)
+        assert agrees(said[4 + i], after.heap_free_mb)
+    said = _said(text, r"Taken two at a time .*?: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_demo_projections_paired_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB "
+                       r"forward \(([\d.]+)x; `memory_profile_demo_projections_paired_2.csv`\), the estimate's "
+                       r"segment ([\d.]+) and ([\d.]+) MB\. In the first of these runs the frequency step made the "
+                       r"peak, ([\d.]+) MB", 9)
+    paired = [pd.read_csv(SCALE / f"memory_profile_demo_projections_paired_{i}.csv") for i in (1, 2)]
+    _demo_runs_agree(agrees, said[:6], [demo.loc[f"projections two at a time {i}"] for i in (1, 2)], paired)
+    for i, profile in enumerate(paired):
+        estimate = profile[profile.phase == "estimate (atp_distance)"].peak_mb.max()
+        assert agrees(said[6 + i], estimate)
+        assert estimate < min(p[p.phase == "estimate (atp_distance)"].peak_mb.max() for p in probes)  # lower
+    top = paired[0].loc[paired[0].peak_mb.idxmax()]
+    assert top.phase == "step frequency" and agrees(said[8], top.peak_mb)
+    said = _said(text, r"the frequency step's segment fell to ([\d.]+) and ([\d.]+) MB \(before, ([\d.]+) and ([\d.]+) "
+                       r"MB\)\. Two fresh processes: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_demo_frequency_per_item_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB "
+                       r"forward \(([\d.]+)x; `memory_profile_demo_frequency_per_item_2.csv`\)", 10)
+    per_item = [pd.read_csv(SCALE / f"memory_profile_demo_frequency_per_item_{i}.csv") for i in (1, 2)]
+    for i in range(2):
+        assert agrees(said[i], per_item[i][per_item[i].phase == "step frequency"].peak_mb.max())
+        assert agrees(said[2 + i], paired[i][paired[i].phase == "step frequency"].peak_mb.max())
+    _demo_runs_agree(agrees, said[4:], [demo.loc[f"frequency per item {i}"] for i in (1, 2)], per_item)
+    rows = table.query("target == 'ablate_bias' and size == '25m' and allocator == 'defaults'").set_index("label")
+    said = _said(text, r"as its exact stage ends: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_probes_25m.csv`\), against ([\d.]+) MB and a ([\d.]+) MB forward "
+                       r"\(([\d.]+)x\) before", 6)
+    for quoted, row in zip((said[:3], said[3:]), (rows.loc["probes 25m"], rows.loc["logits recomputed"])):
+        assert agrees(quoted[0], row.total_mb) and agrees(quoted[1], row.forward_mb) and agrees(quoted[2], row.ratio)
+    profiles = [pd.read_csv(SCALE / f"memory_profile_{name}.csv") for name in ("probes_25m", "logits_recomputed")]
+    assert abs(profiles[0].peak_mb.max() - rows.loc["probes 25m"].total_mb) < 1
+    for profile in profiles:  # "peaks where it did": the segment right after the exact stage's last, both times
+        top = profile.peak_mb.idxmax()
+        assert profile.loc[top].phase == "ablate_bias" and profile.loc[top - 1].phase == "exact"
