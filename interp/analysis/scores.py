@@ -548,7 +548,8 @@ def bias_invariances(
 
     with computing_in(model, dtype) if float64 else nullcontext():
         stream_batches(model, items_of(iter_batches(model, data, max_batches)), None, [], consume,
-                       desc="bias invariances", progress=progress, keep_output=True, block_outputs=True)
+                       desc="bias invariances", progress=progress, keep_output=True, block_outputs=True,
+                       unit="item")
     rows = []
     for layer in layers:
         w = attention_weights(model, layer, dtype)

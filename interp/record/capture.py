@@ -103,9 +103,9 @@ def _no_consumer(batch: CheckedBatch, store: dict[str, Tensor]) -> None:
 def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], hook_names: Sequence[str],
                    consume: Optional[Consumer] = None, *, desc: str, progress: bool = True,
                    stop_at_layer: Optional[int] = None, hooks: Hooks = (), keep_output: bool = False,
-                   block_outputs: bool = False) -> tuple[int, str]:
+                   block_outputs: bool = False, unit: str = "batch") -> tuple[int, str]:
     """Run every batch of ``data`` (at most ``max_batches``) as the module doc says; return (batches run,
-    data fingerprint).
+    data fingerprint). ``unit``: what the progress bar counts (each of ``data``'s batches may be one item).
 
     ``hook_names``: activations kept and passed to ``consume(batch, store)`` (none: the forward runs to
     the end). ``hooks``: more forward hooks, or a function of the batch that returns them
@@ -120,7 +120,7 @@ def stream_batches(model: InterpBridge, data: Any, max_batches: Optional[int], h
     hasher, n_batches = DataHasher(), 0
     extra = {} if stop_at_layer is None or stop_at_layer >= info.n_layers else {"stop_at_layer": stop_at_layer}
     with evaluating(model):
-        for batch in tqdm(iter_batches(model, data, max_batches), desc=desc, disable=not progress, unit="batch"):
+        for batch in tqdm(iter_batches(model, data, max_batches), desc=desc, disable=not progress, unit=unit):
             hasher.update(batch)  # a CheckedBatch: checked for this model as it was read
             extra_hooks = hooks(batch) if callable(hooks) else hooks
             with record_block_outputs(model) if block_outputs else nullcontext() as blocks:

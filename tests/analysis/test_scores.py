@@ -72,6 +72,15 @@ def test_bias_invariances_read_each_batch_once_through_the_one_loop(monkeypatch)
     assert (inv[inv.check == "v_bias_fold"].max_abs_diff < 1e-6).all()  # the float32 softmax again
 
 
+def test_the_invariance_progress_bar_counts_the_items_it_runs(capsys):
+    model = interp.load_model(tiny_hf_model("vit", n_layers=1, n_heads=2), device="cpu")
+    data = [tiny_inputs("vit", batch=3, seed=s) for s in range(2)]
+    inv = interp.bias_invariances(model, data, max_batches=2, progress=True)
+    assert set(inv.n_batches) == {2}
+    bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert any(line.startswith("bias invariances: ") and " 6/" not in line and "6item " in line for line in bar), bar
+
+
 # ----- score_decomposition against a brute force, row by row --------------------------------------------------
 
 
