@@ -201,23 +201,23 @@ def _sequence_spectra(z: Tensor, mask: Tensor) -> dict[tuple, tuple[Tensor, int]
 
 def _text_terms(z: Tensor, pat: Tensor, attention_mask: Optional[Tensor]) -> dict[str, Any]:
     """Per-head sums over real query tokens: spectrum (per sequence, padding cut), token distance,
-    first-token mass, entropy."""
+    first-token mass, entropy. As for a ViT (``_vision_terms``), the pattern goes to float64 one sequence at a time:
+    a whole batch's [batch, head, T, T] in float64 and its products came and went at every layer."""
     mask = attention_mask.to(z.device).bool() if attention_mask is not None else \
         torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
     if not bool(mask.any()):
         raise InputError("no real tokens in a batch: its attention mask is all 0")
     pos = torch.arange(z.shape[1], device=z.device)
     d = (pos[:, None] - pos[None, :]).abs().double()
-    qmask = mask[:, None, :].double()  # [batch, 1, query_pos]
     first = mask.double().argmax(-1)  # each sequence's first real token (left padding)
-    first_mass = pat.gather(-1, first[:, None, None, None].expand(*pat.shape[:3], 1))[..., 0]
+    dist = sink = ent = torch.zeros(pat.shape[1], dtype=torch.float64, device=pat.device)
+    for i in range(pat.shape[0]):
+        p, real = pat[i].double(), mask[i].double()  # [head, query, key], [query]
+        dist = dist + ((p * d).sum(-1) * real).sum(-1)
+        sink = sink + (p[:, :, first[i]] * real).sum(-1)
+        ent = ent + (torch.special.entr(p).sum(-1) * real).sum(-1)  # -p log p, 0 where p = 0
     n_tok = float(mask.sum())
-    return dict(
-        spectra=_sequence_spectra(z, mask), n_query=n_tok, n_rows=n_tok,
-        dist=((pat * d).sum(-1) * qmask).sum((0, 2)),
-        sink=(first_mass * qmask).sum((0, 2)),
-        ent=(-(pat * pat.clamp(min=1e-300).log()).sum(-1) * qmask).sum((0, 2)),
-    )
+    return dict(spectra=_sequence_spectra(z, mask), n_query=n_tok, n_rows=n_tok, dist=dist, sink=sink, ent=ent)
 
 
 def _add_terms(acc: dict[str, Any], terms: dict[str, Any]) -> None:
@@ -242,7 +242,7 @@ def _batch_terms(info: ModelInfo, batch: Batch, store: dict[str, Tensor], l: int
             return None
     if info.modality == "vision":
         return _vision_terms(info, z, pat, (batch.inputs.shape[2], batch.inputs.shape[3]))
-    return _text_terms(z, pat.double(), mask)
+    return _text_terms(z, pat, mask)
 
 
 def _reducer(info: ModelInfo, layers: Sequence[int], acc: dict[int, dict[str, Any]],

@@ -86,6 +86,45 @@ def test_vit_terms_are_the_whole_batch_sums_bit_for_bit_from_one_items_float64_p
     assert got["n_query"] == b * (n - 1) and got["n_rows"] == b * n
 
 
+def test_text_terms_are_the_whole_batch_sums_from_one_sequences_float64_pattern_at_a_time():
+    """A language model's per-layer sums (token distance, first real token's mass, entropy; real queries only,
+    left padding) equal the whole-batch float64 formulas, summed in another order (1e-12), while no float64 tensor
+    larger than one sequence's pattern is formed."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import interp.analysis.frequency as frequency
+
+    b, heads, n, d_head = 3, 4, 40, 8
+    pattern = torch.rand(b, heads, n, n, generator=torch.Generator().manual_seed(0)).tril()
+    pattern[:, :, :, 5] = 0.0
+    z = torch.randn(b, n, heads, d_head, generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(b, n, dtype=torch.long)
+    mask[1, :7] = 0  # left padding
+
+    class LargestFloat64(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                    LargestFloat64.largest = max(LargestFloat64.largest, t.numel())
+            return out
+
+    with LargestFloat64():
+        got = frequency._text_terms(z, pattern, mask)
+    assert 0 < LargestFloat64.largest <= pattern[0].numel()
+    whole, real = pattern.double(), mask[:, None, :].double()  # the formulas over the whole batch, by hand
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().double()
+    first = torch.tensor([0, 7, 0])
+    expected = dict(dist=((whole * distance).sum(-1) * real).sum((0, 2)),
+                    sink=(whole[torch.arange(b), :, :, first] * real).sum((0, 2)),
+                    ent=(-(whole * whole.clamp(min=1e-300).log()).sum(-1) * real).sum((0, 2)))
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-12, atol=0, msg=key)
+    assert got["n_query"] == got["n_rows"] == b * n - 7
+
+
 def planted_vit(local_heads=(0, 1), beta=6.0, n_heads=4):
     """A ViT whose attention is set by position alone: some heads local, the rest uniform."""
     d_head, grid, patch = 8, 16, 4
