@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers as tf
 from sklearn.metrics import adjusted_rand_score
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import interp
 from interp.analysis.frequency import bin_spectrum, cluster_heads, frequency_profile, head_spectrum, radial_bins
@@ -49,12 +50,23 @@ def test_mean_attention_distance_equals_hf_output_attentions():
             assert prof.loc[(layer, h)].mean_attention_distance == pytest.approx(expected, rel=1e-5)
 
 
+class _LargestFloat64(TorchDispatchMode):
+    """The number of elements of the largest float64 tensor any torch operation returns inside it."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
 def test_vit_terms_are_the_whole_batch_sums_bit_for_bit_from_one_items_float64_pattern_at_a_time():
     """The per-layer sums of a ViT batch (pixel distance, sink mass, entropy) equal the whole-batch float64
     formulas exactly, while no float64 tensor larger than one item's pattern is formed (a whole batch's, and its
     products, grew glibc's heap at its defaults)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     import interp.analysis.frequency as frequency
 
     model = interp.load_model(tiny_hf_model("vit"), device="cpu")
@@ -64,19 +76,9 @@ def test_vit_terms_are_the_whole_batch_sums_bit_for_bit_from_one_items_float64_p
     pattern[:, :, :, 3] = 0.0  # zeros: -p log p is 0 there
     z = torch.randn(b, n, info.n_heads, info.d_head, generator=torch.Generator().manual_seed(1))
 
-    class LargestFloat64(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
-                    LargestFloat64.largest = max(LargestFloat64.largest, t.numel())
-            return out
-
-    with LargestFloat64():
+    with _LargestFloat64() as seen:
         got = frequency._vision_terms(info, z, pattern, (64, 64))
-    assert 0 < LargestFloat64.largest <= pattern[0].numel()
+    assert 0 < seen.largest <= pattern[0].numel()
     whole = pattern.double()  # the formulas over the whole batch, by hand
     grid = torch.stack(torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij"), -1).flatten(0, 1)
     distances = torch.cdist((grid.double() + 0.5) * 8, (grid.double() + 0.5) * 8)
@@ -90,8 +92,6 @@ def test_text_terms_are_the_whole_batch_sums_from_one_sequences_float64_pattern_
     """A language model's per-layer sums (token distance, first real token's mass, entropy; real queries only,
     left padding) equal the whole-batch float64 formulas, summed in another order (1e-12), while no float64 tensor
     larger than one sequence's pattern is formed."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     import interp.analysis.frequency as frequency
 
     b, heads, n, d_head = 3, 4, 40, 8
@@ -101,19 +101,9 @@ def test_text_terms_are_the_whole_batch_sums_from_one_sequences_float64_pattern_
     mask = torch.ones(b, n, dtype=torch.long)
     mask[1, :7] = 0  # left padding
 
-    class LargestFloat64(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
-                    LargestFloat64.largest = max(LargestFloat64.largest, t.numel())
-            return out
-
-    with LargestFloat64():
+    with _LargestFloat64() as seen:
         got = frequency._text_terms(z, pattern, mask)
-    assert 0 < LargestFloat64.largest <= pattern[0].numel()
+    assert 0 < seen.largest <= pattern[0].numel()
     whole, real = pattern.double(), mask[:, None, :].double()  # the formulas over the whole batch, by hand
     distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().double()
     first = torch.tensor([0, 7, 0])
