@@ -493,3 +493,53 @@ def test_a_non_finite_intact_metric_names_its_cause():
         interp.ablate_bias(windowed, [interp.Batch(ids, padded)], **keywords)
     unpadded = interp.ablate_bias(windowed, [interp.Batch(ids)], **keywords)  # the same model without padding
     assert np.isfinite(unpadded["baseline"]).all()
+
+
+def test_waiting_stacks_are_copied_into_one_buffer_that_each_pass_frees(monkeypatch):
+    """The exact stage's stacked forwards wait for one pass over the vocabulary (``_Waiting``): their final hidden
+    states are copied into one buffer, so no forward's own output is kept among the next forward's temporaries;
+    the pass gives each stack ``patched_stacks``' numbers on the original states bit for bit, and the next states
+    fill the same buffer again. A stack larger than the first is kept as it is."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    import interp.ablation.logits as logits
+    import interp.ablation.sweep as sweep
+    from interp.data import Batch
+    from interp.record.hooks import block_hook
+
+    model = interp.load_model(tiny_hf_model("qwen2", n_layers=2), device="cpu")
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    batch = Batch(tiny_inputs("qwen2", batch=2, pos=10, seed=0), mask)
+    kept = {}
+    with torch.no_grad():
+        out, _ = interp.ablation.metrics.run_forward(
+            model, batch, [(block_hook(1, "hook_out"), lambda t, hook: kept.update(h=t))], False)
+    unembedding = logits.linear_unembedding(model, kept["h"], out)
+    intact = logits.intact_logits(model, kept["h"], batch, unembedding)
+    per_stack = kept["h"].numel() * 4
+    # the pass runs once three one-variant stacks wait (the limit lies between two and three stacks' bytes)
+    monkeypatch.setattr(sweep, "WAITING_SHARE", 2.5 * per_stack / (len(intact.rows) * intact.vocab * 4))
+    waiting = sweep._Waiting(SimpleNamespace(model=model, unembedding=unembedding), intact)
+    g = torch.Generator().manual_seed(0)
+    states = [kept["h"] + 0.1 * torch.randn(kept["h"].shape, generator=g) for _ in range(4)]
+    originals = [s.clone() for s in states]
+    job = SimpleNamespace(draw=-1)
+    assert waiting.add([job], states[0]) == [] and waiting.add([job], states[1]) == []
+    buffer = waiting.buffer.untyped_storage().data_ptr()
+    assert all(o.untyped_storage().data_ptr() == buffer for _, o in waiting.stacks)  # copies, not the outputs
+    gone = weakref.ref(states[0])
+    states[0] = None
+    gc.collect()
+    assert gone() is None  # the forward's own output is not held
+    done = waiting.add([job], states[2])  # the third reaches the limit: the pass runs
+    want = logits.patched_stacks(model, unembedding, [(o, 1) for o in originals[:3]], intact)
+    assert len(done) == 3 and waiting.used == 0
+    for (_, got), expected in zip(done, want):
+        assert torch.equal(got[0][0], expected[0][0]) and torch.equal(got[0][1], expected[0][1])
+    assert waiting.add([job], states[3]) == []
+    assert waiting.stacks[0][1].untyped_storage().data_ptr() == buffer  # the same buffer, refilled
+    larger = torch.cat([states[3]] * 3)  # a stack of three variants: past the buffer's room
+    assert waiting._keep(larger) is larger
