@@ -3,8 +3,11 @@ figures (no timed assertions), and docs/performance.md's scale figures are the c
 
 import importlib.util
 import math
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -542,3 +545,85 @@ def test_performance_demo_with_the_estimate_and_single_input_holding_less_is_the
     for profile in profiles:  # "peaks where it did": the segment right after the exact stage's last, both times
         top = profile.peak_mb.idxmax()
         assert profile.loc[top].phase == "ablate_bias" and profile.loc[top - 1].phase == "exact"
+
+
+def test_performance_waiting_buffer_rows_are_the_csvs():
+    """The 112m and 25m rows before and after the exact stage's waiting states went into one buffer, as
+    docs/performance.md quotes them from the CSV and the profiles."""
+    _, agrees, _, _ = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table = pd.read_csv(SCALE / "memory_defaults_cpu.csv").set_index("label")
+    said = _said(text, r"two fresh processes of the code above, ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_before_waiting_buffer_112m_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB "
+                       r"forward \(([\d.]+)x; `memory_profile_before_waiting_buffer_112m_2.csv`", 6)
+    said += _said(text, r"\(`sweep._Waiting`; the same tables\): ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                        r"`memory_profile_waiting_buffer_112m_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB forward "
+                        r"\(([\d.]+)x; `memory_profile_waiting_buffer_112m_2.csv`\)", 6)
+    said += _said(text, r"At 25m@128: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                        r"`memory_profile_waiting_buffer_25m.csv`\)", 3)
+    labels = ["before the waiting buffer 112m 1", "before the waiting buffer 112m 2", "waiting buffer 112m 1",
+              "waiting buffer 112m 2", "waiting buffer 25m"]
+    profiles = {}
+    for i, label in enumerate(labels):
+        row = table.loc[label]
+        assert row.allocator == "defaults" and row["size"] == ("25m" if "25m" in label else "112m")
+        assert all(agrees(q, v) for q, v in zip(said[3 * i:3 * i + 3], (row.total_mb, row.forward_mb, row.ratio)))
+        profiles[label] = pd.read_csv(SCALE / f"memory_profile_{label.replace('the ', '').replace(' ', '_')}.csv")
+        assert abs(profiles[label].peak_mb.max() - row.total_mb) < 1  # the profile is that row's process
+    said = _said(text, r"glibc's heap grew from ([\d.]+) to ([\d.]+) MB while the bytes in use rose by ([\d.]+) MB a "
+                       r"forward", 3)
+    before = profiles[labels[0]]
+    stacked = before[before.phase == "_stacked_forward"]
+    assert agrees(said[0], before[before.phase == "_intact_batch"].heap_mb.min())
+    assert agrees(said[1], stacked.heap_mb.max())
+    assert agrees(said[2], np.median(np.diff(stacked.in_use_mb.to_numpy()[:9])))
+    said = _said(text, r"the exact stage's stacked forwards at most ([\d.]+) and ([\d.]+) MB; the peak is now the "
+                       r"one-pass estimate's segment", 2)
+    for quoted, label in zip(said, labels[2:4]):
+        profile = profiles[label]
+        assert agrees(quoted, profile[profile.phase == "_stacked_forward"].peak_mb.max())
+        assert profile.loc[profile.peak_mb.idxmax(), "phase"] == "batch_estimates"
+        assert profile[profile.phase == "_stacked_forward"].heap_mb.max() < stacked.heap_mb.max() - 100
+    said = _said(text, r"forward's own figure \(([\d.]+) to ([\d.]+) MB in these four processes\)", 2)
+    forwards = [table.loc[label].forward_mb for label in labels[:4]]
+    assert agrees(said[0], min(forwards)) and agrees(said[1], max(forwards))
+
+
+def test_heap_alignment_is_the_csv_and_the_script_writes_it(tmp_path):
+    """docs/performance.md's heap growth per case is heap_alignment.csv's; the script writes that table's columns,
+    one row per case, from fresh processes (a short run here)."""
+    _, agrees, _, _ = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table = pd.read_csv(SCALE / "heap_alignment.csv").set_index("case")
+    said = _said(text, r"with `malloc` the heap grows ([\d.]+) MB; with `posix_memalign` to 64 bytes, which torch's "
+                       r"CPU allocator calls for every tensor, ([\d.]+) MB; with `torch.empty` ([\d.]+) MB", 3)
+    for quoted, case in zip(said, ("malloc", "posix_memalign", "torch.empty")):
+        assert agrees(quoted, table.loc[case].growth_mb)
+    assert (table.block_mib == 12).all() and (table.iterations == 10).all()
+    out = tmp_path / "heap.csv"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "heap_alignment.py"), "--block-mib", "1",
+                           "--iterations", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = pd.read_csv(out)
+    assert list(written.case) == ["malloc", "posix_memalign", "torch.empty"]
+    assert list(written.columns) == list(table.reset_index().columns)
+    assert np.allclose(written.growth_mb, written.arena_end_mb - written.arena_start_mb, atol=0.011)
+
+
+def test_performance_jemalloc_supplement_is_the_csvs():
+    """The jemalloc rows (demo and 112m@512) and the anonymous memory docs/performance.md compares, from the CSV
+    and the profiles."""
+    _, agrees, _, _ = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table = pd.read_csv(SCALE / "memory_defaults_cpu.csv").set_index("label")
+    said = _said(text, r"peaks at ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; `memory_profile_demo_jemalloc"
+                       r".csv`\), its anonymous memory at most ([\d.]+) MB above the base \(([\d.]+) and ([\d.]+) MB in "
+                       r"the two glibc runs above\); 112m@512 at ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_jemalloc_112m.csv`\)", 9)
+    for quoted, label in ((said[:3], "jemalloc demo"), (said[6:], "jemalloc 112m")):
+        row = table.loc[label]
+        assert row.allocator == "jemalloc" and row.malloc_env == "LD_PRELOAD=libjemalloc.so.2"
+        assert all(agrees(q, v) for q, v in zip(quoted, (row.total_mb, row.forward_mb, row.ratio)))
+    anon = [pd.read_csv(SCALE / f"memory_profile_{name}.csv").rss_anon_mb.max()
+            for name in ("demo_jemalloc", "demo_frequency_per_item_1", "demo_frequency_per_item_2")]
+    assert all(agrees(q, v) for q, v in zip(said[3:6], anon))
