@@ -560,9 +560,14 @@ def test_performance_waiting_buffer_rows_are_the_csvs():
                         r"`memory_profile_waiting_buffer_112m_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB forward "
                         r"\(([\d.]+)x; `memory_profile_waiting_buffer_112m_2.csv`\)", 6)
     said += _said(text, r"At 25m@128: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
-                        r"`memory_profile_waiting_buffer_25m.csv`\)", 3)
+                        r"`memory_profile_waiting_buffer_25m.csv`\) and ([\d.]+) MB against a ([\d.]+) MB forward "
+                        r"\(([\d.]+)x; `memory_profile_waiting_buffer_25m_2.csv`\)", 6)
+    said += _said(text, r"among its freed temporaries: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                        r"`memory_profile_waiting_buffer_up_front_25m_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB "
+                        r"forward \(([\d.]+)x; `memory_profile_waiting_buffer_up_front_25m_2.csv`\)", 6)
     labels = ["before the waiting buffer 112m 1", "before the waiting buffer 112m 2", "waiting buffer 112m 1",
-              "waiting buffer 112m 2", "waiting buffer 25m"]
+              "waiting buffer 112m 2", "waiting buffer 25m", "waiting buffer 25m 2", "waiting buffer up front 25m 1",
+              "waiting buffer up front 25m 2"]
     profiles = {}
     for i, label in enumerate(labels):
         row = table.loc[label]
@@ -584,6 +589,13 @@ def test_performance_waiting_buffer_rows_are_the_csvs():
         assert agrees(quoted, profile[profile.phase == "_stacked_forward"].peak_mb.max())
         assert profile.loc[profile.peak_mb.idxmax(), "phase"] == "batch_estimates"
         assert profile[profile.phase == "_stacked_forward"].heap_mb.max() < stacked.heap_mb.max() - 100
+    said = _said(text, r"the exact stage's heap grew ([\d.]+) and ([\d.]+) MB past its first segment's, against "
+                       r"([\d.]+) and ([\d.]+) MB before", 4)
+    exact = ("_intact_batch", "intact_logits", "_stacked_forward", "_exact", "patched_stacks")
+    for quoted, label in zip(said, labels[6:] + labels[4:6]):
+        profile = profiles[label]
+        first = profile[profile.phase == "_intact_batch"].heap_mb.iloc[0]
+        assert agrees(quoted, profile[profile.phase.isin(exact)].heap_mb.max() - first)
     said = _said(text, r"forward's own figure \(([\d.]+) to ([\d.]+) MB in these four processes\)", 2)
     forwards = [table.loc[label].forward_mb for label in labels[:4]]
     assert agrees(said[0], min(forwards)) and agrees(said[1], max(forwards))
