@@ -460,21 +460,16 @@ class _Waiting:
     (``logits.patched_stacks``: each tile's intact logits are recomputed once for all of them): their final hidden
     states, at most ``WAITING_SHARE`` of the intact logits' bytes (which are not held) before the pass runs.
 
-    The states are copied into one buffer, made before the first stacked forward and refilled after each pass: a
+    The states are copied into one buffer, made at the first stacked forward and refilled after each pass: a
     forward's own output stayed where the forward had made it, among the next forward's temporaries, and at
     glibc's defaults the heap grew past those kept outputs forward after forward (112m@512: by 263 MB over one
     round's ten stacked forwards, 3 MB of states)."""
 
-    def __init__(self, run: _Run, intact: IntactLogits, shape: tuple[int, ...], dtype: torch.dtype, n_stacks: int):
-        """``shape`` / ``dtype``: the largest stacked forward's final hidden states; ``n_stacks``: how many stacked
-        forwards the round runs on this batch. The buffer is made here, before the round's first stacked forward,
-        so that every forward's temporaries meet the same free memory."""
+    def __init__(self, run: _Run, intact: IntactLogits):
         self.run, self.intact = run, intact
         self.limit = WAITING_SHARE * len(intact.rows) * intact.vocab * 4
         self.stacks: list[tuple[list[_Job], Tensor]] = []
-        per_stack = math.prod(shape)
-        room = min(int(self.limit // (per_stack * dtype.itemsize)) + 1, n_stacks)
-        self.buffer = torch.empty(room * per_stack, dtype=dtype, device=intact.rows.device)
+        self.buffer: Optional[Tensor] = None
         self.used = 0  # elements of the buffer the waiting states fill
 
     def add(self, group: list[_Job], out: Tensor) -> list[tuple[list[_Job], list]]:
@@ -485,8 +480,11 @@ class _Waiting:
         return self.flush()
 
     def _keep(self, out: Tensor) -> Tensor:
-        """``out``'s values in the buffer (room for the limit and one more of the largest stack: ``add`` runs the pass
-        once the limit is reached); a stack that does not fit, or of another dtype, is kept as it is."""
+        """``out``'s values in the buffer (room for the limit and one more stack of the first one's size: ``add``
+        runs the pass once the limit is reached); a larger stack is kept as it is."""
+        if self.buffer is None:
+            per_stack = out.numel() * out.element_size()
+            self.buffer = out.new_empty(((int(self.limit // per_stack) + 1) * out.numel(),))
         if self.used + out.numel() > self.buffer.numel() or out.dtype != self.buffer.dtype:
             return out
         kept = self.buffer[self.used:self.used + out.numel()].view(out.shape).copy_(out)
@@ -586,10 +584,7 @@ def _run_round(run: _Run, jobs: list[_Job], stack: int, stats: Optional[QKVStats
     with torch.no_grad():
         for index in range(len(run.batches)):
             intact = _intact_batch(run, index, record, logits)
-            batch = run.batches[index]
-            waiting = _Waiting(run, intact.logits, (max(len(g) for _, g in groups) * batch.inputs.shape[0],
-                                                    batch.inputs.shape[1], run.model.interp.d_model),
-                               next(run.model.parameters()).dtype, len(groups)) if tiled else None
+            waiting = _Waiting(run, intact.logits) if tiled else None
             for (start, group), group_hooks in zip(groups, hooks):
                 out, hidden = _stacked_forward(run, index, intact, group, start, group_hooks)
                 collect(waiting.add(group, out) if waiting is not None
