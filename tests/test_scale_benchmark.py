@@ -562,7 +562,7 @@ def test_performance_waiting_buffer_rows_are_the_csvs():
     said += _said(text, r"At 25m@128: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
                         r"`memory_profile_waiting_buffer_25m.csv`\) and ([\d.]+) MB against a ([\d.]+) MB forward "
                         r"\(([\d.]+)x; `memory_profile_waiting_buffer_25m_2.csv`\)", 6)
-    said += _said(text, r"among its freed temporaries: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+    said += _said(text, r"among its freed temporaries\. At 25m@128, ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
                         r"`memory_profile_waiting_buffer_up_front_25m_1.csv`\) and ([\d.]+) MB against a ([\d.]+) MB "
                         r"forward \(([\d.]+)x; `memory_profile_waiting_buffer_up_front_25m_2.csv`\)", 6)
     labels = ["before the waiting buffer 112m 1", "before the waiting buffer 112m 2", "waiting buffer 112m 1",
@@ -590,12 +590,24 @@ def test_performance_waiting_buffer_rows_are_the_csvs():
         assert profile.loc[profile.peak_mb.idxmax(), "phase"] == "batch_estimates"
         assert profile[profile.phase == "_stacked_forward"].heap_mb.max() < stacked.heap_mb.max() - 100
     said = _said(text, r"the exact stage's heap grew ([\d.]+) and ([\d.]+) MB past its first segment's, against "
-                       r"([\d.]+) and ([\d.]+) MB before", 4)
+                       r"([\d.]+) and ([\d.]+) MB the other way", 4)
     exact = ("_intact_batch", "intact_logits", "_stacked_forward", "_exact", "patched_stacks")
     for quoted, label in zip(said, labels[6:] + labels[4:6]):
         profile = profiles[label]
         first = profile[profile.phase == "_intact_batch"].heap_mb.iloc[0]
         assert agrees(quoted, profile[profile.phase.isin(exact)].heap_mb.max() - first)
+    said = _said(text, r"At 112m@512 it was worse: ([\d.]+) MB against a ([\d.]+) MB forward \(([\d.]+)x; "
+                       r"`memory_profile_waiting_buffer_up_front_112m.csv`\).*?the heap between ([\d.]+) and ([\d.]+) MB "
+                       r"over the exact stage, where the kept way held it at ([\d.]+) MB from the first stacked forward "
+                       r"to the last", 6)
+    row = table.loc["waiting buffer up front 112m"]
+    assert all(agrees(q, v) for q, v in zip(said[:3], (row.total_mb, row.forward_mb, row.ratio)))
+    up_front = pd.read_csv(SCALE / "memory_profile_waiting_buffer_up_front_112m.csv")
+    after_intact = up_front[up_front.seq > up_front[up_front.phase == "_intact_batch"].seq.min()]
+    assert agrees(said[3], after_intact.heap_mb.min()) and agrees(said[4], after_intact.heap_mb.max())
+    kept = profiles[labels[2]]
+    kept_stacked = kept[kept.phase == "_stacked_forward"]
+    assert kept_stacked.heap_mb.min() == kept_stacked.heap_mb.max() and agrees(said[5], kept_stacked.heap_mb.max())
     said = _said(text, r"forward's own figure \(([\d.]+) to ([\d.]+) MB in these four processes\)", 2)
     forwards = [table.loc[label].forward_mb for label in labels[:4]]
     assert agrees(said[0], min(forwards)) and agrees(said[1], max(forwards))
