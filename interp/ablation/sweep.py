@@ -465,8 +465,9 @@ class _Waiting:
     glibc's defaults the heap grew past those kept outputs forward after forward (112m@512: by 263 MB over one
     round's ten stacked forwards, 3 MB of states)."""
 
-    def __init__(self, run: _Run, intact: IntactLogits):
-        self.run, self.intact = run, intact
+    def __init__(self, run: _Run, intact: IntactLogits, n_stacks: int):
+        """``n_stacks``: how many stacked forwards the round runs on this batch (the buffer holds no more)."""
+        self.run, self.intact, self.n_stacks = run, intact, n_stacks
         self.limit = WAITING_SHARE * len(intact.rows) * intact.vocab * 4
         self.stacks: list[tuple[list[_Job], Tensor]] = []
         self.buffer: Optional[Tensor] = None
@@ -481,10 +482,12 @@ class _Waiting:
 
     def _keep(self, out: Tensor) -> Tensor:
         """``out``'s values in the buffer (room for the limit and one more stack of the first one's size: ``add``
-        runs the pass once the limit is reached); a larger stack is kept as it is."""
+        runs the pass once the limit is reached; no more than the round's stacked forwards); a larger stack is kept
+        as it is."""
         if self.buffer is None:
             per_stack = out.numel() * out.element_size()
-            self.buffer = out.new_empty(((int(self.limit // per_stack) + 1) * out.numel(),))
+            room = min(int(self.limit // per_stack) + 1, self.n_stacks)
+            self.buffer = out.new_empty((room * out.numel(),))
         if self.used + out.numel() > self.buffer.numel() or out.dtype != self.buffer.dtype:
             return out
         kept = self.buffer[self.used:self.used + out.numel()].view(out.shape).copy_(out)
@@ -584,7 +587,7 @@ def _run_round(run: _Run, jobs: list[_Job], stack: int, stats: Optional[QKVStats
     with torch.no_grad():
         for index in range(len(run.batches)):
             intact = _intact_batch(run, index, record, logits)
-            waiting = _Waiting(run, intact.logits) if tiled else None
+            waiting = _Waiting(run, intact.logits, len(groups)) if tiled else None
             for (start, group), group_hooks in zip(groups, hooks):
                 out, hidden = _stacked_forward(run, index, intact, group, start, group_hooks)
                 collect(waiting.add(group, out) if waiting is not None

@@ -499,7 +499,8 @@ def test_waiting_stacks_are_copied_into_one_buffer_that_each_pass_frees(monkeypa
     """The exact stage's stacked forwards wait for one pass over the vocabulary (``_Waiting``): their final hidden
     states are copied into one buffer, so no forward's own output is kept among the next forward's temporaries;
     the pass gives each stack ``patched_stacks``' numbers on the original states bit for bit, and the next states
-    fill the same buffer again. A stack larger than the first is kept as it is."""
+    fill the same buffer again. A stack larger than the first is kept as it is; the buffer holds no more stacks
+    than the round runs."""
     import gc
     import weakref
     from types import SimpleNamespace
@@ -522,7 +523,7 @@ def test_waiting_stacks_are_copied_into_one_buffer_that_each_pass_frees(monkeypa
     per_stack = kept["h"].numel() * 4
     # the pass runs once three one-variant stacks wait (the limit lies between two and three stacks' bytes)
     monkeypatch.setattr(sweep, "WAITING_SHARE", 2.5 * per_stack / (len(intact.rows) * intact.vocab * 4))
-    waiting = sweep._Waiting(SimpleNamespace(model=model, unembedding=unembedding), intact)
+    waiting = sweep._Waiting(SimpleNamespace(model=model, unembedding=unembedding), intact, n_stacks=5)
     g = torch.Generator().manual_seed(0)
     states = [kept["h"] + 0.1 * torch.randn(kept["h"].shape, generator=g) for _ in range(4)]
     originals = [s.clone() for s in states]
@@ -543,3 +544,7 @@ def test_waiting_stacks_are_copied_into_one_buffer_that_each_pass_frees(monkeypa
     assert waiting.stacks[0][1].untyped_storage().data_ptr() == buffer  # the same buffer, refilled
     larger = torch.cat([states[3]] * 3)  # a stack of three variants: past the buffer's room
     assert waiting._keep(larger) is larger
+    assert waiting.buffer.numel() == 3 * kept["h"].numel()  # the limit's room and one more stack
+    short = sweep._Waiting(SimpleNamespace(model=model, unembedding=unembedding), intact, n_stacks=1)
+    short.add([job], originals[0])
+    assert short.buffer.numel() == kept["h"].numel()  # a round of one stacked forward: room for one
