@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,7 +83,8 @@ def main(argv=None) -> None:
         return
     import pandas as pd
 
-    env_free = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MALLOC_")}
+    # glibc as every user runs it: no MALLOC_* setting, no preloaded allocator (those would change the figures)
+    env_free = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     rows = []
     for case in CASES:
         done = subprocess.run([sys.executable, __file__, "--child", case, "--block-mib", str(args.block_mib),
