@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("malloc", "posix_memalign", "torch.empty")
@@ -81,23 +82,33 @@ def main(argv=None) -> None:
     if args.child:
         print(json.dumps(child(args.child, args.block_mib, args.iterations)))
         return
-    import pandas as pd
-
-    # glibc as every user runs it: no MALLOC_* setting, no preloaded allocator (those would change the figures)
-    env_free = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     rows = []
     for case in CASES:
-        done = subprocess.run([sys.executable, __file__, "--child", case, "--block-mib", str(args.block_mib),
-                               "--iterations", str(args.iterations)], capture_output=True, text=True, env=env_free)
-        if done.returncode:
-            raise SystemExit(f"{case} exited {done.returncode}:\n{done.stderr[-2000:]}")
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        rows.append(child_row([sys.executable, __file__, "--child", case, "--block-mib", str(args.block_mib),
+                               "--iterations", str(args.iterations)], case))
         print(rows[-1])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
+    write_rows(rows, args.out)
+
+
+def child_row(command: list[str], what: str, env: Optional[dict] = None) -> dict:
+    """The JSON row a fresh child process prints last, glibc as every user runs it: no MALLOC_* setting, no
+    preloaded allocator (those would change the figures); ``env``: more variables for the child."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    done = subprocess.run(command, capture_output=True, text=True, env={**clean, **(env or {})})
+    if done.returncode:
+        raise SystemExit(f"{what} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write_rows(rows: list[dict], out: Path) -> None:
+    """The table, written whole or not at all."""
+    import pandas as pd
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
     pd.DataFrame(rows).to_csv(tmp, index=False)
-    tmp.replace(args.out)
-    print(f"wrote {args.out}")
+    tmp.replace(out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

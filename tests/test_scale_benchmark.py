@@ -661,3 +661,31 @@ def test_performance_jemalloc_supplement_is_the_csvs():
     anon = [pd.read_csv(SCALE / f"memory_profile_{name}.csv").rss_anon_mb.max()
             for name in ("demo_jemalloc", "demo_frequency_per_item_1", "demo_frequency_per_item_2")]
     assert all(agrees(q, v) for q, v in zip(said[3:6], anon))
+
+
+@pytest.mark.slow
+def test_estimate_heap_is_the_csv_and_the_script_writes_it(tmp_path):
+    """docs/performance.md's heap growth per case is estimate_heap.csv's (two repeats each); the script writes that
+    table's columns from fresh processes (one short case here: the demo model's first batch)."""
+    _, agrees, _, _ = _page_helpers()
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table = pd.read_csv(SCALE / "estimate_heap.csv")
+    said = _said(text, r"one backward per item grows glibc's heap by ([\d.]+) and ([\d.]+) MB; .*? by ([\d.]+)\s+and "
+                       r"([\d.]+) MB; the estimate itself \(`atp_distance`\) by ([\d.]+) and ([\d.]+) MB, while its "
+                       r"bytes in use rise by ([\d.]+) MB", 7)
+    for pair, case in zip((said[0:2], said[2:4], said[4:6]), ("backward", "backward_pairs", "estimate")):
+        rows = table[table.case == case].sort_values("repeat")
+        assert list(rows.repeat) == [1, 2]
+        assert all(agrees(q, v) for q, v in zip(pair, rows.heap_growth_mb))
+    estimate = table[table.case == "estimate"]
+    assert (estimate.in_use_growth_mb.round(1) == float(said[6])).all()
+    assert (table.model == "dinov2-s14").all() and (table["items"] == 8).all()
+    out = tmp_path / "heap.csv"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "estimate_heap.py"), "--repeats", "1",
+                           "--batches", "1", "--cases", "backward", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = pd.read_csv(out)
+    assert list(written.columns) == list(table.columns) and list(written.case) == ["backward"]
+    assert written["items"].item() == 4
+    assert np.allclose(written.heap_growth_mb, written.heap_end_mb - written.heap_start_mb, atol=0.011)
