@@ -1,4 +1,4 @@
-"""Which phase of ``ablate_bias`` sets its peak memory, before and after a change, in one run (issue 40 item 1).
+"""Which phase of ``ablate_bias`` sets its peak memory, before and after a change, in one run.
 
     nice python benchmarks/ablation_phases.py --before aa859e5 [--runs 25m@128] [--out docs/results/scale/ablation_phases_cpu.csv]
 

@@ -1,4 +1,4 @@
-"""Speed and memory of the implicit-bias analyzers (issue 26): are they close to a plain forward?
+"""Speed and memory of the implicit-bias analyzers: are they close to a plain forward?
 
     nice python benchmarks/sinks_speed.py [--model smollm2-135m] [--batches 4] [--repeats 2]
 

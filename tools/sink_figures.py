@@ -1,4 +1,4 @@
-"""Figures of issue 26 on the real zoo: token norms per layer with the high-norm tokens marked
+"""Figures of the implicit biases on the real zoo: token norms per layer with the high-norm tokens marked
 (``interp.high_norm_tokens``), and the key-prior share of each sink (from the ``sink_profile`` with
 ``remove="key_prior"`` that ``experiments/sinks_real.py`` wrote).
 

@@ -260,7 +260,7 @@ def _bins_text(spectra: dict) -> str:
             f"({', '.join(empty)}).")
 
 
-# ----- implicit biases: sinks, the value bias they imply, massive activations (issue 26) ---------------
+# ----- implicit biases: sinks, the value bias they imply, massive activations ---------------------------
 
 
 def sink_numbers(shares: pd.DataFrame, implicit: pd.DataFrame, massive: pd.DataFrame) -> dict[str, Any]:
