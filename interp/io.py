@@ -173,7 +173,7 @@ def _encoding_guess(path: Path) -> tuple[str, str]:
     return "it looks like latin-1 (ISO-8859-1), Windows-1252 or another 8-bit encoding", "LATIN1"
 
 
-def not_utf8(path: PathLike, exc: UnicodeDecodeError) -> InputError:
+def _not_utf8(path: PathLike, exc: UnicodeDecodeError) -> InputError:
     """The one message for a text file that is not UTF-8: which file, what encoding it looks like, the fix."""
     path = Path(path)
     guess, name = _encoding_guess(path)
@@ -192,7 +192,7 @@ def text_lines(path: PathLike, newline: Optional[str] = None) -> Iterator[str]:
             try:
                 yield from fh
             except UnicodeDecodeError as exc:
-                raise not_utf8(path, exc) from None
+                raise _not_utf8(path, exc) from None
     except OSError as exc:
         raise InputError(f"{path} cannot be read as a text file ({exc.strerror or exc}): pass a readable "
                          "file") from None
@@ -223,7 +223,7 @@ def record_output(path: PathLike) -> None:
             files.setdefault(str(path.relative_to(folder)), None)
 
 
-def recorded_outputs(out: PathLike) -> list[Path]:
+def _recorded_outputs(out: PathLike) -> list[Path]:
     """The files this process recorded in ``out`` since ``begin_outputs`` (``record_output``), in the order
     written, those still there."""
     out = Path(out)
@@ -231,7 +231,7 @@ def recorded_outputs(out: PathLike) -> list[Path]:
 
 
 @contextlib.contextmanager
-def manifest_lock(out: PathLike) -> Iterator[None]:
+def _manifest_lock(out: PathLike) -> Iterator[None]:
     """Hold ``out``'s lock (``flock`` on the folder itself, no file left behind) while reading and rewriting its
     manifest, so that commands writing into one folder side by side never lose each other's entries."""
     fd = os.open(out, os.O_RDONLY)
@@ -271,7 +271,7 @@ def is_our_manifest(manifest: Any) -> bool:
     return isinstance(manifest.get("meta"), dict) and "command" in manifest["meta"]
 
 
-def write_manifest_entries(out: PathLike, entries: list[dict]) -> Optional[Path]:
+def _write_manifest_entries(out: PathLike, entries: list[dict]) -> Optional[Path]:
     """``out``'s manifest holding ``entries`` (the last one's ``meta`` and ``files`` also at the top, where
     readers of one command's manifest look), written atomically; removed when there are none."""
     path = Path(out) / MANIFEST
@@ -324,11 +324,11 @@ def begin_outputs(out: PathLike, command: Optional[str] = None) -> None:
             _written[key] = {}
             _begun[key] = command or ""
         mine = _begun[key] = _begun[key] or command or ""
-        with manifest_lock(out):
+        with _manifest_lock(out):
             entries = manifest_entries(out)
             kept = [e for e in entries if e.get("command") != mine and e.get("command")]
             if len(kept) != len(entries) or (not entries and (out / MANIFEST).exists()):  # {}: not ours, stale
-                write_manifest_entries(out, kept)
+                _write_manifest_entries(out, kept)
     except OSError as exc:
         raise OutputError(f"cannot write to output folder {out}: {exc.strerror or exc}") from None
 
@@ -358,7 +358,7 @@ def refuse_overwriting(out: PathLike, names: list[str], command: str) -> None:
                     "that command's files and its entry first")
 
 
-def forget_outputs(out: PathLike) -> None:
+def _forget_outputs(out: PathLike) -> None:
     """This command is done with ``out``: the next ``begin_outputs`` starts a new command there."""
     _begun.pop(_folder_key(out), None)
     _written.pop(_folder_key(out), None)
@@ -370,7 +370,7 @@ def write_manifest(out: PathLike, meta: dict) -> Path:
     commands writing beside it, are not listed) with its sha256, and what produced them (``meta``, whose
     ``command`` names the entry). The folder's other commands keep their entries (``commands``, oldest first; a
     rerun of a command replaces its own); the top-level ``meta`` and ``files`` are this one's. The manifest is
-    read and rewritten under the folder's lock (``manifest_lock``): commands finishing side by side keep both
+    read and rewritten under the folder's lock (``_manifest_lock``): commands finishing side by side keep both
     entries.
 
     Files written together form one unit: a reader that finds no entry, or a file whose hash differs from
@@ -380,13 +380,13 @@ def write_manifest(out: PathLike, meta: dict) -> Path:
     if not began(out):
         raise OutputError(f"write_manifest({out}): begin_outputs({out}) was not called first, so nothing written "
                           "there was recorded: call it before the command writes")
-    files = {str(p.relative_to(out)): sha256_file(p) for p in recorded_outputs(out)}
+    files = {str(p.relative_to(out)): sha256_file(p) for p in _recorded_outputs(out)}
     command = str(meta.get("command") or command_of(out) or "report")
-    forget_outputs(out)
+    _forget_outputs(out)
     entry = json_ready(dict(command=command, meta=meta, files=files))
-    with manifest_lock(out):
+    with _manifest_lock(out):
         entries = [e for e in manifest_entries(out) if e.get("command") and e.get("command") != command]
-        return write_manifest_entries(out, [*entries, entry])
+        return _write_manifest_entries(out, [*entries, entry])
 
 
 def json_ready(value: Any) -> Any:

@@ -267,6 +267,35 @@ def test_public_names_are_exported():
     assert getattr(interp.tiny_hf_model, "__wrapped__", None) is tiny_hf_model  # still reachable (guarded)
 
 
+def _used_beyond(name: str, own: Path, texts: dict[Path, str]) -> bool:
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    return any(word.search(text) for path, text in texts.items() if path != own)
+
+
+def test_every_public_name_is_used_beyond_its_module():
+    """A module-level function or class without a leading underscore is part of what a reader takes as the
+    library's surface: it is exported (``interp.__all__`` or its module's ``__all__``), or something else uses it
+    (another module, a test, an experiment, a benchmark, a tool, a page). Otherwise it is a private helper, named
+    as one."""
+    root = PACKAGE.parent
+    texts = {p: p.read_text() for folder in ("interp", "tests", "experiments", "benchmarks", "tools", "docs")
+             for p in (root / folder).rglob("*") if p.suffix in (".py", ".md") and ".venv" not in p.parts}
+    texts.update({p: p.read_text() for p in (root / "notebooks").glob("*.ipynb")})
+    lonely = []
+    for path in MODULES.values():
+        if path == PACKAGE / "models" / "builders.py":  # the tiny builders: found by family name (families.py)
+            continue
+        tree = ast.parse(path.read_text())
+        exported = {e.value for node in tree.body if isinstance(node, ast.Assign)
+                    and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+                    for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)}
+        for node in tree.body:
+            if (isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+                    and node.name not in exported and not _used_beyond(node.name, path, texts)):
+                lonely.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    assert not lonely, "public names nothing else uses (prefix them with _, or export them): " + ", ".join(lonely)
+
+
 if __name__ == "__main__":  # regenerate docs/development.md's diagram from LAYERS
     readme_path = DIAGRAM_PAGE
     text = readme_path.read_text()

@@ -18,7 +18,7 @@ Weighting (the same for every batching of the same items): distances, entropies 
 masses are means over query rows, each real token or patch counting once; a text spectrum
 is taken per sequence over its real tokens only (padding never enters an FFT) and spectra
 of different lengths or grids are combined with each sequence or image counting once
-(``combine_spectra``).
+(``_combine_spectra``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _spectrum_parts(spec: Tensor, n_bins: int = N_BINS) -> dict[str, Tensor]:
     beyond the lowest and highest (at Nyquist this is exact for a real signal of odd length: its amplitude
     is symmetric about 0.5). So every length of at least 2 (every grid of more than one cell) gives every bin
     on the common grid of normalised frequencies; bins that hold frequencies are their cells' mean, as before.
-    A spectrum with no nonzero frequency (one token) gives NaN bins (``combine_spectra`` leaves it out of them)."""
+    A spectrum with no nonzero frequency (one token) gives NaN bins (``_combine_spectra`` leaves it out of them)."""
     weights, dc, hf, inside = _bin_weights(tuple(spec.shape[1:]), n_bins)
     flat = spec.detach().cpu().double().flatten(1).numpy()  # numpy: small arrays, no thread pool per call (100x)
     energy = flat**2
@@ -134,7 +134,7 @@ def bin_spectrum(spec: Tensor, n_bins: int = N_BINS) -> tuple[Tensor, Tensor]:
     return _bins_and_ratio(_spectrum_parts(spec, n_bins))
 
 
-def combine_spectra(spectra: dict[tuple, tuple[Tensor, int]], n_bins: int = N_BINS) -> tuple[Tensor, Tensor]:
+def _combine_spectra(spectra: dict[tuple, tuple[Tensor, int]], n_bins: int = N_BINS) -> tuple[Tensor, Tensor]:
     """Bins and hf_ratio of spectra of several shapes (sequence lengths, patch grids).
 
     ``spectra``: shape -> (sum over items of their amplitude spectra, number of items). Each item
@@ -286,7 +286,7 @@ def _profile_rows(info: ModelInfo, acc: dict[int, dict[str, Any]]) -> pd.DataFra
     """The profile table of accumulated terms ``acc`` (layer -> sums, as ``_add_terms`` builds them)."""
     rows = []
     for l, a in acc.items():
-        bins, hf = combine_spectra(a["spectra"])
+        bins, hf = _combine_spectra(a["spectra"])
         for h in range(info.n_heads):
             row = dict(layer=l, head=h, hf_ratio=float(hf[h]),
                        mean_attention_distance=float(a["dist"][h] / a["n_query"]),
@@ -315,10 +315,10 @@ def _profile_batches(model: InterpBridge, batches: Any, layers: Sequence[int], h
     return _profile_rows(info, acc)
 
 
-def item_terms(model: InterpBridge, data: Any, layers: Sequence[int], max_batches: Optional[int] = None,
+def _item_terms(model: InterpBridge, data: Any, layers: Sequence[int], max_batches: Optional[int] = None,
                progress: bool = True, hasher: Optional[DataHasher] = None) -> list[dict[int, dict[str, Any]]]:
     """Each item's own accumulated profile terms (one forward pass over ``data``): any subset of the items
-    gives its profile exactly by summing its items' terms (``profile_of_items``); ``hasher`` sees each batch."""
+    gives its profile exactly by summing its items' terms (``_profile_of_items``); ``hasher`` sees each batch."""
     items: list[dict[int, dict[str, Any]]] = []
     reducing, consume = _reducer(model.interp, layers, {}, items)
 
@@ -331,7 +331,7 @@ def item_terms(model: InterpBridge, data: Any, layers: Sequence[int], max_batche
     return items
 
 
-def profile_of_items(info: ModelInfo, items: Sequence[dict[int, dict[str, Any]]]) -> pd.DataFrame:
+def _profile_of_items(info: ModelInfo, items: Sequence[dict[int, dict[str, Any]]]) -> pd.DataFrame:
     """The profile of the items whose terms are ``items`` (each counted once, as in ``frequency_profile``)."""
     acc: dict[int, dict[str, Any]] = {l: {} for l in items[0]}
     for own in items:
@@ -422,7 +422,7 @@ RESOLUTION = dict(hf_ratio=0.01, entropy=0.05, sink_mass=0.02)
 DISTANCE_RESOLUTION = 0.02  # of the mean attention distance
 
 
-def family_separation(profile: pd.DataFrame, labels: np.ndarray) -> float:
+def _family_separation(profile: pd.DataFrame, labels: np.ndarray) -> float:
     """min over pairs of families of max over headline features of |mean difference| / resolution."""
     res = {**RESOLUTION, "mean_attention_distance": DISTANCE_RESOLUTION * abs(profile.mean_attention_distance.mean())}
     cols = [c for c in res if c in profile]
@@ -470,7 +470,7 @@ def null_covariance(R: np.ndarray, dof: int) -> tuple[np.ndarray, np.ndarray, st
     return np.clip(lam, 0.0, None), vec, "sample" if dof > R.shape[1] else "sample_singular"
 
 
-def null_centres(X: np.ndarray, layers: np.ndarray, null: str) -> tuple[np.ndarray, np.ndarray, int]:
+def _null_centres(X: np.ndarray, layers: np.ndarray, null: str) -> tuple[np.ndarray, np.ndarray, int]:
     """(the null's mean per head, its spread per head, residual degrees of freedom). ``gaussian_covariance``:
     the grand mean, spread 1 (n - 1). ``gaussian_layer_means`` (where some layer has two heads): head i's layer
     mean and its layer's own scale s_g = sqrt(v_g / v) (n - L), v_g = sum_{i in g} ||x_i - m_g||^2 / (n_g - 1)
@@ -489,22 +489,22 @@ def null_centres(X: np.ndarray, layers: np.ndarray, null: str) -> tuple[np.ndarr
 
 def gaussian_null(X: np.ndarray, seed: int, n_null: int, layers: Optional[np.ndarray] = None,
                   null: str = "gaussian_covariance") -> tuple[np.ndarray, str]:
-    """The 2-means cluster index of ``n_null`` sets of heads drawn from N(c_i, s_i^2 Sigma) (``null_centres``;
+    """The 2-means cluster index of ``n_null`` sets of heads drawn from N(c_i, s_i^2 Sigma) (``_null_centres``;
     Sigma: ``null_covariance`` of (X - c) / s), each standardised as X was: one family that keeps the features'
     correlations (spectral bins move together) and, with layer means, each layer's offset and spread.
     ``within_layer``: the draws are N(0, Sigma) with Sigma the covariance of the profile's within-layer residuals
-    (``within_layer_features``: layer means removed, each layer's features scaled to its own spread), and each
-    draw is treated exactly as the profile was (``within_layer_features`` of the draw).
+    (``_within_layer_features``: layer means removed, each layer's features scaled to its own spread), and each
+    draw is treated exactly as the profile was (``_within_layer_features`` of the draw).
     Returns (indices, covariance rule)."""
     layers = np.zeros(len(X)) if layers is None else np.asarray(layers)
     rng = np.random.default_rng(seed)
     if null == "within_layer":
-        R = within_layer_features(X, layers)
+        R = _within_layer_features(X, layers)
         lam, vec, rule = null_covariance(R, len(X) - len(np.unique(layers)))
         root = vec * np.sqrt(lam)
-        return np.asarray([two_means_index(within_layer_features(rng.standard_normal(R.shape) @ root.T, layers),
+        return np.asarray([two_means_index(_within_layer_features(rng.standard_normal(R.shape) @ root.T, layers),
                                            seed) for _ in range(n_null)]), rule
-    centres, scale, dof = null_centres(X, layers, null)
+    centres, scale, dof = _null_centres(X, layers, null)
     safe = np.where(scale > 0, scale, 1.0)[:, None]
     lam, vec, rule = null_covariance((X - centres) / safe, dof)
     root = vec * np.sqrt(lam)  # Sigma = root @ root.T
@@ -513,7 +513,7 @@ def gaussian_null(X: np.ndarray, seed: int, n_null: int, layers: Optional[np.nda
     return np.asarray(out), rule
 
 
-def within_layer_features(X: np.ndarray, layers: np.ndarray) -> np.ndarray:
+def _within_layer_features(X: np.ndarray, layers: np.ndarray) -> np.ndarray:
     """What is left of X once layers are taken out, standardised: each layer's mean removed and each feature
     divided by its standard deviation within that layer (a layer whose heads vary in other features than another
     layer's is no family), then each column scaled to variance 1 over all heads (columns with no within-layer
@@ -558,10 +558,10 @@ def _test_features(X: np.ndarray, layers: Optional[np.ndarray], null: str) -> tu
         return X, null
     if layers is None or len(np.unique(layers)) == len(X):
         return X, "gaussian_covariance"
-    return within_layer_features(X, layers), null
+    return _within_layer_features(X, layers), null
 
 
-def replication(halves: Sequence[tuple[pd.DataFrame, pd.DataFrame]], k: int, method: str, seed: int,
+def _replication(halves: Sequence[tuple[pd.DataFrame, pd.DataFrame]], k: int, method: str, seed: int,
                 null: str = "gaussian_covariance", heads: Optional[np.ndarray] = None,
                 model: Optional[str] = None) -> np.ndarray:
     """Per split, the adjusted Rand index between the k families fitted on each half's profile on its own (on
@@ -608,9 +608,9 @@ def _family_test(X: np.ndarray, Xc: np.ndarray, profile: pd.DataFrame, best: tup
     observed = two_means_index(Xc, seed)
     p = (1 + int((null <= observed + 1e-12).sum())) / (1 + n_null)
     spread = float(null.std())
-    separation = family_separation(profile, best[2])
+    separation = _family_separation(profile, best[2])
     own = profile[["layer", "head"]].to_numpy() if {"layer", "head"} <= set(profile.columns) else None
-    ari = replication(halves, k, method, seed, kind, own, profile.attrs.get("model")) if halves else np.array([np.nan])
+    ari = _replication(halves, k, method, seed, kind, own, profile.attrs.get("model")) if halves else np.array([np.nan])
     lo, mid, hi = np.percentile(ari, [2.5, 50, 97.5]) if halves else (np.nan,) * 3
     replicated = (not halves) or lo >= REPLICATION_BAR
     return dict(separation=separation, cluster_index=observed, null_cluster_index=float(null.mean()),
@@ -647,10 +647,10 @@ def cluster_heads(profile: pd.DataFrame, k: Optional[int] = None, method: str = 
     it is ``specialisation_test``'s question.
 
     **(b) Within layers, do heads form families?** ``null="within_layer"`` (default): each layer's mean is
-    removed (``within_layer_features``) and the residuals' 2-means cluster index CI = sum_c sum_{i in c}
+    removed (``_within_layer_features``) and the residuals' 2-means cluster index CI = sum_c sum_{i in c}
     ||x_i - m_c||^2 / sum_i ||x_i - m||^2 (``two_means_index``) is tested against one Gaussian with the
     within-layer covariance (SigClust: Liu, Hayes, Nobel and Marron 2008): ``n_null`` sets of heads drawn from
-    N(0, s_g^2 Sigma_within) (each layer's own spread s_g, ``null_centres``), each treated exactly as the profile
+    N(0, s_g^2 Sigma_within) (each layer's own spread s_g, ``_null_centres``), each treated exactly as the profile
     (layer means removed, standardised, split by the same 2-means; ``gaussian_null``). family_p = (1 + #{null CI
     <= observed CI}) / (1 + n_null) (199 draws: smallest p 0.005); ``family_effect`` = (mean null CI - observed)
     / SD of the null CIs. Older nulls: ``"gaussian_layer_means"`` clusters the features with the layer means kept
@@ -723,10 +723,10 @@ def item_profiles(model: InterpBridge, data: Any, layers: Sequence[int], heads: 
                   progress: bool = True) -> tuple[pd.DataFrame, list, list]:
     """(the profile of all items, ``n_splits`` pairs of profiles of random disjoint halves of the items,
     ``n_boot`` profiles of bootstrap resamples of the items) from one forward pass: each item's terms are kept
-    (``item_terms``) and summed per subset (``profile_of_items``). Resamples draw items with replacement
+    (``_item_terms``) and summed per subset (``_profile_of_items``). Resamples draw items with replacement
     (``interp.bootstrap.resample_indices(n_items, n_boot, seed)``)."""
     info = model.interp
-    items = item_terms(model, data, layers, max_batches, progress)
+    items = _item_terms(model, data, layers, max_batches, progress)
     if len(items) < 2:
         raise InputError(f"family_test splits the data's items into two halves: it needs at least 2 items (images "
                          f"or sequences with a real token), got {len(items)}; pass more data")
@@ -734,11 +734,11 @@ def item_profiles(model: InterpBridge, data: Any, layers: Sequence[int], heads: 
     halves = []
     for _ in range(n_splits):
         order = rng.permutation(n)
-        halves.append(tuple(_select_heads(profile_of_items(info, [items[i] for i in part]), heads)
+        halves.append(tuple(_select_heads(_profile_of_items(info, [items[i] for i in part]), heads)
                             for part in (order[: n // 2], order[n // 2:])))
-    resamples = [_select_heads(profile_of_items(info, [items[i] for i in idx]), heads)
+    resamples = [_select_heads(_profile_of_items(info, [items[i] for i in idx]), heads)
                  for idx in (resample_indices(n, n_boot, seed) if n_boot else ())]
-    return _select_heads(profile_of_items(info, items), heads), halves, resamples
+    return _select_heads(_profile_of_items(info, items), heads), halves, resamples
 
 
 def split_profiles(model: InterpBridge, data: Any, layers: Sequence[int], heads: Sequence[int], n_splits: int,
@@ -807,7 +807,7 @@ def spread_interval(model: InterpBridge, data: Any, *, column: str = "hf_ratio",
     """How differently the heads filter, with its interval: the spread (standard deviation over heads, ddof 1) of a
     ``frequency_profile`` column, and its 95% percentile bootstrap over *items*: each resample draws the items
     with replacement (``interp.bootstrap.resample_indices(n_items, n_boot, seed)``, items in data order) and
-    recomputes the whole profile from their summed terms (one forward pass: ``item_terms``). One row: model,
+    recomputes the whole profile from their summed terms (one forward pass: ``_item_terms``). One row: model,
     column, spread, spread_lo, spread_hi, n_items, n_heads, n_boot, seed; ``.attrs["boots"]`` holds the resampled
     spreads, so two models on the same items and seed give a paired difference (``spread_difference``)."""
     model = require_bridge(model, "spread_interval")
@@ -821,11 +821,11 @@ def spread_interval(model: InterpBridge, data: Any, *, column: str = "hf_ratio",
         raise InputError(f"spread_interval is a spread over heads: it needs at least 2, and {info.name} has "
                          f"{len(layers) * info.n_heads} in the layers asked for; pass more layers")
     hasher = DataHasher()
-    items = item_terms(model, data, layers, max_batches, progress, hasher=hasher)
+    items = _item_terms(model, data, layers, max_batches, progress, hasher=hasher)
     if len(items) < 2:
         raise InputError(f"spread_interval resamples items: it needs at least 2, got {len(items)}; pass more data")
-    spread = float(profile_of_items(info, items)[column].std())
-    boots = np.array([profile_of_items(info, [items[i] for i in idx])[column].std()
+    spread = float(_profile_of_items(info, items)[column].std())
+    boots = np.array([_profile_of_items(info, [items[i] for i in idx])[column].std()
                       for idx in resample_indices(len(items), n_boot, seed)])
     lo, hi = np.percentile(boots, PERCENTILES) if n_boot else (np.nan, np.nan)
     row = pd.DataFrame([dict(model=info.name, column=column, spread=spread, spread_lo=float(lo), spread_hi=float(hi),
@@ -872,7 +872,7 @@ SPECIALISATION_STATISTICS = {
 N_RANDOM = 8
 
 
-def head_statistics(profile: pd.DataFrame, seed: int = 0) -> dict[str, float]:
+def _head_statistics(profile: pd.DataFrame, seed: int = 0) -> dict[str, float]:
     """The statistics ``specialisation_test`` compares (``SPECIALISATION_STATISTICS``), of one profile; larger
     means more specialised in each. Every feature is used (``_cluster_features``: NaN refused)."""
     X = _cluster_features(profile, "kmeans")
@@ -896,8 +896,8 @@ def specialisation_table(trained: pd.DataFrame, untrained: Sequence[pd.DataFrame
         if not np.array_equal(u[["layer", "head"]].to_numpy(), trained[["layer", "head"]].to_numpy()):
             raise InputError("the untrained profiles must hold the trained profile's heads in the same order")
     n_features = _cluster_features(trained, "kmeans").shape[1]
-    t_stats = head_statistics(trained, seed)
-    u_stats = [head_statistics(u, seed) for u in untrained]
+    t_stats = _head_statistics(trained, seed)
+    u_stats = [_head_statistics(u, seed) for u in untrained]
     n, summary = len(untrained), {}
     for name in SPECIALISATION_STATISTICS:
         ref, value = np.array([s[name] for s in u_stats]), t_stats[name]

@@ -130,7 +130,7 @@ def _literal(model: InterpBridge, item: Any) -> Any:
     return item
 
 
-def single_input_batch(model: InterpBridge, item: Any) -> Batch:
+def _single_input_batch(model: InterpBridge, item: Any) -> Batch:
     """``item`` as a Batch of one: a prompt, an image (path, PIL image, array, pixel tensor) or token ids,
     a dict / Batch / (ids, mask) pair holding one; more than one, or the other modality, is refused.
 
@@ -183,7 +183,7 @@ def _exactly_one(model: InterpBridge, batches: Any) -> Batch:
     return first
 
 
-def positions_table(model: InterpBridge, batch: Batch) -> pd.DataFrame:
+def _positions_table(model: InterpBridge, batch: Batch) -> pd.DataFrame:
     """One row per position: pos, label (the token string; a ViT's prefix name or "patch (r, c)"), kind
     (token | prefix | patch), row, col (patch-grid coordinates; -1 where there are none)."""
     info = model.interp
@@ -220,7 +220,7 @@ def _default_query(model: InterpBridge) -> str:
     return "all"
 
 
-def resolve_query(model: InterpBridge, query: Any, n_pos: int) -> tuple[str, Optional[list[int]]]:
+def _resolve_query(model: InterpBridge, query: Any, n_pos: int) -> tuple[str, Optional[list[int]]]:
     """(label, query rows) for ``query``: a position, "cls", "first", "last" (one row), "all" (every row),
     or "mean" (rows None: the mean over real query rows); None: "cls" for a ViT with a class token, "mean"
     for one without, "all" for a language model."""
@@ -424,16 +424,16 @@ def _key_prior_frame(got: _Layer, heads: Sequence[int], rows: Optional[list[int]
 
 
 def _checked_query(model: InterpBridge, query: Any, n_pos: int, n_layers: int, n_heads: int) -> tuple[str, Any]:
-    """``resolve_query`` with the table's size bounded: the default for text falls back from every query row
+    """``_resolve_query`` with the table's size bounded: the default for text falls back from every query row
     to the last one (with a warning) on a long prompt; an explicit choice over the bound is refused."""
-    label, rows = resolve_query(model, query, n_pos)
+    label, rows = _resolve_query(model, query, n_pos)
     size = n_layers * n_heads * len(CONDITIONS) * (1 if rows is None else len(rows)) * n_pos
     if size <= MAX_PATTERN_ROWS:
         return label, rows
     if query is None and model.interp.modality == "text":
         warnings.warn(f"{n_pos} tokens: every query row would make {size:,} pattern rows; showing the last token's "
                       "row (pass query='all' with layers=/heads= for the full patterns)", UserWarning, stacklevel=3)
-        return resolve_query(model, "last", n_pos)
+        return _resolve_query(model, "last", n_pos)
     raise InputError(f"query={label!r} on {n_layers} layer(s) x {n_heads} head(s) x {n_pos} positions would make "
                      f"{size:,} pattern rows (at most {MAX_PATTERN_ROWS:,}): choose layers= and heads=, or one query "
                      "row (query='cls', 'last', 'mean' or a position)")
@@ -471,8 +471,8 @@ def single_input(model: InterpBridge, input: Any, *, layers: Any = None, heads: 
     top_k = None if top_k is None else check_count("top_k", top_k)
     if not isinstance(float64, bool):
         raise InputError(f"float64 must be True or False; got {float64!r}")
-    batch = single_input_batch(model, input)
-    positions = positions_table(model, batch)
+    batch = _single_input_batch(model, input)
+    positions = _positions_table(model, batch)
     label, rows = _checked_query(model, query, len(positions), len(layers), len(heads))
     run = _float64_copy(model) if float64 else model
     with evaluating(run):

@@ -155,7 +155,7 @@ def prefix_names(model: InterpBridge) -> list[str]:
     return named + [f"register_{i}" for i in range(info.n_prefix_tokens - len(named))]
 
 
-def special_token_ids(model: InterpBridge) -> list[tuple[str, int]]:
+def _special_token_ids(model: InterpBridge) -> list[tuple[str, int]]:
     """(class, token id) for the tokenizer's [CLS], [SEP] and BOS ids (one class per distinct id)."""
     tok, out, seen = model.tokenizer, [], set()
     for name, attr in SPECIAL_TOKENS if tok is not None else ():
@@ -171,7 +171,7 @@ def position_classes(model: InterpBridge) -> list[str]:
     model = require_bridge(model, "position_classes")
     if model.interp.modality == "vision":
         return prefix_names(model) + ["top_content"]
-    return ["first"] + [name for name, _ in special_token_ids(model)] + ["top_content"]
+    return ["first"] + [name for name, _ in _special_token_ids(model)] + ["top_content"]
 
 
 def check_positions(model: InterpBridge, positions: Any) -> list[str]:
@@ -210,7 +210,7 @@ def class_masks(model: InterpBridge, batch: Batch, n_pos: int,
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.cpu().bool()
         first = torch.zeros_like(real)
         first[torch.arange(b), real.int().argmax(1)] = real.any(1)  # the first real token (left padding too)
-        masks = {"first": first, **{name: (ids == i) & real for name, i in special_token_ids(model)}}
+        masks = {"first": first, **{name: (ids == i) & real for name, i in _special_token_ids(model)}}
     return to_device(real, device), {name: to_device(m, device) for name, m in masks.items()}
 
 
@@ -220,7 +220,7 @@ def column_sums(pattern: Float[Tensor, "batch head_index query_pos key_pos"],
     return torch.einsum("bhqk,bq->bhk", pattern.double(), real.double())
 
 
-def top_content_keys(col: Float[Tensor, "batch head_index key_pos"], real: Tensor,
+def _top_content_keys(col: Float[Tensor, "batch head_index key_pos"], real: Tensor,
                      masks: ClassMasks) -> Float[Tensor, "batch head_index key_pos"]:
     """One-hot of each (sequence, head)'s most-attended real key outside the named classes."""
     content = real.clone()
@@ -239,7 +239,7 @@ def sink_weights(col: Tensor, real: Tensor, masks: ClassMasks,
         if name != "top_content":
             union |= masks[name]
     out = union[:, None, :].expand_as(col).double()
-    return torch.maximum(out, top_content_keys(col, real, masks)) if "top_content" in names else out
+    return torch.maximum(out, _top_content_keys(col, real, masks)) if "top_content" in names else out
 
 
 def default_sink_positions(model: InterpBridge) -> list[str]:

@@ -226,7 +226,7 @@ def sink_profile(model: InterpBridge, data: Any, *, threshold: float = SINK_THRE
     """
     require_bridge(model, "sink_profile")
     part = _profile_part(model, threshold, layers, heads, positions, remove)
-    return run_parts(model, data, max_batches, [part], "sink profile", progress)[0]
+    return _run_parts(model, data, max_batches, [part], "sink profile", progress)[0]
 
 
 def _profile_part(model: InterpBridge, threshold: Any, layers: Any, heads: Any, positions: Any, remove: Any) -> Part:
@@ -577,7 +577,7 @@ def massive_activations(model: InterpBridge, data: Any, *, layers: Optional[Sequ
     """
     require_bridge(model, "massive_activations")
     part = _massive_part(model, layers, top_k, abs_threshold, ratio_threshold, point)
-    return run_parts(model, data, max_batches, [part], "massive activations", progress)[0]
+    return _run_parts(model, data, max_batches, [part], "massive activations", progress)[0]
 
 
 def _massive_part(model: InterpBridge, layers: Any, top_k: Any, abs_threshold: Any, ratio_threshold: Any,
@@ -618,7 +618,7 @@ def sink_pass(model: InterpBridge, data: Any, *, threshold: float = SINK_THRESHO
     require_bridge(model, "sink_pass")
     parts = [_profile_part(model, threshold, None, None, positions, remove),
              _massive_part(model, None, top_k, abs_threshold, ratio_threshold)]
-    profile, massive = run_parts(model, data, max_batches, parts, "sinks and massive activations", progress)
+    profile, massive = _run_parts(model, data, max_batches, parts, "sinks and massive activations", progress)
     return {"profile": profile, "massive": massive}
 
 
@@ -634,7 +634,7 @@ class Part:
     batch_hooks: Optional[Callable[[Batch], list]] = None  # hooks that reduce as the forward passes
 
 
-def run_parts(model: InterpBridge, data: Any, max_batches: Optional[int], parts: Sequence[Part], desc: str,
+def _run_parts(model: InterpBridge, data: Any, max_batches: Optional[int], parts: Sequence[Part], desc: str,
               progress: bool) -> list[pd.DataFrame]:
     """One forward per batch serving every part (``stream_batches``); each part's table."""
     def consume(batch: Batch, store: dict) -> None:

@@ -35,7 +35,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:
     """Centre-crop to a square and resize to ``size`` (bilinear, antialiased); pixels in [0, 1]
-    (``unit_pixels``: by the dtype's range).
+    (``_unit_pixels``: by the dtype's range).
 
     Grayscale becomes 3 channels; a 4th (alpha) channel is dropped.
     """
@@ -45,7 +45,7 @@ def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:
                          f"got {img.dtype} {img.shape}")
     if img.ndim == 2 or img.shape[-1] == 1:
         img = np.concatenate([img.reshape(*img.shape[:2], 1)] * 3, axis=-1)
-    img = unit_pixels(img[..., :3])
+    img = _unit_pixels(img[..., :3])
     h, w = img.shape[:2]
     s = min(h, w)
     top, left = (h - s) // 2, (w - s) // 2
@@ -53,7 +53,7 @@ def square_resize(img: np.ndarray, size: int) -> Float[Tensor, "3 size size"]:
     return F.interpolate(t[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
 
 
-def unit_pixels(img: np.ndarray) -> np.ndarray:
+def _unit_pixels(img: np.ndarray) -> np.ndarray:
     """``img`` as float32 pixels in [0, 1], scaled by what its dtype's values mean, never by the image's own
     range (which gave one picture other pixels as uint8 and as int64): uint8 / 255; uint16 / 65535 (a
     16-bit PNG); another integer type / 255 when its values lie in 0..255 (8-bit values in a wider type),

@@ -70,14 +70,14 @@ def _counted_batch(model: InterpBridge, item: Any) -> tuple[Batch, int]:
         return (Batch(item[0], labels=item[1]) if info.modality == "vision" else Batch(item[0], item[1])), 0
     if isinstance(item, Tensor):
         return Batch(item), 0
-    texts = [item] if isinstance(item, str) else text_list(item)
+    texts = [item] if isinstance(item, str) else _text_list(item)
     if texts is not None:
         if info.modality != "text":
             raise InputError(f"{info.name} is a vision model: text cannot be its data")
         if model.tokenizer is None:
             raise InputError(f"{info.name} has no tokenizer, so text cannot be tokenised: pass token ids, or load it "
                              "with interp.load_model(model, tokenizer=AutoTokenizer.from_pretrained(...))")
-        kept, dropped = checked_texts(texts)
+        kept, dropped = _checked_texts(texts)
         enc = model.tokenizer(kept, return_tensors="pt", padding=True)
         return Batch(enc["input_ids"], enc["attention_mask"]), dropped
     raise InputError(
@@ -102,9 +102,9 @@ def _as_tensor(value: Any, key: str) -> Optional[Tensor]:
                          "tensor, or rows of equal length (pad them, with an attention_mask)") from None
 
 
-def text_list(data: Any) -> Optional[list]:
+def _text_list(data: Any) -> Optional[list]:
     """``data`` as a list when it is a list, tuple or pandas Series holding at least one str (texts, to be
-    checked by ``checked_texts``); None otherwise."""
+    checked by ``_checked_texts``); None otherwise."""
     pandas = sys.modules.get("pandas")
     if isinstance(data, (list, tuple)) or (pandas is not None and isinstance(data, pandas.Series)):
         items = list(data)
@@ -112,7 +112,7 @@ def text_list(data: Any) -> Optional[list]:
     return None
 
 
-def checked_texts(texts: list) -> tuple[list[str], int]:
+def _checked_texts(texts: list) -> tuple[list[str], int]:
     """(the texts analysed, how many were dropped): every item a str (else one ``InputError`` naming the
     first that is not); empty texts (nothing but whitespace) dropped, as a table's or a dataset's rows are,
     so the same texts give the same numbers through every entry point (the caller warns once,
@@ -176,9 +176,9 @@ def open_data(model: InterpBridge, data: Any, options: Optional[dict[str, Any]] 
         return [data]
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
         return [_one_pair(data)]  # one (input_ids, attention_mask) or (pixel_values, labels) pair, not two batches
-    texts = text_list(data)
+    texts = _text_list(data)
     if texts is not None:  # a list (tuple, Series) of texts: one batch, checked here once
-        kept, dropped = checked_texts(texts)
+        kept, dropped = _checked_texts(texts)
         if dropped:
             warnings.warn(empty_texts_warning(dropped), UserWarning, stacklevel=2)
         return [kept]

@@ -53,7 +53,7 @@ KNOWN_DATA = ("built-in datasets are photos, digits, mnist, python-docs; or pass
               ".txt file or a .jsonl/.csv/.parquet table")
 
 
-def looks_like_path(text: str) -> bool:
+def _looks_like_path(text: str) -> bool:
     """One line with a path separator, or ending in a file suffix: a path, even with spaces in it."""
     one = text.strip()
     return "\n" not in one and ("/" in one or "\\" in one or one.lower().endswith(FILE_SUFFIXES))
@@ -79,7 +79,7 @@ def data_kind(data: Any, text_ok: bool) -> str:
                          "or text as a list of strings")
     if _exists(text):
         return "path"
-    if isinstance(data, os.PathLike) or looks_like_path(text):
+    if isinstance(data, os.PathLike) or _looks_like_path(text):
         raise InputError(f"no such file or folder: {text!r} (it looks like a path, so it is not read as text): "
                          "check the path; to pass text that looks like one, wrap it in a list: [text]")
     if text_ok and any(c.isspace() for c in text.strip()):
@@ -355,7 +355,7 @@ def _table_rows(path: Path, column: Optional[str], what: str) -> Iterator[tuple[
                          "re-encode it as UTF-8") from None
 
 
-def checked_value(value: Any, where: str, column: Optional[str], what: str) -> Any:
+def _checked_value(value: Any, where: str, column: Optional[str], what: str) -> Any:
     """A table or dataset cell as the text or image it must be; anything else is one error naming
     the column and the row (an integer or a list is never tokenised as its string form)."""
     if what == "text" and isinstance(value, str):
@@ -461,8 +461,8 @@ def _table(model: InterpBridge, path: Path, opts: Options) -> DataSource:
     column = (opts.image_column or "image") if vision else (opts.text_column or "text")
     first = next(iter(_table_rows(path, column, what)), None)  # a missing column fails now, not mid-run
     if first is not None:
-        checked_value(first[1], f"{path} {first[0]}", column, what)
-    values = lambda: (checked_value(v, f"{path} {where}", column, what)  # noqa: E731
+        _checked_value(first[1], f"{path} {first[0]}", column, what)
+    values = lambda: (_checked_value(v, f"{path} {where}", column, what)  # noqa: E731
                       for where, v in _table_rows(path, column, what))
     if vision:
         rows = lambda: ((path.parent / v if isinstance(v, str) else v, None) for v in values())  # noqa: E731
@@ -505,14 +505,14 @@ def _dataset_rows(ds: Any, column: str, what: str, opts: Options) -> tuple[Calla
     if hasattr(ds, "__len__"):  # a Dataset: read only this rank's rows, by index
         n = len(ds) if opts.max_items is None else min(len(ds), opts.max_items)
         mine = [i for i in range(n) if (i // opts.batch_size) % opts.world == opts.rank]
-        return lambda: (checked_value(ds[i][column], f"dataset row {i + 1}", column, what) for i in mine), n
+        return lambda: (_checked_value(ds[i][column], f"dataset row {i + 1}", column, what) for i in mine), n
 
     def stream() -> Iterator:  # an IterableDataset: streamed, this rank's rows kept
         for i, row in _shard(enumerate(ds), opts):
             if column not in row:
                 raise InputError(f"dataset row {i + 1} has no column {column!r}; its columns: {', '.join(row)} "
                                  f"(name one with {what}_column= / --{what}-column)")
-            yield checked_value(row[column], f"dataset row {i + 1}", column, what)
+            yield _checked_value(row[column], f"dataset row {i + 1}", column, what)
     return stream, None
 
 
@@ -636,7 +636,7 @@ def resolve_data(model: InterpBridge, data: Any, **options: Any) -> DataSource:
 def is_path_list(data: Any) -> bool:
     """A non-empty list or tuple of existing files (``os.PathLike`` or str), read as files, never as text."""
     return isinstance(data, (list, tuple)) and bool(data) and all(
-        isinstance(x, (str, os.PathLike)) and (isinstance(x, os.PathLike) or looks_like_path(x)) and _exists(str(x))
+        isinstance(x, (str, os.PathLike)) and (isinstance(x, os.PathLike) or _looks_like_path(x)) and _exists(str(x))
         and Path(x).expanduser().is_file() for x in data)
 
 

@@ -68,7 +68,7 @@ class InterpBridge(TransformerBridge):
         adapter = _adapter(hf_model, info)
         adapter.prepare_model(hf_model)
         tokenizer = _configure_tokenizer(tokenizer, adapter.cfg)
-        driver_class = TransformersDriver if family.source == "transformers" else PositionalDriver
+        driver_class = TransformersDriver if family.source == "transformers" else _PositionalDriver
         driver = driver_class(hf_model, adapter, tokenizer)
         super().__init__(hf_model, adapter, tokenizer, driver=driver)
         if hasattr(adapter, "finalize"):
@@ -138,7 +138,7 @@ def _batch_forward(model: InterpBridge, batch: Any, kwargs: dict) -> tuple[Any, 
     return x, {**kwargs, **kw}
 
 
-class PositionalDriver(TransformersDriver):
+class _PositionalDriver(TransformersDriver):
     """Runs a timm / open_clip model as ``model(images)``: they take no ``pixel_values`` keyword."""
 
     def forward(self, input_ids: Any = None, **kwargs: Any) -> Any:
@@ -194,7 +194,7 @@ def _out_features(module: nn.Module) -> int:
 DROPOUT_FIELDS = ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop", "attn_drop_rate", "attn_drop")
 
 
-def active_dropout(hf_model: nn.Module) -> str:
+def _active_dropout(hf_model: nn.Module) -> str:
     """What would make a forward of ``hf_model`` random ("" when nothing): a dropout module with p > 0,
     or an attention-probability dropout rate in the config, in a module left in training mode."""
     for name, module in hf_model.named_modules():
@@ -213,7 +213,7 @@ def active_dropout(hf_model: nn.Module) -> str:
 
 def refuse_active_dropout(hf_model: nn.Module) -> None:
     """Refuse a forward in training mode with dropout: every number it gave would be random."""
-    active = active_dropout(hf_model)
+    active = _active_dropout(hf_model)
     if active:
         raise InputError(f"the model is in training mode with dropout active ({active}), so every analysis would "
                          "give random numbers: call model.eval() first (interp.load_model returns it in eval mode)")

@@ -113,7 +113,7 @@ def _unwrapped(state: Any, file: Path) -> dict[str, torch.Tensor]:
     return dict(state)
 
 
-def load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str, fix: str) -> None:
+def _load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str, fix: str) -> None:
     """``model.load_state_dict(state, strict=True)`` after checking names and shapes: a mismatch is one error
     naming the first few tensors and ``fix``."""
     own = model.state_dict()
@@ -165,7 +165,7 @@ def timm_model(name: str, weights: Any = None, model_args: Optional[dict] = None
     if state is None:
         _random_init_warning(f"timm:{name}")
     else:
-        load_state(model, state, f"timm's {name} built with {_args_text(args)}",
+        _load_state(model, state, f"timm's {name} built with {_args_text(args)}",
                    "Pass the arguments the model was built with (model_args= / --model-args '{\"img_size\": 32}'), "
                    "or save it with timm.models.save_for_hf(model, folder), which records them, and load the folder")
     return model.eval()
@@ -202,7 +202,7 @@ def timm_folder(path: Path) -> nn.Module:
                   "object of constructor arguments) or save the model again with timm.models.save_for_hf",
                   UnknownSourceError):
         model = timm.create_model(f"local-dir:{path}", pretrained=False)
-    load_state(model, read_state_dict(file), f"timm's {arch} as {path / 'config.json'} describes it",
+    _load_state(model, read_state_dict(file), f"timm's {arch} as {path / 'config.json'} describes it",
                "Save config.json and the weights together again (timm.models.save_for_hf(model, folder))")
     return model.eval()
 
@@ -210,7 +210,7 @@ def timm_folder(path: Path) -> nn.Module:
 # ----- open_clip -----------------------------------------------------------------------------------------
 
 
-def open_clip_model(name: str, weights: Any = None, model_args: Optional[dict] = None) -> nn.Module:
+def _open_clip_model(name: str, weights: Any = None, model_args: Optional[dict] = None) -> nn.Module:
     """The vision tower of ``open_clip.create_model(name, pretrained=None, **model_args)``, ``weights`` loaded:
     a whole CLIP state dict (``visual.*`` keys) or the tower's own."""
     open_clip = _import("open_clip")
@@ -224,9 +224,9 @@ def open_clip_model(name: str, weights: Any = None, model_args: Optional[dict] =
     if state is None:
         _random_init_warning(f"open_clip:{name}")
     elif any(k.startswith("visual.") for k in state):
-        load_state(clip, state, f"open_clip's {name}", "Give the state dict of this very open_clip model")
+        _load_state(clip, state, f"open_clip's {name}", "Give the state dict of this very open_clip model")
     else:
-        load_state(clip.visual, state, f"open_clip's {name} vision tower",
+        _load_state(clip.visual, state, f"open_clip's {name} vision tower",
                    "Give the state dict of this very open_clip model, or of its vision tower (model.visual)")
     return _tower(clip)
 
@@ -276,4 +276,4 @@ def folder_library(path: Path) -> Optional[str]:
 def build(library: str, name: str, weights: Any, model_args: Optional[dict]) -> nn.Module:
     if model_args is not None and not isinstance(model_args, dict):
         raise InputError(f"model_args must be a dict of constructor arguments; got {type(model_args).__name__}")
-    return (timm_model if library == "timm" else open_clip_model)(name, weights, model_args)
+    return (timm_model if library == "timm" else _open_clip_model)(name, weights, model_args)

@@ -5,7 +5,7 @@ type (a class of another type would be built from its own defaults, ignoring the
 a default 7B model from a tiny checkpoint). The weights must be safetensors (no pickle),
 complete (every tensor's bytes inside the file) and of the size the config implies, and the
 model must fit in memory. Each failure is one error naming the file and the fix; nothing is
-built before they pass. ``read_weights`` reads only the safetensors headers.
+built before they pass. ``_read_weights`` reads only the safetensors headers.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _header(file: Path) -> dict[str, list[int]]:
     return {k: list(v.get("shape", [])) for k, v in tensors.items()}
 
 
-def read_weights(path: Path) -> dict[str, list[int]]:
+def _read_weights(path: Path) -> dict[str, list[int]]:
     """Every tensor's shape in the folder's safetensors weights (one file or an index of shards)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
@@ -141,7 +141,7 @@ SIZE_FIELDS = ("num_hidden_layers", "n_layer", "num_attention_heads", "n_head", 
                "image_size", "patch_size", "num_channels")
 
 
-def check_size_fields(path: Path, config: Any) -> None:
+def _check_size_fields(path: Path, config: Any) -> None:
     """Sizes that cannot describe a model (zero or negative layers, heads, widths) are refused."""
     bad = [f"{name}={getattr(config, name)}" for name in SIZE_FIELDS
            if isinstance(getattr(config, name, None), int) and not isinstance(getattr(config, name), bool)
@@ -181,8 +181,8 @@ def _free_bytes() -> Optional[int]:
 def check_sizes(path: Path, cls: type, config: Any, dtype: torch.dtype) -> None:
     """Refuse, before building: tensors of other shapes than the config implies, a config implying far
     more parameters than the weights hold, or a model larger than the free memory."""
-    check_size_fields(path, config)
-    shapes = read_weights(path)
+    _check_size_fields(path, config)
+    shapes = _read_weights(path)
     model = _meta_model(cls, config)
     if model is None:
         return

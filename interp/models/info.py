@@ -96,7 +96,7 @@ def require_family(model_type: Optional[str], architecture: str, config: Any = N
     )
 
 
-def source_key(model: nn.Module) -> tuple[str, str]:
+def _source_key(model: nn.Module) -> tuple[str, str]:
     """(model_type, architecture) naming ``model`` in the registry: the HF config's model_type and
     class, or ``"<package>:<class>"`` for other libraries' models ("timm:Eva")."""
     if isinstance(model, transformers.PreTrainedModel):
@@ -112,10 +112,10 @@ def source_key(model: nn.Module) -> tuple[str, str]:
 def family_of(hf_model: nn.Module) -> Family:
     """The family of an in-memory model: registered (with the variant its config matches), or
     inferred for an HF architecture TransformerLens bridges."""
-    model_type, architecture = source_key(hf_model)
+    model_type, architecture = _source_key(hf_model)
     family = require_family(model_type, architecture)
     if family is _UNDESCRIBED:
-        family = infer_family(hf_model)
+        family = _infer_family(hf_model)
         check_config(family, hf_model)
         return family
     check_config(family, hf_model)  # before ``describe``, which reads the modules the audit may refuse
@@ -156,7 +156,7 @@ def _infer_positions(hf_model: nn.Module, cfg: Any) -> tuple[str, str]:
     return "none", "no position embedding, rotary or ALiBi field found"
 
 
-def infer_family(hf_model: nn.Module) -> Family:
+def _infer_family(hf_model: nn.Module) -> Family:
     """Facts for an architecture TransformerLens bridges but the registry does not describe, read
     from its config and module names. No identity is claimed for it (``k_bias_inert`` is False)
     and the score decomposition refuses it: its scale and extra score terms are not known."""
@@ -228,7 +228,7 @@ def model_info(hf_model: nn.Module, family: Family, name: str, random_head: bool
     """Read sizes from the HF config; family facts from the registry."""
     cfg = hf_model.config
     d_model = int(_first(cfg, "hidden_size", "n_embd"))
-    architecture = source_key(hf_model)[1]
+    architecture = _source_key(hf_model)[1]
     n_heads = int(_first(cfg, "num_attention_heads", "n_head"))
     info = ModelInfo(
         name=name, architecture=architecture, family=family.name, modality=family.modality,

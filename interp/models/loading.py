@@ -62,7 +62,7 @@ def _refuse_meta(hf_model: nn.Module) -> None:
                          "load_state_dict(...)")
 
 
-def resolve_tokenizer(tokenizer: Any) -> Any:
+def _resolve_tokenizer(tokenizer: Any) -> Any:
     """None, a transformers tokenizer, or a local folder holding one (read from it); else one clear error."""
     if tokenizer is None or isinstance(tokenizer, transformers.PreTrainedTokenizerBase):
         return tokenizer
@@ -200,7 +200,7 @@ def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] 
         return source
     device = check_device(device)
     dtype = check_dtype(dtype)
-    tokenizer = resolve_tokenizer(tokenizer)
+    tokenizer = _resolve_tokenizer(tokenizer)
     library = external.library_source(source) if isinstance(source, str) else None
     if library is not None:
         module = external.build(*library, weights, model_args)
@@ -230,7 +230,7 @@ def load_model(source: Any, device: Device = None, dtype: Optional[torch.dtype] 
     return _load_hub(source, tokenizer, device, dtype)
 
 
-def unwrapped_copy(wrapped: nn.Module) -> nn.Module:
+def _unwrapped_copy(wrapped: nn.Module) -> nn.Module:
     """A deep copy of a bridged timm / open_clip model with every bridge component replaced by the
     module it wraps: the library's own model again, with the same weights."""
     fresh = copy.deepcopy(wrapped)
@@ -257,7 +257,7 @@ def clone_model(model: InterpBridge, dtype: Optional[torch.dtype] = None) -> Int
     dtype = check_dtype(dtype)
     hf = model.hf_model
     if model.interp.spec.source != "transformers":  # timm / open_clip: no config to rebuild from
-        fresh = unwrapped_copy(hf).to(dtype=dtype or next(hf.parameters()).dtype)
+        fresh = _unwrapped_copy(hf).to(dtype=dtype or next(hf.parameters()).dtype)
         clone = InterpBridge(fresh, name=model.interp.name, processor=model.processor, warn_zero_biases=False)
         clone.interp = copy.deepcopy(model.interp)
         return clone

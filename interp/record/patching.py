@@ -57,7 +57,7 @@ def check_method(method: str, targets: Sequence[Target], stats: Optional[QKVStat
         raise InputError("method='mean' needs stats from record_qkv (the content means)")
 
 
-def needs_means(model: InterpBridge, method: str, targets: Sequence[Target]) -> bool:
+def _needs_means(model: InterpBridge, method: str, targets: Sequence[Target]) -> bool:
     """Whether ``method`` needs the content means E[XW] (``record_qkv``) for ``targets``: "mean" on a bias the
     architecture has (an absent one is shifted by 0, ``bias_shift``); implicit kinds (sink_v, massive) are not
     bias targets here."""
@@ -73,8 +73,8 @@ def check_patch(model: InterpBridge, method: str, targets: Sequence[Target], sta
     """A patch's checks, once, at the door of what builds its hooks (``bias_patch_hooks``, ``ablate_bias``): the
     method against the targets (``check_method``; the content means required where ``method`` needs them and
     ``need_stats``) and ``stats``, where given, as statistics of this model. Returns whether ``method`` needs the
-    content means for ``targets`` (``needs_means``)."""
-    means = needs_means(model, method, targets)
+    content means for ``targets`` (``_needs_means``)."""
+    means = _needs_means(model, method, targets)
     check_method(method, targets, stats, need_stats=need_stats and means)
     if stats is not None:
         require_stats(stats).require_model(model)

@@ -163,7 +163,7 @@ class QKVStats:
     # ----- tidy output ---------------------------------------------------------------
     def to_frame(self) -> pd.DataFrame:
         """One row per layer x head x kind: count, bias norm, mean norms, RMS, covariance trace."""
-        return stats_frame(self)
+        return _stats_frame(self)
 
     # ----- persistence ---------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -186,7 +186,7 @@ class QKVStats:
                 )
 
 
-def stats_frame(stats: QKVStats) -> pd.DataFrame:
+def _stats_frame(stats: QKVStats) -> pd.DataFrame:
     """``QKVStats.to_frame``: one row per layer x head x kind: count, bias norm, mean norms, RMS, covariance trace."""
     rows = []
     for (layer, kind) in sorted(stats.moments, key=lambda k: (k[0], QKV.index(k[1]))):

@@ -28,7 +28,7 @@ from interp.report.sections import Section
 from interp.figures.plots import save_figure
 
 
-def section_files(section: Section) -> list[str]:
+def _section_files(section: Section) -> list[str]:
     """The names of the files ``write_section`` writes for ``section``."""
     return ([f"{name}.{ext}" for name in section.tables for ext in ("csv", "parquet")]
             + [f"{name}.safetensors" for name in section.stats] + [f"{name}.png" for name in section.figures])
@@ -37,7 +37,7 @@ def section_files(section: Section) -> list[str]:
 def write_section(section: Section, out: Path) -> dict[str, Path]:
     """Write a section's tables, figures and statistics into ``out``; return the figure paths. A file another
     command's manifest entry lists there is refused before anything is written (``refuse_overwriting``)."""
-    refuse_overwriting(out, section_files(section), command_of(out))
+    refuse_overwriting(out, _section_files(section), command_of(out))
     for name, table in section.tables.items():
         write_table(table, out / name)
     for name, stats in section.stats.items():
@@ -70,7 +70,7 @@ def manifest_entry(out: Path, command: Optional[str] = None, file: Optional[str]
     return found[-1] if found else None
 
 
-def headline_of(section: Section) -> str:
+def _headline_of(section: Section) -> str:
     """The section's headline led by the sample its numbers come from: "[n = 8 images] The largest ..."."""
     return f"[n = {section.sample}] {section.headline}" if section.sample else section.headline
 
@@ -78,13 +78,13 @@ def headline_of(section: Section) -> str:
 def summary(sections: Sequence[Section], meta: dict) -> dict:
     """Every headline number (each with its sample size), by section, with what produced them; ``samples``: the
     data each section's numbers come from ("" for the weights alone)."""
-    return json_ready(dict(meta=meta, headlines=[headline_of(s) for s in sections if s.headline],
+    return json_ready(dict(meta=meta, headlines=[_headline_of(s) for s in sections if s.headline],
                             sections={s.key: s.numbers for s in sections},
                             samples={s.key: s.sample for s in sections},
                             seconds={s.key: s.seconds for s in sections}))
 
 
-def samples_line(sections: Sequence[Section]) -> str:
+def _samples_line(sections: Sequence[Section]) -> str:
     """Which sections share which sample, e.g. "8 images: Shift ratio, Bias share; 4 images: Key prior"."""
     by_sample: dict[str, list[str]] = {}
     for s in sections:
@@ -136,14 +136,14 @@ def _section_html(section: Section, index: int, figures: dict[str, Path], tables
     return "\n".join(parts)
 
 
-def render_report(sections: Sequence[Section], figures: dict[str, Path], meta: dict, out: Path) -> Path:
+def _render_report(sections: Sequence[Section], figures: dict[str, Path], meta: dict, out: Path) -> Path:
     """Write ``summary.json`` and ``report.html`` (headline findings first, each with its sample size, then the
     sections). Interactive heatmaps are the view of what they draw; the PNGs of the same are links beside them."""
     data = summary(sections, meta)
     with atomic_path(out / "summary.json") as tmp:
         tmp.write_text(json.dumps(data, indent=2))
     headlines = "".join(f"<li>{html.escape(h)}</li>" for h in data["headlines"])
-    samples = samples_line(sections)
+    samples = _samples_line(sections)
     samples = (f"<p class=\"interp-samples\"><small>Samples (n), by section: {html.escape(samples)}.</small></p>"
                if samples else "")
     tables = {name: table for s in sections for name, table in s.tables.items()}
@@ -167,11 +167,11 @@ def write_report(sections: Sequence[Section], meta: dict, out: Path) -> Path:
     """Write every section's files, then ``summary.json`` and ``report.html`` (none if a file of another
     command's would be replaced: see ``write_section``)."""
     begin_outputs(out, meta.get("command"))
-    refuse_overwriting(out, [n for s in sections for n in section_files(s)] + ["summary.json", "report.html"],
+    refuse_overwriting(out, [n for s in sections for n in _section_files(s)] + ["summary.json", "report.html"],
                        command_of(out))
     figures: dict[str, Path] = {}
     for section in sections:
         figures.update(write_section(section, out))
-    report = render_report(sections, figures, meta, out)
+    report = _render_report(sections, figures, meta, out)
     write_manifest(out, meta)
     return report

@@ -47,7 +47,7 @@ DEMO_BATCHES = 2
 INVARIANCE_BATCHES = DEMO_BATCHES
 
 
-def inventory_step(ctx: Context) -> list[Section]:
+def _inventory_step(ctx: Context) -> list[Section]:
     spec = bias_spec(ctx.model)
     present = spec[spec.present].groupby("kind").norm.agg(["mean", "max"])
     info = ctx.model.interp
@@ -71,7 +71,7 @@ def summarise_recording(stats: QKVStats, dataset: str) -> Section:
                    stats={"qkv_stats": stats})
 
 
-def recording_step(ctx: Context) -> list[Section]:
+def _recording_step(ctx: Context) -> list[Section]:
     ctx.stats = record_qkv(ctx.model, ctx.first(), layers=ctx.layers)
     return [summarise_recording(ctx.stats, ctx.dataset)]
 
@@ -88,7 +88,7 @@ def referenced_recording(stats: QKVStats, path: Path, dataset: str) -> Section:
     return Section("recording", "Recording", text, numbers)
 
 
-def origin_step(ctx: Context) -> list[Section]:
+def _origin_step(ctx: Context) -> list[Section]:
     origin = origin_shift(ctx.model, ctx.stats, layers=ctx.layers, heads=ctx.heads, data=ctx.first())
     figs = plots.origin_shift_figures(origin, ctx.name, ctx.data_label())
     med = origin.groupby("kind")[["shift_ratio", "bias_share"]].median()
@@ -127,7 +127,7 @@ def origin_step(ctx: Context) -> list[Section]:
     return [shift, share]
 
 
-def scores_step(ctx: Context) -> list[Section]:
+def _scores_step(ctx: Context) -> list[Section]:
     family = ctx.model.interp.spec
     if family.score_refusal:  # said in the report, not skipped silently
         return [Section("key_prior", "Key prior", f"Not computed for {family.label}: {family.score_refusal}.",
@@ -154,7 +154,7 @@ def scores_step(ctx: Context) -> list[Section]:
                     headline=f"The key prior u = W_k b_q carries {kp:.1%} of the score variance on average.")]
 
 
-def invariance_step(ctx: Context) -> list[Section]:
+def _invariance_step(ctx: Context) -> list[Section]:
     # the identities hold per item, and checking them costs two float64 forwards per layer and batch (24 forwards
     # of a 12-layer model): the first INVARIANCE_BATCHES of the sample (in the demo, all of it)
     inv = bias_invariances(ctx.model, ctx.first(INVARIANCE_BATCHES), layers=ctx.layers, max_batches=None)
@@ -198,7 +198,7 @@ def _families_text(numbers: dict, families: str) -> str:
             f"{test}); {families}. Cluster 0 is the most low-pass.")
 
 
-def frequency_step(ctx: Context) -> list[Section]:
+def _frequency_step(ctx: Context) -> list[Section]:
     aim, batches = dict(layers=ctx.layers, heads=ctx.heads), ctx.first()
     label = ctx.data_label(batches)
     shift = frequency_shift_under_ablation(ctx.model, batches, kinds=("q",), **aim)
@@ -263,7 +263,7 @@ def _bins_text(spectra: dict) -> str:
 # ----- implicit biases: sinks, the value bias they imply, massive activations ---------------------------
 
 
-def sink_numbers(shares: pd.DataFrame, implicit: pd.DataFrame, massive: pd.DataFrame) -> dict[str, Any]:
+def _sink_numbers(shares: pd.DataFrame, implicit: pd.DataFrame, massive: pd.DataFrame) -> dict[str, Any]:
     """The implicit-biases section's headline numbers, from the three analyzers' tables."""
     biased = implicit[implicit.has_b_v & (implicit.explicit_norm > 0)]
     top = massive.loc[massive.abs_value.idxmax()]
@@ -301,7 +301,7 @@ def _sinks_text(n: dict[str, Any]) -> str:
             "massive by Sun et al.'s criterion (> 100 and > 1000x median).")
 
 
-def sinks_step(ctx: Context) -> list[Section]:
+def _sinks_step(ctx: Context) -> list[Section]:
     """Attention sinks (threshold ``SINK_THRESHOLD``), the implicit value bias beside b_v W_O, and massive activations,
     on the sample (``Context.first``); no removal runs (``sink_profile(remove=...)`` is costly)."""
     batches = ctx.first()
@@ -311,7 +311,7 @@ def sinks_step(ctx: Context) -> list[Section]:
     shares = sink_shares(profile)
     implicit = implicit_value_bias(ctx.model, batches, progress=False, **aim)
     massive = massive_activations(ctx.model, batches, layers=ctx.layers, progress=False)
-    numbers = sink_numbers(shares, implicit, massive)
+    numbers = _sink_numbers(shares, implicit, massive)
     best = max(numbers["sink_share"].items(), key=lambda kv: kv[1])
     headline = (f"{best[1]:.0%} of heads sink on '{best[0]}' (mean attention above {numbers['threshold']:g}); "
                 f"{numbers['massive_count']} massive activations." if best[1] > 0 else
@@ -349,13 +349,13 @@ def estimate_vs_exact(per_head: pd.DataFrame, n_boot: int = 1000, seed: int = 0)
     if both.empty:
         return {}
     out = dict(estimate=others[0], n_top=int((both.why == "top").sum()),
-               **rank_agreement(both, "", n_boot, seed), **rank_agreement(both[both.why == "sample"], "sample_",
+               **_rank_agreement(both, "", n_boot, seed), **_rank_agreement(both[both.why == "sample"], "sample_",
                                                                           n_boot, seed))
     out["n_compared"] = out.pop("n")
     return out
 
 
-def rank_agreement(both: pd.DataFrame, prefix: str, n_boot: int, seed: int) -> dict[str, Any]:
+def _rank_agreement(both: pd.DataFrame, prefix: str, n_boot: int, seed: int) -> dict[str, Any]:
     """Spearman between ``both.exact`` and ``both.estimate`` (NaN below 3 heads), its 95% percentile bootstrap
     interval over the heads (``interp.bootstrap``), n, median ratio and largest absolute error."""
     def spearman(take: np.ndarray) -> float:
@@ -388,7 +388,7 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
         top_heads=[dict(layer=int(r.layer), head=int(r["head"]), kind=r.kind, delta=float(r.delta))
                    for _, r in top.iterrows()],
         identity_answered=int((results.identity.fillna("") != "").sum()),
-        estimate_vs_exact=estimate_vs_exact(per_head), matched_control=control_numbers(per_head),
+        estimate_vs_exact=estimate_vs_exact(per_head), matched_control=_control_numbers(per_head),
     )
     figs = plots.ablation_figures(results, model_name, data=data)
     heads = "; ".join(f"L{t['layer']} H{t['head']} {t['kind']} ({t['delta']:+.2e})" for t in numbers["top_heads"])
@@ -422,7 +422,7 @@ def summarise_ablation(results: pd.DataFrame, model_name: str, data: str = "") -
                                         "and identity.fillna('') == ''")])
 
 
-def control_numbers(per_head: pd.DataFrame) -> dict:
+def _control_numbers(per_head: pd.DataFrame) -> dict:
     """The matched control over the exact per-head rows it ran on (identity rows left out: their controls are 0 by
     the identity, not measured): per kind, heads tested and heads called bias-dependent (Benjamini-Hochberg adjusted
     control_p <= 0.05), the heads whose unadjusted p is at most 0.05, and the fewest and most draws a head took."""
@@ -481,7 +481,7 @@ def _estimate_text(numbers: dict) -> str:
             f"Spearman {interval('')} (95% bootstrap over heads), median ratio {cmp['median_ratio']:.2f}.")
 
 
-def ablation_step(ctx: Context) -> list[Section]:
+def _ablation_step(ctx: Context) -> list[Section]:
     """Zero-ablation of every head's bias; the heads run exactly carry their matched control (``n_control``
     random directions of the same displacement norm, ``ablate_bias``'s default). Quick mode runs 2 top and 2 sampled
     heads per kind exactly (each costs at most 20 forwards with its control)."""
@@ -495,9 +495,9 @@ def ablation_step(ctx: Context) -> list[Section]:
 
 Step = Callable[[Context], list[Section]]
 STEPS: dict[str, Step] = {
-    "inventory": inventory_step, "recording": recording_step, "origin": origin_step, "scores": scores_step,
-    "invariances": invariance_step, "frequency": frequency_step, "sinks": sinks_step,
-    "ablation": ablation_step,
+    "inventory": _inventory_step, "recording": _recording_step, "origin": _origin_step, "scores": _scores_step,
+    "invariances": _invariance_step, "frequency": _frequency_step, "sinks": _sinks_step,
+    "ablation": _ablation_step,
 }
 
 
@@ -549,7 +549,7 @@ def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[st
         except Exception as exc:  # noqa: BLE001 - reported in the partial report, then raised by the caller
             if not keep_partial:
                 raise
-            sections.append(failed_section(name, names[i:], exc))
+            sections.append(_failed_section(name, names[i:], exc))
             return sections
         for section in made:
             section.seconds = round(time.time() - t0, 1)
@@ -560,7 +560,7 @@ def run_steps(ctx: Context, steps: Optional[list[str]] = None, log: Callable[[st
     return sections
 
 
-def failed_section(step: str, skipped: list[str], exc: BaseException) -> Section:
+def _failed_section(step: str, skipped: list[str], exc: BaseException) -> Section:
     """The report's account of a failed step: which, why, and what did not run."""
     error = f"{type(exc).__name__}: {exc}"
     text = (f"Step '{step}' failed: {error}. The sections above are complete; "
@@ -633,17 +633,17 @@ STEPS["single_input"] = single_input_step
 OPT_IN_STEPS = {"specialisation"}  # not run by default (the demo, the report): asked for by name
 
 
-def specialisation_step(ctx: Context) -> list[Section]:
+def _specialisation_step(ctx: Context) -> list[Section]:
     """``specialisation_test`` on the context's batches (``ctx.n_random`` untrained copies, default
     ``N_RANDOM``; quick mode: 3), its table and figure."""
     batches = ctx.first()
     n_random = 3 if ctx.quick else int(getattr(ctx, "n_random", None) or N_RANDOM)
     table = specialisation_test(ctx.model, batches, n_random=n_random, layers=ctx.layers, heads=ctx.heads,
                                 progress=False)
-    return [specialisation_section(table, ctx.name, ctx.data_label(batches))]
+    return [_specialisation_section(table, ctx.name, ctx.data_label(batches))]
 
 
-def specialisation_section(table: pd.DataFrame, name: str, label: str) -> Section:
+def _specialisation_section(table: pd.DataFrame, name: str, label: str) -> Section:
     """The report's section of a ``specialisation_test`` table: each statistic against the untrained copies."""
     summary = table[table.weights == "trained"].set_index("statistic")
     per_stat = {stat: dict(trained=float(r.trained_value), untrained_mean=float(r.untrained_mean),
@@ -663,4 +663,4 @@ def specialisation_section(table: pd.DataFrame, name: str, label: str) -> Sectio
                    shown=["specialisation"], headline=verdict)
 
 
-STEPS["specialisation"] = specialisation_step
+STEPS["specialisation"] = _specialisation_step

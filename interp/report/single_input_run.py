@@ -21,7 +21,7 @@ from interp.figures.single_input_plots import key_prior_top_tokens, single_input
 OVERLAY_LAYERS = 4  # a ViT's overlays: this many layers, evenly spaced, of those analysed
 
 
-def overlay_layers(layers: list[int], n: int = OVERLAY_LAYERS) -> list[int]:
+def _overlay_layers(layers: list[int], n: int = OVERLAY_LAYERS) -> list[int]:
     """At most ``n`` of ``layers``, evenly spaced, first and last included."""
     if len(layers) <= n:
         return list(layers)
@@ -39,7 +39,7 @@ def _largest(view: SingleInput) -> dict[str, dict[str, Any]]:
     return found
 
 
-def single_input_text(view: SingleInput, what: str) -> str:
+def _single_input_text(view: SingleInput, what: str) -> str:
     """What the tables say, in a few sentences (the numbers are ``_largest``'s)."""
     m, largest = view.meta, _largest(view)
     parts = [f"{what} ({m['n_positions']} positions) on {m['model']}, layers {m['layers']}, query {m['query']!r}."]
@@ -66,7 +66,7 @@ def single_input_section(model: InterpBridge, item: Any, *, what: str = "one inp
     if not view.key_prior.empty:
         figures["single_input_key_prior"] = key_prior_top_tokens(view)
     if view.image is not None:
-        shown = overlay_layers(list(view.meta["layers"]))
+        shown = _overlay_layers(list(view.meta["layers"]))
         figures["single_input_overlay"] = single_input_overlay(view, layers=shown)
         if (view.patterns.condition == "no_b_q").any():
             figures["single_input_overlay_no_b_q"] = single_input_overlay(view, condition="no_b_q", layers=shown)
@@ -74,6 +74,6 @@ def single_input_section(model: InterpBridge, item: Any, *, what: str = "one inp
               "single_input_key_prior": view.key_prior, "single_input_positions": view.positions}
     numbers = dict(query=view.meta["query"], n_positions=view.meta["n_positions"], layers=view.meta["layers"],
                    largest=_largest(view))
-    section = Section("single_input", "One input, closely", single_input_text(view, what), numbers, tables=tables,
+    section = Section("single_input", "One input, closely", _single_input_text(view, what), numbers, tables=tables,
                       figures=figures, shown=list(figures))
     return view, section

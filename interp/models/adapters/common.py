@@ -16,7 +16,7 @@ from transformer_lens.model_bridge.generalized_components import (
 from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
 
 
-class PatchEmbeddingsBridge(GeneralizedComponent):
+class _PatchEmbeddingsBridge(GeneralizedComponent):
     """Embeddings whose HF forward is ``(pixel_values, bool_masked_pos=None)``.
 
     TL's ``VisionEmbeddingsBridge`` always passes ``interpolate_pos_encoding``, which
@@ -72,7 +72,7 @@ MLP_HOOK_ALIASES = {"hook_mlp_out": "mlp.out.hook_out", "hook_mlp_in": "mlp.in.h
 
 
 def vit_mapping(cfg: Any, prefix: str, layers: str, ln1: str, ln2: str, *, attn: str = "attention",
-                out: str = "o_proj", embed: type = PatchEmbeddingsBridge) -> dict[str, Any]:
+                out: str = "o_proj", embed: type = _PatchEmbeddingsBridge) -> dict[str, Any]:
     """Embeddings and pre-LN blocks (``ln1``, attention ``attn``, ``ln2``, MLP) of an HF ViT-like encoder."""
     return {
         "embed": embed(name=f"{prefix}embeddings"),

@@ -20,7 +20,7 @@ from interp.models.adapters.common import MLP_HOOK_ALIASES, EmbeddingsBridge, no
 from interp.models.adapters.timm_vit import FusedQKVAttentionBridge
 
 
-def split_in_proj(attn: nn.MultiheadAttention) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+def _split_in_proj(attn: nn.MultiheadAttention) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
     """``in_proj_weight`` / ``in_proj_bias`` as three linears [d_model, d_model]."""
     if attn.in_proj_weight is None:
         raise UnsupportedModelError("nn.MultiheadAttention with separate q/k/v weights (kdim != vdim) is not supported")
@@ -28,7 +28,7 @@ def split_in_proj(attn: nn.MultiheadAttention) -> tuple[nn.Linear, nn.Linear, nn
     return split_linears(attn.in_proj_weight, biases)
 
 
-class MultiheadAttentionBridge(FusedQKVAttentionBridge):
+class _MultiheadAttentionBridge(FusedQKVAttentionBridge):
     """``nn.MultiheadAttention`` as self-attention: ``(query, key, value, need_weights, attn_mask)`` in,
     ``(output, None)`` out, as its callers expect."""
 
@@ -48,7 +48,7 @@ class OpenClipVisionAdapter(ViTArchitectureAdapter):
     """open_clip vision tower: ``conv1`` patches + class embedding, ``ln_pre``, pre-LN ``resblocks``."""
 
     def prepare_model(self, model: Any) -> None:
-        attn = MultiheadAttentionBridge(name="attn", config=self.cfg, split_qkv_matrix=split_in_proj,
+        attn = _MultiheadAttentionBridge(name="attn", config=self.cfg, split_qkv_matrix=_split_in_proj,
                                         submodules={"o": LinearBridge(name="out_proj")})
         mlp = MLPBridge(name="mlp", config=self.cfg,
                         submodules={"in": LinearBridge(name="c_fc"), "out": LinearBridge(name="c_proj")})

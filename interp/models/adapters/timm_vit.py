@@ -28,7 +28,7 @@ from interp.errors import UnsupportedModelError
 from interp.models.adapters.common import MLP_HOOK_ALIASES, EmbeddingsBridge, norm, split_linears
 
 
-def split_fused_qkv(attn: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+def _split_fused_qkv(attn: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
     """timm's fused ``qkv`` as three linears [heads * d_head, d_model] carrying the biases the module has."""
     if attn.qkv.bias is not None:
         biases: tuple[Optional[Tensor], ...] = tuple(attn.qkv.bias.chunk(3))
@@ -84,7 +84,7 @@ def _rotate_patches(attn: nn.Module, x: Tensor, rope: Tensor) -> Tensor:
     return torch.cat([x[:, :, :n_prefix, :], rotated], dim=2).type_as(x)
 
 
-class BlockSequence(nn.ModuleList):
+class _BlockSequence(nn.ModuleList):
     """The bridged blocks, callable as timm's ``nn.Sequential`` of blocks (``self.blocks(x)``)."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -108,7 +108,7 @@ class TimmVisionTransformerAdapter(ViTArchitectureAdapter):
     def prepare_model(self, model: Any) -> None:
         _check_timm_attention(model)
         attn = FusedQKVAttentionBridge(
-            name="attn", config=self.cfg, split_qkv_matrix=split_fused_qkv,
+            name="attn", config=self.cfg, split_qkv_matrix=_split_fused_qkv,
             submodules={"qkv": LinearBridge(name="qkv"), "o": LinearBridge(name="proj")},
         )
         mlp = MLPBridge(name="mlp", config=self.cfg,
@@ -124,8 +124,8 @@ class TimmVisionTransformerAdapter(ViTArchitectureAdapter):
     @staticmethod
     def finalize(model: nn.Module) -> None:
         """timm runs ``self.blocks(x)``: the bridged blocks must stay callable as one sequence."""
-        if not isinstance(model.blocks, BlockSequence):
-            blocks = BlockSequence(list(model.blocks))
+        if not isinstance(model.blocks, _BlockSequence):
+            blocks = _BlockSequence(list(model.blocks))
             blocks.training = model.blocks.training  # a new module starts in training mode: take the replaced one's
             model.blocks = blocks
 
