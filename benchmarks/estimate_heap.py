@@ -5,8 +5,8 @@ before the case and after it:
 
 * ``backward``: each item alone, the blocks checkpointed as the estimate's are (``_checkpointed_blocks``), its
   final hidden states summed and one backward to a zero added to layer 0's values;
-* ``backward_pairs``: the same, with the estimate's shape of backward: four backwards of two random directions
-  each, batched (``is_grads_batched``), the graph kept between them;
+* ``backward_pairs``: the same, with the estimate's shape of backward: its default 8 random directions,
+  ``PROJECTIONS_PER_BACKWARD`` (2) to a batched backward (``is_grads_batched``), the graph kept between them;
 * ``estimate``: ``ablate_bias(estimate="atp_distance")``, the demo's estimate, on the same batches.
 
 Rows (case, model, items, heap_start_mb, heap_end_mb, heap_growth_mb, in_use_growth_mb) go to
@@ -40,10 +40,12 @@ def _heap() -> tuple[float, float]:
 def child(case: str, batches: int) -> dict:
     """One case in this process (module doc)."""
     sys.path.insert(0, str(ROOT))
+    import inspect
+
     import torch
 
     from interp import ablate_bias
-    from interp.ablation.attribution import _checkpointed_blocks
+    from interp.ablation.attribution import PROJECTIONS_PER_BACKWARD, _checkpointed_blocks
     from interp.ablation.metrics import run_forward
     from interp.models.loading import load_model
     from interp.record.hooks import hook_name
@@ -60,6 +62,8 @@ def child(case: str, batches: int) -> dict:
         ablate_bias(ctx.model, sample, kinds=("q", "k", "v"), method="zero", estimate="atp_distance")
     else:
         generator = torch.Generator().manual_seed(0)
+        # the estimate's own shape: its default projections, PROJECTIONS_PER_BACKWARD to a backward
+        n_backwards = inspect.signature(ablate_bias).parameters["n_projections"].default // PROJECTIONS_PER_BACKWARD
         for batch in sample:
             for lo in range(int(batch.inputs.shape[0])):
                 zero = torch.zeros(1, requires_grad=True)
@@ -68,10 +72,11 @@ def child(case: str, batches: int) -> dict:
                     _, hidden = run_forward(ctx.model, batch.items(lo, lo + 1), hooks, True)
                     if case == "backward":
                         torch.autograd.grad(hidden.sum(), [zero])
-                    for r in range(4 if case == "backward_pairs" else 0):
-                        directions = torch.randn((2, *hidden.shape), generator=generator, dtype=hidden.dtype)
+                    for r in range(n_backwards if case == "backward_pairs" else 0):
+                        directions = torch.randn((PROJECTIONS_PER_BACKWARD, *hidden.shape), generator=generator,
+                                                 dtype=hidden.dtype)
                         torch.autograd.grad(hidden, [zero], grad_outputs=directions, is_grads_batched=True,
-                                            retain_graph=r < 3)
+                                            retain_graph=r < n_backwards - 1)
     end, used_end = _heap()
     items = sum(int(b.inputs.shape[0]) for b in sample)
     return dict(case=case, model=MODEL, items=items, heap_start_mb=round(start, 2), heap_end_mb=round(end, 2),
